@@ -1,0 +1,190 @@
+"""The kind registry: group/version/kind <-> resource (plural), scope, model and subresources.
+
+Every layer that needs to turn a URL, a manifest's apiVersion/kind or a short name into a
+resource type asks this module. Models are resolved lazily by dotted path so that this table
+stays importable (and cheap) on its own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ResourceType:
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    model_path: str
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ("status",)
+    verbs: tuple[str, ...] = (
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    )
+    # Field labels a fieldSelector may use besides metadata.name / metadata.namespace.
+    field_labels: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @property
+    def key(self) -> str:
+        """The group-resource string ('pods', 'deployments.apps'): the store's resource key."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def gvk(self) -> tuple[str, str, str]:
+        return (self.group, self.version, self.kind)
+
+    def path(self, namespace: str | None = None, name: str | None = None, subresource: str | None = None) -> str:
+        """The REST path of the collection, or of one object (and its subresource)."""
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            prefix += f"/namespaces/{namespace}"
+        out = f"{prefix}/{self.plural}"
+        if name is not None:
+            out += f"/{name}"
+            if subresource:
+                out += f"/{subresource}"
+        return out
+
+    @cached_property
+    def model(self) -> type:
+        module, _, attr = self.model_path.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+
+_K8S = "gpufleet.api.k8s"
+
+_BUILTIN: list[ResourceType] = [
+    # core/v1
+    ResourceType("", "v1", "Namespace", "namespaces", False, f"{_K8S}:Namespace", ("ns",),
+                 field_labels=("status.phase",), subresources=("status", "finalize")),
+    ResourceType("", "v1", "Node", "nodes", False, f"{_K8S}:Node", ("no",),
+                 field_labels=("spec.unschedulable",)),
+    ResourceType("", "v1", "Pod", "pods", True, f"{_K8S}:Pod", ("po",), ("all",),
+                 subresources=("status", "log", "binding", "eviction"),
+                 field_labels=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
+                               "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
+                               "status.podIP", "status.nominatedNodeName")),
+    ResourceType("", "v1", "Service", "services", True, f"{_K8S}:Service", ("svc",), ("all",)),
+    ResourceType("", "v1", "Endpoints", "endpoints", True, f"{_K8S}:Endpoints", ("ep",), subresources=()),
+    ResourceType("", "v1", "Event", "events", True, f"{_K8S}:Event", ("ev",), subresources=(),
+                 field_labels=("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+                               "involvedObject.uid", "involvedObject.apiVersion",
+                               "involvedObject.resourceVersion", "involvedObject.fieldPath",
+                               "reason", "reportingComponent", "source", "type")),
+    ResourceType("", "v1", "ResourceQuota", "resourcequotas", True, f"{_K8S}:ResourceQuota", ("quota",)),
+    ResourceType("", "v1", "LimitRange", "limitranges", True, f"{_K8S}:LimitRange", ("limits",),
+                 subresources=()),
+    ResourceType("", "v1", "ConfigMap", "configmaps", True, f"{_K8S}:ConfigMap", ("cm",), subresources=()),
+    ResourceType("", "v1", "Secret", "secrets", True, f"{_K8S}:Secret", (), subresources=(),
+                 field_labels=("type",)),
+    ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, f"{_K8S}:ServiceAccount", ("sa",),
+                 subresources=()),
+    # apps/v1
+    ResourceType("apps", "v1", "Deployment", "deployments", True, f"{_K8S}:Deployment", ("deploy",),
+                 ("all",), subresources=("status", "scale")),
+    ResourceType("apps", "v1", "ReplicaSet", "replicasets", True, f"{_K8S}:ReplicaSet", ("rs",), ("all",),
+                 subresources=("status", "scale")),
+    # batch/v1
+    ResourceType("batch", "v1", "Job", "jobs", True, f"{_K8S}:Job", (), ("all",)),
+    # autoscaling/v2
+    ResourceType("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True,
+                 f"{_K8S}:HorizontalPodAutoscaler", ("hpa",), ("all",)),
+    # scheduling.k8s.io/v1
+    ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False,
+                 f"{_K8S}:PriorityClass", ("pc",), subresources=()),
+    # coordination.k8s.io/v1
+    ResourceType("coordination.k8s.io", "v1", "Lease", "leases", True, f"{_K8S}:Lease", subresources=()),
+    # policy/v1
+    ResourceType("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True,
+                 f"{_K8S}:PodDisruptionBudget", ("pdb",)),
+]
+
+
+class Registry:
+    """Lookup tables over a set of ResourceTypes. Later issues register CRD-like kinds here."""
+
+    def __init__(self, types: list[ResourceType] | None = None) -> None:
+        self._types: list[ResourceType] = []
+        self._by_gvk: dict[tuple[str, str, str], ResourceType] = {}
+        self._by_gvr: dict[tuple[str, str, str], ResourceType] = {}
+        self._by_key: dict[str, ResourceType] = {}
+        for t in types or []:
+            self.register(t)
+
+    def register(self, t: ResourceType) -> None:
+        self._types.append(t)
+        self._by_gvk[t.gvk] = t
+        self._by_gvr[(t.group, t.version, t.plural)] = t
+        self._by_key[t.key] = t
+
+    def all(self) -> list[ResourceType]:
+        return list(self._types)
+
+    def groups(self) -> dict[str, list[str]]:
+        """group -> versions, in registration order; the core group is ''."""
+        out: dict[str, list[str]] = {}
+        for t in self._types:
+            versions = out.setdefault(t.group, [])
+            if t.version not in versions:
+                versions.append(t.version)
+        return out
+
+    def by_gvk(self, group: str, version: str, kind: str) -> ResourceType | None:
+        return self._by_gvk.get((group, version, kind))
+
+    def by_api_version_kind(self, api_version: str, kind: str) -> ResourceType | None:
+        group, _, version = api_version.rpartition("/")
+        return self._by_gvk.get((group, version, kind))
+
+    def by_resource(self, group: str, version: str, plural: str) -> ResourceType | None:
+        return self._by_gvr.get((group, version, plural))
+
+    def by_key(self, key: str) -> ResourceType | None:
+        return self._by_key.get(key)
+
+    def for_model(self, model: type) -> ResourceType | None:
+        for t in self._types:
+            if t.model is model:
+                return t
+        return None
+
+    def resolve(self, name: str) -> ResourceType | None:
+        """What a user types on the command line: 'pods', 'pod', 'po', 'deployments.apps', 'Deployment'."""
+        name = name.strip()
+        plain, _, group = name.partition(".")
+        lowered = plain.lower()
+        for t in self._types:
+            if group and t.group != group and not t.group.startswith(group):
+                continue
+            if lowered in (t.plural, t.singular, *t.short_names) or plain == t.kind:
+                return t
+        return None
+
+
+REGISTRY = Registry(_BUILTIN)

@@ -1,0 +1,156 @@
+"""The versioned object store: one interface, two backends (SQLite, PostgreSQL).
+
+Shape (after k3s' kine): every write bumps one global revision, like etcd. An object's
+``metadata.resourceVersion`` is the revision of its last write, so an update that names the
+revision it read is a compare-and-swap. Each write is also appended to a bounded event
+history from which watches are served; a watch that asks for a revision older than the
+history holds gets :class:`Expired` (the API answers 410 Gone and clients relist).
+
+Objects are plain JSON dicts. The store owns ``metadata.resourceVersion`` (it writes the new
+revision into every object it stores or returns) and nothing else: uids, timestamps,
+defaults and validation belong to the API server.
+
+Keys are ``(resource, namespace, name)``; ``resource`` is the group-resource string
+('pods', 'deployments.apps'); cluster-scoped objects use namespace ''.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+class StoreError(Exception):
+    """Base of the store's expected answers (not bugs)."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+class AlreadyExists(StoreError):
+    pass
+
+
+class Conflict(StoreError):
+    """The object changed since the revision the caller read (compare-and-swap failed)."""
+
+    def __init__(self, message: str, current: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.current = current
+
+
+class Expired(StoreError):
+    """The requested revision is older than the history the store keeps (410 Gone)."""
+
+    def __init__(self, requested: int, oldest: int) -> None:
+        super().__init__(f"too old resource version: {requested} ({oldest})")
+        self.requested = requested
+        self.oldest = oldest
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: EventType
+    resource: str
+    namespace: str
+    name: str
+    revision: int
+    # The object after the write; for DELETED, its last state stamped with the deletion revision.
+    object: dict[str, Any]
+    # The object before the write (None for ADDED). Lets a filtered watch turn "stopped
+    # matching" into DELETED and "started matching" into ADDED, as Kubernetes does.
+    prev: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class ListResult:
+    items: list[dict[str, Any]]
+    # The store revision the list was read at: a watch from here misses nothing.
+    revision: int
+    # (namespace, name) of the last item when more remain after `limit`, else None.
+    next_key: tuple[str, str] | None = None
+
+
+class Watch(Protocol):
+    """An open watch: iterate it for events in revision order; close() to stop."""
+
+    def __aiter__(self) -> AsyncIterator[WatchEvent]: ...
+
+    async def close(self) -> None: ...
+
+
+class Store(Protocol):
+    async def start(self) -> None:
+        """Open connections, create the schema, start the event pump."""
+
+    async def close(self) -> None: ...
+
+    async def revision(self) -> int:
+        """The current global revision (0 for an empty store)."""
+
+    async def create(
+        self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
+    ) -> dict[str, Any]:
+        """Store a new object. Raises AlreadyExists. ``ttl`` seconds: the store deletes it then."""
+
+    async def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        """Raises NotFound."""
+
+    async def update(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any],
+        *,
+        expected_revision: int | None = None,
+        ttl: float | None = None,
+    ) -> dict[str, Any]:
+        """Replace an object. With ``expected_revision`` it is a compare-and-swap: raises
+        Conflict when the stored revision differs. Raises NotFound."""
+
+    async def delete(
+        self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
+    ) -> dict[str, Any]:
+        """Remove an object; returns its last state stamped with the deletion revision."""
+
+    async def list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+    ) -> ListResult:
+        """Objects of a resource (in one namespace, or all when None), sorted by (namespace, name),
+        starting after the key ``after``, at most ``limit``."""
+
+    async def watch(
+        self, resource: str | None, namespace: str | None, from_revision: int
+    ) -> Watch:
+        """Events with revision > from_revision, in order, exactly once, then live ones.
+        ``resource``/``namespace`` None mean all. Raises Expired when from_revision is older
+        than the history kept (from_revision < oldest kept revision - 1)."""
+
+    async def compact(self, revision: int) -> None:
+        """Drop history at or below ``revision``."""
+
+    async def sweep_expired(self) -> int:
+        """Delete objects whose ttl has passed (by the store's clock); returns how many."""
+
+
+def open_store(url: str, **kwargs: Any) -> Store:
+    """``sqlite:///path/to/db`` (``sqlite://:memory:`` for tests) or ``postgresql://...``."""
+    if url.startswith("sqlite:"):
+        from gpufleet.store.sqlite import SQLiteStore
+
+        return SQLiteStore(url, **kwargs)
+    if url.startswith(("postgresql:", "postgres:")):
+        from gpufleet.store.postgres import PostgresStore
+
+        return PostgresStore(url, **kwargs)
+    raise ValueError(f"unknown store URL {url!r}: use sqlite:///PATH or postgresql://USER@HOST/DB")
