@@ -1,0 +1,48 @@
+"""Admission: what runs between decoding a request and storing its object.
+
+Order, as in kube-apiserver: decode -> defaults -> mutating plugins -> validation ->
+validating plugins -> store. Plugins see plain JSON dicts; a plugin rejects by raising an
+ApiException (Forbidden for policy such as quota, Invalid for shape).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from gpufleet.api.registry import ResourceType
+
+if TYPE_CHECKING:
+    from gpufleet.apiserver.server import ApiServer
+
+
+@dataclass
+class UserInfo:
+    name: str = "system:anonymous"
+    groups: list[str] = field(default_factory=list)
+
+
+@dataclass
+class AdmissionContext:
+    operation: str  # CREATE | UPDATE | DELETE | CONNECT
+    rt: ResourceType
+    namespace: str
+    name: str
+    subresource: str
+    user: UserInfo
+    dry_run: bool
+    server: ApiServer
+
+
+class MutatingPlugin(Protocol):
+    name: str
+
+    async def admit(self, ctx: AdmissionContext, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """Change obj in place (e.g. fill defaults from a LimitRange)."""
+
+
+class ValidatingPlugin(Protocol):
+    name: str
+
+    async def validate(self, ctx: AdmissionContext, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        """Raise an ApiException to reject. Must not change obj."""

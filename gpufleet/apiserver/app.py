@@ -1,0 +1,80 @@
+"""HTTP adapter: Starlette in front of ApiServer.handle, served by uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from gpufleet.utils.http import Handler, RawRequest
+
+log = logging.getLogger("gpufleet.apiserver")
+
+_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def build_asgi_app(handler: Handler) -> Starlette:
+    async def endpoint(request: Request) -> Response:
+        raw = RawRequest(
+            method=request.method,
+            path=request.url.path,
+            query=list(request.query_params.multi_items()),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=await request.body(),
+        )
+        resp = await handler.handle(raw)
+        headers = {k: v for k, v in resp.headers.items() if k not in ("content-type", "transfer-encoding")}
+        media_type = resp.headers.get("content-type")
+        if resp.stream is not None:
+            return StreamingResponse(resp.stream, status_code=resp.status, headers=headers, media_type=media_type)
+        return Response(resp.body, status_code=resp.status, headers=headers, media_type=media_type)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
+
+
+class HttpServer:
+    """A uvicorn server run as a task of the current event loop (so `gpufleet up` can host the
+    API next to the scheduler, controllers and agent in one process)."""
+
+    def __init__(self, handler: Handler, host: str = "127.0.0.1", port: int = 6443,
+                 certfile: str | None = None, keyfile: str | None = None, log_level: str = "warning") -> None:
+        kwargs: dict[str, Any] = {}
+        if certfile:
+            kwargs.update(ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
+        self.config = uvicorn.Config(
+            build_asgi_app(handler), host=host, port=port, log_level=log_level, access_log=False,
+            lifespan="off", timeout_keep_alive=75, timeout_graceful_shutdown=2, **kwargs,
+        )
+        self.server = uvicorn.Server(self.config)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()  # re-raise a bind failure
+                raise RuntimeError("API server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    @property
+    def port(self) -> int:
+        for s in self.server.servers:
+            for sock in s.sockets:
+                return sock.getsockname()[1]
+        return self.config.port
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=5)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()

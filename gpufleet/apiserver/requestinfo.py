@@ -1,0 +1,88 @@
+"""Turns a URL into what it addresses, the way kube-apiserver's RequestInfoFactory does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Subresources of a Namespace object itself: /api/v1/namespaces/{name}/status
+_NAMESPACE_SUBRESOURCES = {"status", "finalize"}
+
+
+@dataclass
+class RequestInfo:
+    is_resource_request: bool
+    verb: str = ""
+    group: str = ""
+    version: str = ""
+    namespace: str = ""
+    resource: str = ""
+    name: str = ""
+    subresource: str = ""
+    path: str = ""
+
+
+def parse_request(method: str, path: str, is_watch: bool) -> RequestInfo:
+    parts = [p for p in path.split("/") if p]
+    info = RequestInfo(is_resource_request=False, path=path)
+    if not parts or parts[0] not in ("api", "apis"):
+        return info
+    if parts[0] == "api":
+        if len(parts) < 3:
+            return info
+        info.group, info.version = "", parts[1]
+        rest = parts[2:]
+    else:
+        if len(parts) < 4:
+            return info
+        info.group, info.version = parts[1], parts[2]
+        rest = parts[3:]
+
+    # Deprecated /watch/ prefix, still accepted by Kubernetes.
+    if rest and rest[0] == "watch":
+        is_watch = True
+        rest = rest[1:]
+        if not rest:
+            return info
+
+    if rest[0] == "namespaces":
+        if len(rest) > 1:
+            info.namespace = rest[1]
+            if len(rest) > 2 and rest[2] not in _NAMESPACE_SUBRESOURCES:
+                rest = rest[2:]
+            else:
+                # The Namespace object itself (and its status/finalize subresources).
+                info.namespace = ""
+                info.resource = "namespaces"
+                info.name = rest[1]
+                info.subresource = rest[2] if len(rest) > 2 else ""
+                rest = []
+        else:
+            info.resource = "namespaces"
+            rest = []
+    if rest:
+        info.resource = rest[0]
+        if len(rest) > 1:
+            info.name = rest[1]
+        if len(rest) > 2:
+            info.subresource = rest[2]
+        if len(rest) > 3:
+            return RequestInfo(is_resource_request=False, path=path)
+
+    info.is_resource_request = True
+    m = method.upper()
+    if m in ("GET", "HEAD"):
+        if is_watch:
+            info.verb = "watch"
+        else:
+            info.verb = "get" if info.name else "list"
+    elif m == "POST":
+        info.verb = "create"
+    elif m == "PUT":
+        info.verb = "update"
+    elif m == "PATCH":
+        info.verb = "patch"
+    elif m == "DELETE":
+        info.verb = "delete" if info.name else "deletecollection"
+    else:
+        info.verb = m.lower()
+    return info

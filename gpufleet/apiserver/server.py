@@ -1,0 +1,1128 @@
+"""The API server core: Kubernetes REST semantics over the versioned store.
+
+`ApiServer.handle` takes a RawRequest and gives a RawResponse. The HTTP adapter (app.py)
+and the client's in-process transport both call it, so every component sees the same
+behaviour whether it runs inside `gpufleet up` or across the network.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import secrets
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+import yaml
+from pydantic import ValidationError
+
+from gpufleet.api import defaults as api_defaults
+from gpufleet.api import validation as api_validation
+from gpufleet.api.registry import REGISTRY, Registry, ResourceType
+from gpufleet.api.selectors import (
+    FieldSelector,
+    LabelSelector,
+    SelectorError,
+    parse_field_selector,
+    parse_label_selector,
+)
+from gpufleet.apiserver import discovery, openapi, tables
+from gpufleet.apiserver.admission import AdmissionContext, MutatingPlugin, UserInfo, ValidatingPlugin
+from gpufleet.apiserver.errors import (
+    ApiException,
+    already_exists,
+    bad_request,
+    conflict,
+    internal,
+    invalid,
+    method_not_allowed,
+    not_found,
+)
+from gpufleet.apiserver.patch import PatchError, apply_patch
+from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
+from gpufleet.store import base as store_base
+from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
+from gpufleet.utils.http import RawRequest, RawResponse
+
+log = logging.getLogger("gpufleet.apiserver")
+
+JSON = "application/json"
+DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# Kinds whose status a create may set (the agent registers its Node with what it found).
+_STATUS_ON_CREATE = {"Node", "Event", "Lease"}
+_WATCH_DEFAULT_TIMEOUT = 1800.0
+
+LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
+Authenticator = Callable[[RawRequest], Awaitable[UserInfo | None]]
+Authorizer = Callable[[UserInfo, RequestInfo], Awaitable[bool]]
+
+
+def _truthy(v: str | None) -> bool:
+    return v is not None and v.lower() in ("true", "1", "yes")
+
+
+def _dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def _json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> RawResponse:
+    h = {"content-type": JSON}
+    if headers:
+        h.update(headers)
+    return RawResponse(status=status, headers=h, body=_dumps(obj))
+
+
+def _field_path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _delete_path(obj: Any, loc: tuple) -> None:
+    cur = obj
+    for part in loc[:-1]:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return
+    if isinstance(cur, dict):
+        cur.pop(loc[-1], None)
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    m = obj.get("metadata")
+    if not isinstance(m, dict):
+        m = {}
+        obj["metadata"] = m
+    return m
+
+
+def _rv(obj: dict[str, Any]) -> int:
+    try:
+        return int(obj.get("metadata", {}).get("resourceVersion") or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _strip_for_compare(obj: dict[str, Any]) -> dict[str, Any]:
+    out = dict(obj)
+    m = dict(out.get("metadata") or {})
+    m.pop("resourceVersion", None)
+    m.pop("managedFields", None)
+    out["metadata"] = m
+    return out
+
+
+class ApiServer:
+    def __init__(
+        self,
+        store: store_base.Store,
+        *,
+        registry: Registry = REGISTRY,
+        clock: Clock = REAL_CLOCK,
+        event_ttl: float = 3600.0,
+        mutating: list[MutatingPlugin] | None = None,
+        validating: list[ValidatingPlugin] | None = None,
+        authenticator: Authenticator | None = None,
+        authorizer: Authorizer | None = None,
+        log_provider: LogProvider | None = None,
+    ) -> None:
+        self.store = store
+        self.registry = registry
+        self.clock = clock
+        self.event_ttl = event_ttl
+        self.mutating = list(mutating or [])
+        self.validating = list(validating or [])
+        self.authenticator = authenticator
+        self.authorizer = authorizer
+        self.log_provider = log_provider
+        # Read-only groups served by other parts (e.g. metrics.k8s.io): name -> handler
+        self.extra_groups: dict[tuple[str, str], Callable[[RawRequest, RequestInfo], Awaitable[RawResponse]]] = {}
+        self.extra_discovery: list[dict] = []
+
+    @property
+    def handler(self) -> ApiServer:
+        return self
+
+    async def start(self) -> None:
+        for ns in DEFAULT_NAMESPACES:
+            try:
+                await self.create_object(self.registry.by_key("namespaces"), "", {"metadata": {"name": ns}})
+            except ApiException as e:
+                if e.code != 409:
+                    raise
+
+    # ------------------------------------------------------------------ dispatch
+
+    async def handle(self, req: RawRequest) -> RawResponse:
+        try:
+            return await self._handle(req)
+        except ApiException as e:
+            return _json_response(e.code, e.status(), e.headers)
+        except Exception as e:  # a bug: answer 500 in Status shape, keep serving
+            log.exception("internal error serving %s %s", req.method, req.path)
+            err = internal(f"{type(e).__name__}: {e}")
+            return _json_response(500, err.status())
+
+    async def _handle(self, req: RawRequest) -> RawResponse:
+        path = req.path.rstrip("/") or "/"
+        method = req.method.upper()
+        if path in ("/healthz", "/readyz", "/livez"):
+            return RawResponse(200, {"content-type": "text/plain"}, b"ok")
+        if path == "/version":
+            return _json_response(200, discovery.VERSION_INFO)
+        is_watch = _truthy(req.param("watch"))
+        info = parse_request(method, path, is_watch)
+        user = await self._authenticate(req)
+        if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
+            if not await self.authorizer(user, info):
+                what = f'{info.resource}{"/" + info.subresource if info.subresource else ""}'
+                scope = f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"
+                group = f' in API group "{info.group}"' if info.is_resource_request else ""
+                msg = (
+                    f'{what}{" " + repr(info.name).replace(chr(39), chr(34)) if info.name else ""} is forbidden: '
+                    f'User "{user.name}" cannot {info.verb} resource "{what}"{group}{scope}'
+                    if info.is_resource_request
+                    else f'forbidden: User "{user.name}" cannot {method.lower()} path "{path}"'
+                )
+                raise ApiException(403, "Forbidden", msg)
+        if not info.is_resource_request:
+            return await self._non_resource(req, path)
+        ext = self.extra_groups.get((info.group, info.version))
+        if ext is not None:
+            return await ext(req, info)
+        rt = self.registry.by_resource(info.group, info.version, info.resource)
+        if rt is None:
+            raise ApiException(404, "NotFound", "the server could not find the requested resource")
+        if rt.namespaced and not info.namespace and info.verb not in ("list", "watch", "deletecollection"):
+            raise ApiException(404, "NotFound", "the server could not find the requested resource")
+        if not rt.namespaced and info.namespace:
+            raise ApiException(404, "NotFound", "the server could not find the requested resource")
+        if info.subresource and info.subresource not in rt.subresources:
+            raise ApiException(404, "NotFound", "the server could not find the requested resource")
+        if info.verb not in rt.verbs and not info.subresource:
+            raise method_not_allowed()
+        return await self._resource(req, info, rt, user)
+
+    async def _authenticate(self, req: RawRequest) -> UserInfo:
+        if self.authenticator is None:
+            return UserInfo(name="system:admin", groups=["system:masters", "system:authenticated"])
+        user = await self.authenticator(req)
+        if user is None:
+            raise ApiException(401, "Unauthorized", "Unauthorized")
+        return user
+
+    async def _non_resource(self, req: RawRequest, path: str) -> RawResponse:
+        accept = req.headers.get("accept", "")
+        if path == "/api":
+            agg = discovery.negotiate_aggregated(accept)
+            if agg:
+                body = discovery.aggregated(self.registry, agg, core=True)
+                return _json_response(200, body, {"content-type": discovery.aggregated_content_type(agg)})
+            return _json_response(200, discovery.api_versions())
+        if path == "/apis":
+            agg = discovery.negotiate_aggregated(accept)
+            if agg:
+                body = discovery.aggregated(self.registry, agg, core=False, extra_groups=self.extra_discovery)
+                return _json_response(200, body, {"content-type": discovery.aggregated_content_type(agg)})
+            extra = [(d["metadata"]["name"], [v["version"] for v in d["versions"]]) for d in self.extra_discovery]
+            return _json_response(200, discovery.api_group_list(self.registry, extra))
+        parts = [p for p in path.split("/") if p]
+        if parts[:1] == ["api"] and len(parts) == 2:
+            doc = discovery.api_resource_list(self.registry, "", parts[1])
+            if doc:
+                return _json_response(200, doc)
+        if parts[:1] == ["apis"] and len(parts) == 2:
+            doc = discovery.api_group(self.registry, parts[1])
+            if doc:
+                return _json_response(200, doc)
+            for d in self.extra_discovery:
+                if d["metadata"]["name"] == parts[1]:
+                    v = d["versions"][0]["version"]
+                    gv = {"groupVersion": f"{parts[1]}/{v}", "version": v}
+                    return _json_response(
+                        200, {"kind": "APIGroup", "apiVersion": "v1", "name": parts[1], "versions": [gv],
+                              "preferredVersion": gv})
+        if parts[:1] == ["apis"] and len(parts) == 3:
+            doc = discovery.api_resource_list(self.registry, parts[1], parts[2])
+            if doc:
+                return _json_response(200, doc)
+        if path == "/openapi/v3":
+            return _json_response(200, openapi.openapi_v3_index(self.registry))
+        if parts[:2] == ["openapi", "v3"] and len(parts) >= 4:
+            gv = parts[2:]
+            if gv[0] == "api":
+                doc = openapi.openapi_v3_document(self.registry, "", gv[1])
+            else:
+                doc = openapi.openapi_v3_document(self.registry, gv[1], gv[2]) if len(gv) >= 3 else None
+            if doc is not None:
+                return _json_response(200, doc)
+        if path in ("/openapi/v2", "/swagger-2.0.0.pb-v1"):
+            if "protobuf" in accept:
+                return RawResponse(
+                    200,
+                    {"content-type": "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"},
+                    openapi.openapi_v2_protobuf(self.registry),
+                )
+            raise ApiException(406, "NotAcceptable", "only the protobuf form of /openapi/v2 is served")
+        raise ApiException(404, "NotFound", "the server could not find the requested resource")
+
+    async def _resource(self, req: RawRequest, info: RequestInfo, rt: ResourceType, user: UserInfo) -> RawResponse:
+        verb, sub = info.verb, info.subresource
+        ns = info.namespace if rt.namespaced else ""
+        dry_run = req.param("dryRun") == "All"
+        if sub == "log":
+            return await self._pod_log(req, rt, ns, info.name)
+        if sub in ("binding", "eviction"):
+            if verb != "create":
+                raise method_not_allowed()
+            body = self._parse_body(req)
+            if sub == "binding":
+                return _json_response(201, await self.bind_pod(rt, ns, info.name, body, user))
+            return _json_response(201, await self.evict_pod(rt, ns, info.name, body, user))
+        if sub == "scale":
+            return await self._scale(req, info, rt, ns, user)
+        if verb == "get":
+            obj = await self.get_object(rt, ns, info.name)
+            return self._render_object(req, rt, obj)
+        if verb == "list":
+            return await self._list(req, rt, info.namespace if rt.namespaced else "")
+        if verb == "watch":
+            return await self._watch(req, rt, info.namespace if rt.namespaced else "", info.name)
+        if verb == "create":
+            if sub:
+                raise method_not_allowed()
+            body = self._parse_body(req)
+            obj, warnings = await self.create_object(
+                rt, ns, body, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run
+            )
+            return _json_response(201, obj, self._warning_headers(warnings))
+        if verb == "update":
+            body = self._parse_body(req)
+            obj, warnings = await self.update_object(
+                rt, ns, info.name, body, subresource=sub, field_validation=req.param("fieldValidation"),
+                user=user, dry_run=dry_run,
+            )
+            return _json_response(200, obj, self._warning_headers(warnings))
+        if verb == "patch":
+            return await self._patch(req, rt, ns, info.name, sub, user, dry_run)
+        if verb == "delete":
+            options = self._delete_options(req)
+            obj, done = await self.delete_object(rt, ns, info.name, options, user=user, dry_run=dry_run)
+            return _json_response(200 if done else 202, obj)
+        if verb == "deletecollection":
+            return await self._delete_collection(req, rt, info.namespace if rt.namespaced else "", user, dry_run)
+        raise method_not_allowed()
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    def _warning_headers(warnings: list[str]) -> dict[str, str]:
+        if not warnings:
+            return {}
+        return {"warning": ", ".join(f'299 - "{w.replace(chr(34), chr(92) + chr(34))}"' for w in warnings)}
+
+    @staticmethod
+    def _parse_body(req: RawRequest) -> Any:
+        ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
+        if not req.body:
+            raise bad_request("the request body is empty: send the object as JSON")
+        if "protobuf" in ctype:
+            raise ApiException(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
+        try:
+            if "yaml" in ctype:
+                return yaml.safe_load(req.body)
+            return orjson.loads(req.body)
+        except (orjson.JSONDecodeError, yaml.YAMLError) as e:
+            raise bad_request(f"the body of the request could not be decoded as {ctype or 'JSON'}: {e}") from None
+
+    def _delete_options(self, req: RawRequest) -> dict[str, Any]:
+        opts: dict[str, Any] = {}
+        if req.body:
+            try:
+                parsed = orjson.loads(req.body)
+            except orjson.JSONDecodeError as e:
+                raise bad_request(f"DeleteOptions could not be decoded as JSON: {e}") from None
+            if isinstance(parsed, dict):
+                opts.update(parsed)
+        gp = req.param("gracePeriodSeconds")
+        if gp is not None:
+            try:
+                opts["gracePeriodSeconds"] = int(gp)
+            except ValueError:
+                raise bad_request(f"gracePeriodSeconds: invalid value {gp!r}: must be an integer") from None
+        pp = req.param("propagationPolicy")
+        if pp is not None:
+            opts["propagationPolicy"] = pp
+        if opts.get("propagationPolicy") not in (None, "Foreground", "Background", "Orphan"):
+            raise bad_request(
+                f'propagationPolicy: Unsupported value: "{opts["propagationPolicy"]}": '
+                'supported values: "Foreground", "Background", "Orphan"'
+            )
+        return opts
+
+    def _render_object(self, req: RawRequest, rt: ResourceType, obj: dict[str, Any]) -> RawResponse:
+        if self._wants_table(req):
+            table = tables.to_table(
+                rt, [obj], resource_version=str(_rv(obj)), now=self.clock.now(),
+                include_object=req.param("includeObject") or "Metadata",
+            )
+            return _json_response(200, table)
+        return _json_response(200, obj)
+
+    @staticmethod
+    def _wants_table(req: RawRequest) -> bool:
+        accept = req.headers.get("accept", "").replace(" ", "")
+        first = accept.split(",")[0] if accept else ""
+        return "as=Table" in first
+
+    def _namespace_rt(self) -> ResourceType:
+        rt = self.registry.by_key("namespaces")
+        assert rt is not None
+        return rt
+
+    async def _check_namespace(self, ns: str, rt: ResourceType) -> None:
+        if not rt.namespaced:
+            return
+        try:
+            nso = await self.store.get("namespaces", "", ns)
+        except store_base.NotFound:
+            raise not_found(self._namespace_rt(), ns) from None
+        if nso.get("metadata", {}).get("deletionTimestamp"):
+            raise ApiException(
+                403, "Forbidden",
+                f'{rt.key} is forbidden: unable to create new content in namespace {ns} because it is being terminated',
+                {"name": ns, "kind": rt.plural, "causes": [{"reason": "NamespaceTerminating",
+                                                            "message": f"namespace {ns} is being terminated",
+                                                            "field": "metadata.namespace"}]},
+            )
+
+    def _decode(self, rt: ResourceType, obj: dict[str, Any], name: str, field_validation: str | None):
+        """Typed check of the wire object. Returns (model, warnings). Unknown fields follow
+        fieldValidation like Kubernetes: Strict rejects, Warn (the default) and Ignore drop them."""
+        mode = (field_validation or "Warn").capitalize()
+        model_cls = rt.model
+        warnings: list[str] = []
+        for _ in range(3):
+            try:
+                return model_cls.model_validate(obj), warnings
+            except ValidationError as e:
+                errors = e.errors(include_url=False)
+            unknown = [err for err in errors if err["type"] == "extra_forbidden"]
+            missing = [err for err in errors if err["type"] == "missing"]
+            other = [err for err in errors if err["type"] not in ("extra_forbidden", "missing")]
+            if other:
+                causes = [
+                    {"reason": "FieldValueInvalid", "message": f"Invalid value: {err['msg']}",
+                     "field": _field_path(err["loc"])} for err in other
+                ]
+                listed = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
+                raise bad_request(
+                    f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: {listed}', causes
+                )
+            if unknown and mode == "Strict":
+                names = ", ".join(f'unknown field "{_field_path(err["loc"])}"' for err in unknown)
+                raise bad_request(
+                    f"strict decoding error: {names}",
+                    [{"reason": "FieldValueInvalid", "message": f'unknown field "{_field_path(err["loc"])}"',
+                      "field": _field_path(err["loc"])} for err in unknown],
+                )
+            if unknown:
+                if mode == "Warn":
+                    warnings += [f'unknown field "{_field_path(err["loc"])}"' for err in unknown]
+                for err in sorted(unknown, key=lambda x: len(x["loc"]), reverse=True):
+                    _delete_path(obj, err["loc"])
+                if not missing:
+                    continue
+            if missing:
+                raise invalid(rt, name, [
+                    {"reason": "FieldValueRequired", "message": "Required value", "field": _field_path(err["loc"])}
+                    for err in missing
+                ])
+        raise bad_request(f"{rt.kind} could not be decoded")
+
+    def _finish(self, rt: ResourceType, model: Any, name: str, old_model: Any | None) -> dict[str, Any]:
+        api_defaults.apply_defaults(model)
+        if old_model is None:
+            errors = api_validation.validate_create(model)
+        else:
+            errors = api_validation.validate_update(model, old_model)
+        if errors:
+            raise invalid(rt, name, [
+                {"reason": e.type, "message": e.message().split(": ", 1)[1] if e.field else e.message(),
+                 "field": e.field} for e in errors
+            ])
+        return model.to_dict()
+
+    def _check_type(self, rt: ResourceType, body: Any) -> dict[str, Any]:
+        if not isinstance(body, dict):
+            raise bad_request(f"the request body must be a {rt.kind} object, got {type(body).__name__}")
+        api_version, kind = body.get("apiVersion"), body.get("kind")
+        if kind not in (None, "", rt.kind) or api_version not in (None, "", rt.api_version):
+            raise bad_request(
+                f"the API version in the data ({api_version}) does not match the expected API version "
+                f"({rt.api_version})" if api_version not in (None, "", rt.api_version)
+                else f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
+            )
+        body["apiVersion"], body["kind"] = rt.api_version, rt.kind
+        return body
+
+    def _reset_status(self, rt: ResourceType, obj: dict[str, Any]) -> None:
+        if "status" not in rt.subresources or rt.kind in _STATUS_ON_CREATE:
+            return
+        if rt.kind == "Pod":
+            obj["status"] = {"phase": "Pending"}
+        elif rt.kind == "Namespace":
+            obj["status"] = {"phase": "Active"}
+        else:
+            obj.pop("status", None)
+
+    async def _admit(self, op: str, rt: ResourceType, ns: str, name: str, sub: str, obj: dict, old: dict | None,
+                     user: UserInfo, dry_run: bool, mutate: bool) -> None:
+        ctx = AdmissionContext(op, rt, ns, name, sub, user, dry_run, self)
+        plugins = self.mutating if mutate else self.validating
+        for p in plugins:
+            if mutate:
+                await p.admit(ctx, obj, old)  # type: ignore[union-attr]
+            else:
+                await p.validate(ctx, obj, old)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------------ verbs (also used in-process)
+
+    async def get_object(self, rt: ResourceType, ns: str, name: str) -> dict[str, Any]:
+        try:
+            return await self.store.get(rt.key, ns, name)
+        except store_base.NotFound:
+            raise not_found(rt, name) from None
+
+    async def create_object(
+        self,
+        rt: ResourceType | None,
+        ns: str,
+        body: Any,
+        *,
+        field_validation: str | None = None,
+        user: UserInfo | None = None,
+        dry_run: bool = False,
+    ) -> tuple[dict[str, Any], list[str]]:
+        assert rt is not None
+        user = user or UserInfo(name="system:apiserver")
+        obj = self._check_type(rt, body)
+        meta = _meta(obj)
+        if rt.namespaced:
+            body_ns = meta.get("namespace")
+            if body_ns and ns and body_ns != ns:
+                raise bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request"
+                )
+            ns = ns or body_ns or "default"
+            meta["namespace"] = ns
+        else:
+            meta.pop("namespace", None)
+            ns = ""
+        if not meta.get("name"):
+            prefix = meta.get("generateName")
+            if not prefix:
+                raise invalid(rt, "", [{"reason": "FieldValueRequired", "field": "metadata.name",
+                                        "message": "Required value: name or generateName is required"}])
+            alphabet = "bcdfghjklmnpqrstvwxz2456789"
+            meta["name"] = prefix[:58] + "".join(secrets.choice(alphabet) for _ in range(5))
+        name = meta["name"]
+        await self._check_namespace(ns, rt)
+        for system in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
+            meta.pop(system, None)
+        meta["uid"] = str(uuid.uuid4())
+        meta["creationTimestamp"] = rfc3339(self.clock.now())
+        if "status" in rt.subresources:
+            meta["generation"] = 1
+        self._reset_status(rt, obj)
+        model, warnings = self._decode(rt, obj, name, field_validation)
+        obj = self._finish(rt, model, name, None)
+        await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
+        if self.mutating:
+            obj = self._finish(rt, self._decode(rt, obj, name, "Ignore")[0], name, None)
+        await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=False)
+        if dry_run:
+            return obj, warnings
+        ttl = self.event_ttl if rt.kind == "Event" and not rt.group else None
+        try:
+            stored = await self.store.create(rt.key, ns, name, obj, ttl=ttl)
+        except store_base.AlreadyExists:
+            raise already_exists(rt, name) from None
+        return stored, warnings
+
+    async def update_object(
+        self,
+        rt: ResourceType,
+        ns: str,
+        name: str,
+        body: Any,
+        *,
+        subresource: str = "",
+        field_validation: str | None = None,
+        user: UserInfo | None = None,
+        dry_run: bool = False,
+        current: dict[str, Any] | None = None,
+        create_missing: bool = False,
+    ) -> tuple[dict[str, Any], list[str]]:
+        user = user or UserInfo(name="system:apiserver")
+        obj = self._check_type(rt, body)
+        meta = _meta(obj)
+        if meta.get("name") and meta["name"] != name:
+            raise bad_request(f"the name of the object ({meta['name']}) does not match the name on the URL ({name})")
+        if rt.namespaced and meta.get("namespace") and meta["namespace"] != ns:
+            raise bad_request("the namespace of the provided object does not match the namespace sent on the request")
+        meta["name"] = name
+        if current is None:
+            try:
+                current = await self.store.get(rt.key, ns, name)
+            except store_base.NotFound:
+                if create_missing and not subresource:
+                    meta.pop("resourceVersion", None)
+                    return await self.create_object(rt, ns, obj, field_validation=field_validation, user=user,
+                                                    dry_run=dry_run)
+                raise not_found(rt, name) from None
+        expected = meta.get("resourceVersion")
+        if expected:
+            try:
+                expected_rev = int(expected)
+            except ValueError:
+                raise bad_request(f'metadata.resourceVersion: Invalid value: "{expected}": must be an integer')
+            if expected_rev != _rv(current):
+                raise conflict(rt, name)
+        else:
+            expected_rev = _rv(current)
+        new = self._merge_update(rt, obj, current, subresource)
+        model, warnings = self._decode(rt, new, name, field_validation)
+        old_model = rt.model.model_validate(current)
+        new = self._finish(rt, model, name, old_model)
+        op = "UPDATE"
+        await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
+        await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)
+        if "status" in rt.subresources and subresource != "status":
+            before = {k: v for k, v in current.items() if k not in ("metadata", "status")}
+            after = {k: v for k, v in new.items() if k not in ("metadata", "status")}
+            if before != after:
+                new["metadata"]["generation"] = int(current["metadata"].get("generation") or 1) + 1
+        if _strip_for_compare(new) == _strip_for_compare(current):
+            return current, warnings  # no-op updates do not bump the revision, as in Kubernetes
+        if dry_run:
+            return new, warnings
+        if self._ready_to_delete(rt, new):
+            try:
+                return await self.store.delete(rt.key, ns, name, expected_revision=expected_rev), warnings
+            except store_base.Conflict:
+                raise conflict(rt, name) from None
+            except store_base.NotFound:
+                raise not_found(rt, name) from None
+        try:
+            return await self.store.update(rt.key, ns, name, new, expected_revision=expected_rev), warnings
+        except store_base.Conflict:
+            raise conflict(rt, name) from None
+        except store_base.NotFound:
+            raise not_found(rt, name) from None
+
+    def _merge_update(self, rt: ResourceType, obj: dict, current: dict, subresource: str) -> dict[str, Any]:
+        """What a PUT may change: the main resource keeps status, /status keeps everything else,
+        and system metadata is never the client's to set."""
+        cur_meta = current.get("metadata", {})
+        if subresource in ("status",):
+            new = {k: v for k, v in current.items() if k != "status"}
+            if "status" in obj:
+                new["status"] = obj["status"]
+            new["metadata"] = dict(cur_meta)
+            return new
+        if subresource == "finalize":  # namespaces/{name}/finalize may change spec.finalizers only
+            new = dict(current)
+            spec = dict(current.get("spec") or {})
+            spec["finalizers"] = (obj.get("spec") or {}).get("finalizers") or []
+            new["spec"] = spec
+            new["metadata"] = dict(cur_meta)
+            return new
+        new = dict(obj)
+        meta = dict(obj.get("metadata") or {})
+        for system in ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation",
+                       "namespace"):
+            if system in cur_meta:
+                meta[system] = cur_meta[system]
+            else:
+                meta.pop(system, None)
+        meta.pop("resourceVersion", None)
+        if cur_meta.get("deletionTimestamp"):
+            added = set(meta.get("finalizers") or []) - set(cur_meta.get("finalizers") or [])
+            if added:
+                raise invalid(rt, cur_meta.get("name", ""), [{
+                    "reason": "FieldValueForbidden", "field": "metadata.finalizers",
+                    "message": f"Forbidden: no new finalizers can be added if the object is being deleted, "
+                               f"found new finalizers {sorted(added)}"}])
+        new["metadata"] = meta
+        if "status" in rt.subresources and rt.kind not in ("Node",):
+            if "status" in current:
+                new["status"] = current["status"]
+            else:
+                new.pop("status", None)
+        return new
+
+    @staticmethod
+    def _ready_to_delete(rt: ResourceType, obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata", {})
+        if not meta.get("deletionTimestamp") or meta.get("finalizers"):
+            return False
+        if rt.kind == "Namespace" and (obj.get("spec") or {}).get("finalizers"):
+            return False
+        return True
+
+    async def _patch(self, req: RawRequest, rt: ResourceType, ns: str, name: str, sub: str, user: UserInfo,
+                     dry_run: bool) -> RawResponse:
+        ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
+        if ctype not in ("application/json-patch+json", "application/merge-patch+json",
+                         "application/strategic-merge-patch+json", "application/apply-patch+yaml"):
+            raise ApiException(
+                415, "UnsupportedMediaType",
+                f"the body of the request was in an unknown format - accepted media types include: "
+                f"application/json-patch+json, application/merge-patch+json, "
+                f"application/strategic-merge-patch+json, application/apply-patch+yaml (got {ctype or 'none'})",
+            )
+        if not req.body:
+            raise bad_request("the patch body is empty")
+        for attempt in range(10):
+            try:
+                current = await self.store.get(rt.key, ns, name)
+            except store_base.NotFound:
+                if ctype == "application/apply-patch+yaml" and not sub:
+                    try:
+                        applied = yaml.safe_load(req.body)
+                    except yaml.YAMLError as e:
+                        raise bad_request(f"the apply patch could not be decoded: {e}") from None
+                    if not isinstance(applied, dict):
+                        raise bad_request("the apply patch must be an object")
+                    _meta(applied).setdefault("name", name)
+                    obj, warnings = await self.create_object(
+                        rt, ns, applied, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run)
+                    return _json_response(201, obj, self._warning_headers(warnings))
+                raise not_found(rt, name) from None
+            base = self._scale_view(rt, current) if sub == "scale" else current
+            try:
+                patched = apply_patch(base, req.body, ctype, rt.kind)
+            except PatchError as e:
+                raise ApiException(
+                    422 if ctype == "application/json-patch+json" else 400,
+                    "Invalid" if ctype == "application/json-patch+json" else "BadRequest",
+                    str(e),
+                ) from None
+            if not isinstance(patched, dict):
+                raise bad_request("the patched object is not a JSON object")
+            # A patch pins a revision only when it names one itself; otherwise the revision it
+            # carries is the one we read, and a conflict just means "read again and re-apply".
+            pmeta = patched.get("metadata")
+            named_rv = pmeta.get("resourceVersion") if isinstance(pmeta, dict) else None
+            try:
+                if sub == "scale":
+                    obj = await self._apply_scale(rt, ns, name, patched, current, user, dry_run)
+                    return _json_response(200, obj)
+                obj, warnings = await self.update_object(
+                    rt, ns, name, patched, subresource=sub, field_validation=req.param("fieldValidation"),
+                    user=user, dry_run=dry_run, current=current,
+                )
+                return _json_response(200, obj, self._warning_headers(warnings))
+            except ApiException as e:
+                # Conflicts against our own read are retried: a patch is not a compare-and-swap
+                # unless it names a resourceVersion that is stale.
+                if e.code == 409 and e.reason == "Conflict" and named_rv == str(_rv(current)) and attempt < 9:
+                    continue
+                raise
+        raise conflict(rt, name)
+
+    async def delete_object(
+        self, rt: ResourceType, ns: str, name: str, options: dict[str, Any] | None = None, *,
+        user: UserInfo | None = None, dry_run: bool = False,
+    ) -> tuple[dict[str, Any], bool]:
+        """Returns (object, deleted_now). Graceful and finalizer-held deletions return the
+        object with deletionTimestamp set and deleted_now False."""
+        options = options or {}
+        user = user or UserInfo(name="system:apiserver")
+        for _ in range(10):
+            current = await self.get_object(rt, ns, name)
+            meta = current.get("metadata", {})
+            pre = options.get("preconditions") or {}
+            if pre.get("uid") and pre["uid"] != meta.get("uid"):
+                raise conflict(rt, name, f"Precondition failed: UID in precondition: {pre['uid']}, "
+                                         f"UID in object meta: {meta.get('uid')}")
+            if pre.get("resourceVersion") and pre["resourceVersion"] != meta.get("resourceVersion"):
+                raise conflict(rt, name, f"Precondition failed: ResourceVersion in precondition: "
+                                         f"{pre['resourceVersion']}, ResourceVersion in object meta: "
+                                         f"{meta.get('resourceVersion')}")
+            await self._admit("DELETE", rt, ns, name, "", current, current, user, dry_run, mutate=False)
+            grace = options.get("gracePeriodSeconds")
+            policy = options.get("propagationPolicy")
+            finalizers = list(meta.get("finalizers") or [])
+            if policy == "Foreground" and "foregroundDeletion" not in finalizers:
+                finalizers.append("foregroundDeletion")
+            elif policy == "Orphan" and "orphan" not in finalizers:
+                finalizers.append("orphan")
+            graceful = False
+            if rt.kind == "Pod" and (current.get("spec") or {}).get("nodeName"):
+                phase = (current.get("status") or {}).get("phase")
+                if grace is None:
+                    grace = (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+                graceful = grace > 0 and phase not in ("Succeeded", "Failed")
+            ns_pending = rt.kind == "Namespace"
+            if not finalizers and not graceful and not ns_pending:
+                if dry_run:
+                    return current, True
+                try:
+                    return await self.store.delete(rt.key, ns, name, expected_revision=_rv(current)), True
+                except store_base.Conflict:
+                    continue
+                except store_base.NotFound:
+                    raise not_found(rt, name) from None
+            # Deletion in progress: stamp it and let the owner of each finalizer (or the node
+            # agent, for a graceful pod) finish the job.
+            new = dict(current)
+            new_meta = dict(meta)
+            now = self.clock.now()
+            if graceful:
+                prior = new_meta.get("deletionTimestamp")
+                deadline = now + grace
+                if prior and parse_rfc3339(prior) <= deadline:
+                    deadline = parse_rfc3339(prior)
+                new_meta["deletionTimestamp"] = rfc3339(deadline)
+                new_meta["deletionGracePeriodSeconds"] = min(grace, new_meta.get("deletionGracePeriodSeconds", grace))
+            elif not new_meta.get("deletionTimestamp"):
+                new_meta["deletionTimestamp"] = rfc3339(now)
+                new_meta["deletionGracePeriodSeconds"] = 0
+            new_meta["finalizers"] = finalizers
+            if not finalizers:
+                new_meta.pop("finalizers")
+            new["metadata"] = new_meta
+            if ns_pending:
+                new["status"] = {**(current.get("status") or {}), "phase": "Terminating"}
+                if not finalizers and not (current.get("spec") or {}).get("finalizers"):
+                    try:
+                        return await self.store.delete(rt.key, ns, name, expected_revision=_rv(current)), True
+                    except store_base.Conflict:
+                        continue
+            if _strip_for_compare(new) == _strip_for_compare(current):
+                return current, False
+            if dry_run:
+                return new, False
+            try:
+                return await self.store.update(rt.key, ns, name, new, expected_revision=_rv(current)), False
+            except store_base.Conflict:
+                continue
+            except store_base.NotFound:
+                raise not_found(rt, name) from None
+        raise conflict(rt, name)
+
+    async def _delete_collection(self, req: RawRequest, rt: ResourceType, ns: str, user: UserInfo,
+                                 dry_run: bool) -> RawResponse:
+        label_sel, field_sel = self._selectors(req, rt)
+        result = await self.store.list(rt.key, ns or None)
+        options = self._delete_options(req)
+        deleted = []
+        for obj in result.items:
+            if not self._matches(obj, label_sel, field_sel):
+                continue
+            meta = obj["metadata"]
+            try:
+                done, _ = await self.delete_object(rt, meta.get("namespace", ""), meta["name"], options, user=user,
+                                                   dry_run=dry_run)
+                deleted.append(done)
+            except ApiException as e:
+                if e.code != 404:
+                    raise
+        return _json_response(200, {"kind": rt.list_kind, "apiVersion": rt.api_version,
+                                     "metadata": {"resourceVersion": str(await self.store.revision())},
+                                     "items": deleted})
+
+    # ------------------------------------------------------------------ list & watch
+
+    def _selectors(self, req: RawRequest, rt: ResourceType) -> tuple[LabelSelector | None, FieldSelector | None]:
+        label_sel = field_sel = None
+        try:
+            if req.param("labelSelector"):
+                label_sel = parse_label_selector(req.param("labelSelector") or "")
+        except SelectorError as e:
+            raise bad_request(f"unable to parse requirement: {e}") from None
+        try:
+            if req.param("fieldSelector"):
+                field_sel = parse_field_selector(req.param("fieldSelector") or "")
+        except SelectorError as e:
+            raise bad_request(f"invalid field selector: {e}") from None
+        if field_sel is not None:
+            allowed = {"metadata.name", "metadata.namespace", *rt.field_labels}
+            for f in field_sel.fields():
+                if f not in allowed:
+                    raise bad_request(
+                        f'field label not supported: {f} (for {rt.key}: {", ".join(sorted(allowed))})'
+                    )
+        return label_sel, field_sel
+
+    @staticmethod
+    def _matches(obj: dict[str, Any], label_sel: LabelSelector | None, field_sel: FieldSelector | None) -> bool:
+        if label_sel is not None and not label_sel.matches(obj.get("metadata", {}).get("labels") or {}):
+            return False
+        if field_sel is not None and not field_sel.matches(obj):
+            return False
+        return True
+
+    async def list_objects(
+        self, rt: ResourceType, ns: str, label_sel: LabelSelector | None = None,
+        field_sel: FieldSelector | None = None, limit: int | None = None, continue_token: str | None = None,
+    ) -> tuple[list[dict[str, Any]], int, str | None]:
+        after = None
+        list_rev = None
+        if continue_token:
+            try:
+                tok = orjson.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                after, list_rev = (tok["ns"], tok["name"]), int(tok["rv"])
+            except Exception:
+                raise bad_request("continue: Invalid value: the continue token is malformed; start the list "
+                                  "again without it") from None
+        only_name = field_sel.only_name() if field_sel is not None else None
+        if only_name is not None and not after:
+            try:
+                obj = await self.store.get(rt.key, ns, only_name) if ns or not rt.namespaced else None
+            except store_base.NotFound:
+                obj = None
+            if obj is not None or ns or not rt.namespaced:
+                items = [obj] if obj is not None and self._matches(obj, label_sel, field_sel) else []
+                return items, await self.store.revision(), None
+        items: list[dict[str, Any]] = []
+        page = max(limit or 0, 500)
+        while True:
+            result = await self.store.list(rt.key, ns or None, limit=page, after=after)
+            if list_rev is None:
+                list_rev = result.revision
+            for obj in result.items:
+                if self._matches(obj, label_sel, field_sel):
+                    items.append(obj)
+                    if limit and len(items) >= limit:
+                        m = obj["metadata"]
+                        key = (m.get("namespace", ""), m["name"])
+                        more = result.next_key is not None or obj is not result.items[-1]
+                        token = None
+                        if more:
+                            token = base64.urlsafe_b64encode(orjson.dumps(
+                                {"rv": list_rev, "ns": key[0], "name": key[1]})).decode()
+                        return items, list_rev, token
+            if result.next_key is None:
+                return items, list_rev, None
+            after = result.next_key
+
+    async def _list(self, req: RawRequest, rt: ResourceType, ns: str) -> RawResponse:
+        label_sel, field_sel = self._selectors(req, rt)
+        limit_s = req.param("limit")
+        try:
+            limit = int(limit_s) if limit_s else None
+        except ValueError:
+            raise bad_request(f"limit: Invalid value: {limit_s!r}: must be an integer") from None
+        items, rev, token = await self.list_objects(rt, ns, label_sel, field_sel, limit, req.param("continue"))
+        if self._wants_table(req):
+            return _json_response(200, tables.to_table(
+                rt, items, resource_version=str(rev), continue_token=token, now=self.clock.now(),
+                include_object=req.param("includeObject") or "Metadata"))
+        meta: dict[str, Any] = {"resourceVersion": str(rev)}
+        if token:
+            meta["continue"] = token
+        return _json_response(200, {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta,
+                                     "items": items})
+
+    async def _watch(self, req: RawRequest, rt: ResourceType, ns: str, name: str) -> RawResponse:
+        label_sel, field_sel = self._selectors(req, rt)
+        if name:
+            extra = parse_field_selector(f"metadata.name={name}")
+            field_sel = extra if field_sel is None else parse_field_selector(
+                f"{req.param('fieldSelector')},metadata.name={name}")
+        rv_param = req.param("resourceVersion")
+        try:
+            timeout = float(req.param("timeoutSeconds") or _WATCH_DEFAULT_TIMEOUT)
+        except ValueError:
+            raise bad_request("timeoutSeconds: Invalid value: must be a number of seconds") from None
+        bookmarks = _truthy(req.param("allowWatchBookmarks"))
+        as_table = self._wants_table(req)
+        initial: list[dict[str, Any]] = []
+        send_initial = _truthy(req.param("sendInitialEvents"))
+        if not rv_param or rv_param == "0" or send_initial:
+            initial, start_rev, _ = await self.list_objects(rt, ns, label_sel, field_sel)
+            if rv_param and rv_param != "0" and send_initial:
+                start_rev = max(start_rev, int(rv_param))
+        else:
+            try:
+                start_rev = int(rv_param)
+            except ValueError:
+                raise bad_request(f'resourceVersion: Invalid value: "{rv_param}": must be an integer') from None
+        try:
+            watch = await self.store.watch(rt.key, ns or None, start_rev)
+        except store_base.Expired as e:
+            err = {"type": "ERROR", "object": {
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": str(e), "reason": "Expired", "code": 410}}
+
+            async def expired() -> AsyncIterator[bytes]:
+                yield _dumps(err) + b"\n"
+
+            return RawResponse(200, {"content-type": JSON, "transfer-encoding": "chunked"}, stream=expired())
+
+        def encode(ev_type: str, obj: dict[str, Any]) -> bytes:
+            if as_table and ev_type != "BOOKMARK":
+                obj = tables.to_table(rt, [obj], resource_version=str(_rv(obj)), now=self.clock.now())
+            return _dumps({"type": ev_type, "object": obj}) + b"\n"
+
+        clock = self.clock
+
+        async def stream() -> AsyncIterator[bytes]:
+            import asyncio
+
+            last_rev = start_rev
+            try:
+                for obj in initial:
+                    yield encode("ADDED", obj)
+                if send_initial and bookmarks:
+                    yield encode("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version, "metadata": {
+                        "resourceVersion": str(start_rev),
+                        "annotations": {"k8s.io/initial-events-end": "true"}}})
+                deadline = clock.monotonic() + timeout
+                it = watch.__aiter__()
+                while True:
+                    remaining = deadline - clock.monotonic()
+                    if remaining <= 0:
+                        return
+                    try:
+                        ev = await asyncio.wait_for(it.__anext__(), timeout=min(remaining, 30.0))
+                    except TimeoutError:
+                        if bookmarks:
+                            yield encode("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version,
+                                                      "metadata": {"resourceVersion": str(last_rev)}})
+                        continue
+                    except StopAsyncIteration:
+                        return
+                    except store_base.Expired as e:
+                        yield _dumps({"type": "ERROR", "object": {
+                            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                            "message": str(e), "reason": "Expired", "code": 410}}) + b"\n"
+                        return
+                    last_rev = ev.revision
+                    now_match = self._matches(ev.object, label_sel, field_sel)
+                    was_match = ev.prev is not None and self._matches(ev.prev, label_sel, field_sel)
+                    if ev.type == "DELETED":
+                        if was_match or now_match:
+                            yield encode("DELETED", ev.object)
+                    elif now_match and (was_match or ev.type == "ADDED"):
+                        yield encode(ev.type if ev.type == "ADDED" or was_match else "ADDED", ev.object)
+                    elif now_match:
+                        yield encode("ADDED", ev.object)
+                    elif was_match:
+                        yield encode("DELETED", ev.object)
+            finally:
+                await watch.close()
+
+        return RawResponse(200, {"content-type": JSON, "transfer-encoding": "chunked"}, stream=stream())
+
+    # ------------------------------------------------------------------ subresources
+
+    @staticmethod
+    def _selector_string(obj: dict[str, Any]) -> str:
+        sel = (obj.get("spec") or {}).get("selector")
+        if isinstance(sel, dict):
+            try:
+                return str(LabelSelector.from_dict(sel))
+            except (SelectorError, TypeError, ValueError):
+                return ""
+        return ""
+
+    def _scale_view(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        meta = obj.get("metadata", {})
+        return {
+            "kind": "Scale",
+            "apiVersion": "autoscaling/v1",
+            "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
+                         if k in meta},
+            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
+            "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
+                       "selector": self._selector_string(obj)},
+        }
+
+    async def _apply_scale(self, rt: ResourceType, ns: str, name: str, scale: dict[str, Any],
+                           current: dict[str, Any], user: UserInfo, dry_run: bool) -> dict[str, Any]:
+        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
+            raise invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "spec.replicas",
+                                      "message": f"Invalid value: {replicas!r}: must be greater than or equal to 0"}])
+        want_rv = (scale.get("metadata") or {}).get("resourceVersion")
+        if want_rv and want_rv != current["metadata"].get("resourceVersion"):
+            raise conflict(rt, name)
+        new = orjson.loads(orjson.dumps(current))
+        new.setdefault("spec", {})["replicas"] = replicas
+        updated, _ = await self.update_object(rt, ns, name, new, user=user, dry_run=dry_run, current=current)
+        return self._scale_view(rt, updated)
+
+    async def _scale(self, req: RawRequest, info: RequestInfo, rt: ResourceType, ns: str,
+                     user: UserInfo) -> RawResponse:
+        current = await self.get_object(rt, ns, info.name)
+        if info.verb == "get":
+            return _json_response(200, self._scale_view(rt, current))
+        if info.verb == "update":
+            body = self._parse_body(req)
+            if not isinstance(body, dict):
+                raise bad_request("the request body must be a Scale object")
+            return _json_response(200, await self._apply_scale(rt, ns, info.name, body, current, user,
+                                                               req.param("dryRun") == "All"))
+        if info.verb == "patch":
+            return await self._patch(req, rt, ns, info.name, "scale", user, req.param("dryRun") == "All")
+        raise method_not_allowed()
+
+    async def bind_pod(self, rt: ResourceType, ns: str, name: str, binding: Any, user: UserInfo) -> dict[str, Any]:
+        if not isinstance(binding, dict) or not isinstance(binding.get("target"), dict):
+            raise bad_request("a Binding needs target.name: the node to bind the pod to")
+        node = binding["target"].get("name")
+        if not node:
+            raise invalid(rt, name, [{"reason": "FieldValueRequired", "field": "target.name",
+                                      "message": "Required value"}])
+        for _ in range(10):
+            pod = await self.get_object(rt, ns, name)
+            meta = pod["metadata"]
+            uid = (binding.get("metadata") or {}).get("uid")
+            if uid and uid != meta.get("uid"):
+                raise conflict(rt, name, "the pod was replaced since the binding was made")
+            if meta.get("deletionTimestamp"):
+                raise conflict(rt, name, "pod is being deleted, cannot be assigned to a host")
+            if (pod.get("spec") or {}).get("nodeName"):
+                raise conflict(rt, name, f"pod {name} is already assigned to node "
+                                         f"\"{pod['spec']['nodeName']}\"")
+            new = orjson.loads(orjson.dumps(pod))
+            new["spec"]["nodeName"] = node
+            status = new.setdefault("status", {})
+            conds = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
+            conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,
+                          "lastTransitionTime": rfc3339(self.clock.now())})
+            status["conditions"] = conds
+            try:
+                await self.store.update(rt.key, ns, name, new, expected_revision=_rv(pod))
+            except store_base.Conflict:
+                continue
+            return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        raise conflict(rt, name)
+
+    async def evict_pod(self, rt: ResourceType, ns: str, name: str, eviction: Any, user: UserInfo) -> dict[str, Any]:
+        options = (eviction or {}).get("deleteOptions") or {} if isinstance(eviction, dict) else {}
+        await self.delete_object(rt, ns, name, options, user=user)
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
+    async def _pod_log(self, req: RawRequest, rt: ResourceType, ns: str, name: str) -> RawResponse:
+        pod = await self.get_object(rt, ns, name)
+        if not (pod.get("spec") or {}).get("nodeName"):
+            containers = (pod.get("spec") or {}).get("containers") or [{}]
+            c = req.param("container") or containers[0].get("name", "")
+            raise bad_request(f'container "{c}" in pod "{name}" is waiting to start: pod is not scheduled yet')
+        if self.log_provider is None:
+            raise ApiException(503, "ServiceUnavailable",
+                               f"no node agent is reachable to serve logs of pod {name}")
+        return await self.log_provider(pod, req)
+

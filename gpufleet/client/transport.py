@@ -1,0 +1,321 @@
+"""How a request reaches the API server: over HTTP, or by calling its handler in-process.
+
+Both transports take and give the same things (a path, query pairs, bytes; a RawResponse
+with lower-case headers; a stream of lines) and fail the same way (ApiError for an error
+answer, TransportError when no answer came), so a component cannot tell which one it runs on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json as jsonlib
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
+
+from gpufleet.client.errors import TransportError, error_from_response
+from gpufleet.utils.http import Handler, RawRequest, RawResponse
+
+USER_AGENT = "gpufleet-client/0.1"
+
+Params = Mapping[str, Any] | Iterable[tuple[str, Any]] | None
+
+
+@runtime_checkable
+class Transport(Protocol):
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        """Send one request and return the whole answer, whatever its status."""
+
+    def stream(
+        self, method: str, path: str, params: Params = None, *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        """The answer's body line by line (without the newline), as the server flushes it.
+        An error status raises ApiError on the first iteration; closing the iterator early
+        closes the stream on the server too."""
+
+    async def close(self) -> None: ...
+
+
+def encode_params(params: Params) -> list[tuple[str, str]]:
+    """Query pairs in order; None values are left out and booleans written as Kubernetes reads them."""
+    if params is None:
+        return []
+    pairs = params.items() if isinstance(params, Mapping) else params
+    out: list[tuple[str, str]] = []
+    for key, value in pairs:
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            value = "true" if value else "false"
+        out.append((key, str(value)))
+    return out
+
+
+def encode_body(
+    json: Any, content: bytes | str | None, headers: Mapping[str, str] | None
+) -> tuple[bytes, dict[str, str]]:
+    out_headers = {k.lower(): v for k, v in (headers or {}).items()}
+    if json is not None:
+        if content is not None:
+            raise ValueError("pass json or content, not both")
+        body = jsonlib.dumps(json, separators=(",", ":")).encode()
+        out_headers.setdefault("content-type", "application/json")
+    elif content is not None:
+        body = content.encode() if isinstance(content, str) else bytes(content)
+    else:
+        body = b""
+    out_headers.setdefault("accept", "application/json")
+    return body, out_headers
+
+
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    buf = b""
+    async for chunk in chunks:
+        if not chunk:
+            continue
+        buf += chunk
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                break
+            line, buf = buf[:nl], buf[nl + 1 :]
+            yield line.rstrip(b"\r")
+    if buf:
+        yield buf.rstrip(b"\r")
+
+
+class LocalTransport:
+    """Calls an in-process API server's handler directly: no sockets, same semantics."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        params: Params,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> RawRequest:
+        query = encode_params(params)
+        # A path with its own query string (raw_request("GET", "/x?a=b")) works as over HTTP.
+        parts = urlsplit(path)
+        if parts.query:
+            query = parse_qsl(parts.query, keep_blank_values=True) + query
+            path = parts.path
+        headers.setdefault("user-agent", USER_AGENT)
+        if body:
+            headers.setdefault("content-length", str(len(body)))
+        return RawRequest(method=method.upper(), path=path, query=query, headers=headers, body=body)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        body, hdrs = encode_body(json, content, headers)
+        resp = await self.handler.handle(self._request(method, path, params, body, hdrs))
+        out = RawResponse(status=resp.status, headers={k.lower(): v for k, v in resp.headers.items()})
+        if resp.stream is not None:
+            # A buffered call on a streaming answer (a log without follow served as a stream)
+            # reads it to the end, as an HTTP client would.
+            chunks = [c async for c in _aclosing_iter(resp.stream)]
+            out.body = b"".join(chunks)
+        else:
+            out.body = bytes(resp.body or b"")
+        return out
+
+    async def stream(
+        self, method: str, path: str, params: Params = None, *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        body, hdrs = encode_body(None, None, headers)
+        resp = await self.handler.handle(self._request(method, path, params, body, hdrs))
+        resp_headers = {k.lower(): v for k, v in resp.headers.items()}
+        if resp.status >= 400:
+            data = resp.body or b""
+            if resp.stream is not None:
+                data += b"".join([c async for c in _aclosing_iter(resp.stream)])
+            raise error_from_response(resp.status, data, resp_headers)
+        if resp.stream is None:
+            async for line in _lines(_once(resp.body or b"")):
+                yield line
+            return
+        source = resp.stream
+        try:
+            async for line in _lines(source):
+                yield line
+        finally:
+            # Closing the server's generator is what ends its watch; without this an
+            # abandoned in-process watch would keep its store subscription forever.
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
+
+    async def close(self) -> None:
+        return None
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _aclosing_iter(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in source:
+            yield chunk
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
+
+
+def _ssl_context(
+    ca_file: str | None,
+    ca_data: bytes | str | None,
+    insecure: bool,
+    client_cert: tuple[str | bytes, str | bytes] | None,
+) -> ssl.SSLContext | bool:
+    if insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    elif ca_file or ca_data:
+        cadata = ca_data.decode() if isinstance(ca_data, bytes) else ca_data
+        ctx = ssl.create_default_context(cafile=ca_file, cadata=cadata)
+    else:
+        ctx = ssl.create_default_context()
+    if client_cert:
+        cert, key = client_cert
+        _load_cert_chain(ctx, cert, key)
+    return ctx
+
+
+def _load_cert_chain(ctx: ssl.SSLContext, cert: str | bytes, key: str | bytes) -> None:
+    # ssl only loads a client certificate from files; PEM given as data (a kubeconfig's
+    # client-certificate-data) goes through private temporary files removed right after.
+    paths: list[str] = []
+    try:
+        resolved = []
+        for item in (cert, key):
+            if isinstance(item, bytes):
+                fd, path = tempfile.mkstemp(prefix="gpufleet-", suffix=".pem")
+                paths.append(path)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(item)
+                resolved.append(path)
+            else:
+                resolved.append(item)
+        ctx.load_cert_chain(resolved[0], resolved[1])
+    finally:
+        for path in paths:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+class HttpTransport:
+    """HTTP/1.1 with keep-alive to a real API server (ours or Kubernetes')."""
+
+    def __init__(
+        self,
+        server_url: str,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
+        ca_data: bytes | str | None = None,
+        insecure: bool = False,
+        client_cert: tuple[str | bytes, str | bytes] | None = None,
+        timeout: float = 30,
+        max_connections: int = 100,
+    ) -> None:
+        self.server_url = server_url.rstrip("/")
+        self.timeout = timeout
+        headers = {"user-agent": USER_AGENT}
+        if token:
+            headers["authorization"] = f"Bearer {token}"
+        verify: ssl.SSLContext | bool = True
+        if self.server_url.startswith("https:"):
+            verify = _ssl_context(ca_file, ca_data, insecure, client_cert)
+        self._client = httpx.AsyncClient(
+            base_url=self.server_url,
+            headers=headers,
+            verify=verify,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
+            http1=True,
+            http2=False,
+            trust_env=False,
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        body, hdrs = encode_body(json, content, headers)
+        try:
+            resp = await self._client.request(
+                method.upper(), path, params=encode_params(params) or None, content=body or None, headers=hdrs
+            )
+        except httpx.HTTPError as exc:
+            raise TransportError(f"{method.upper()} {self.server_url}{path}: {_describe(exc)}") from exc
+        return RawResponse(
+            status=resp.status_code,
+            headers={k.lower(): v for k, v in resp.headers.items()},
+            body=resp.content,
+        )
+
+    async def stream(
+        self, method: str, path: str, params: Params = None, *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        _, hdrs = encode_body(None, None, headers)
+        # A watch may be quiet for minutes: only connecting is bounded, never the wait for data.
+        timeout = httpx.Timeout(self.timeout, read=None)
+        where = f"{method.upper()} {self.server_url}{path}"
+        try:
+            async with self._client.stream(
+                method.upper(), path, params=encode_params(params) or None, headers=hdrs, timeout=timeout
+            ) as resp:
+                if resp.status_code >= 400:
+                    data = await resp.aread()
+                    raise error_from_response(
+                        resp.status_code, data, {k.lower(): v for k, v in resp.headers.items()}
+                    )
+                async for line in _lines(resp.aiter_bytes()):
+                    yield line
+        except httpx.HTTPError as exc:
+            raise TransportError(f"{where}: {_describe(exc)}") from exc
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

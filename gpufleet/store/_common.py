@@ -1,0 +1,393 @@
+"""What both backends share: the stored JSON form, the watch fan-out and its event pump,
+and the periodic housekeeping (ttl sweep, history compaction).
+
+The fan-out keeps one number, ``delivered``: every event up to it has been handed to every
+registered watch, in revision order. Events reach it two ways. After a local commit the
+backend hands the event over directly (the fast path); when that event is not the next
+revision (another process or another connection of this one committed in between), the pump
+reads the missing revisions from the history table. Both backends commit writes in revision
+order, so a committed revision N implies every revision below N is committed and readable:
+the pump never waits for a hole to fill, and a watch that registers at ``delivered`` = D can
+replay (from, D] from history and take everything above D live, with no gap and no duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from gpufleet.store.base import Expired, WatchEvent
+from gpufleet.utils.clock import Clock
+
+log = logging.getLogger(__name__)
+
+# Rows read per history query (pump catch-up and watch replay).
+PAGE = 500
+
+Events = list[WatchEvent]
+
+
+def encode(obj: dict[str, Any]) -> str:
+    """The stored form of an object. resourceVersion is left out: the revision column is the
+    truth, and every read stamps it back (see ``decode``)."""
+    md = obj.get("metadata")
+    if isinstance(md, dict) and "resourceVersion" in md:
+        obj = {**obj, "metadata": {k: v for k, v in md.items() if k != "resourceVersion"}}
+    return orjson.dumps(obj).decode()
+
+
+def decode(text: str | bytes, revision: int) -> dict[str, Any]:
+    obj = orjson.loads(text)
+    md = obj.get("metadata")
+    if not isinstance(md, dict):
+        md = obj["metadata"] = {}
+    md["resourceVersion"] = str(revision)
+    return obj
+
+
+def event_from_row(
+    revision: int,
+    type_: str,
+    resource: str,
+    namespace: str,
+    name: str,
+    value: str | bytes,
+    prev_revision: int | None,
+    prev_value: str | bytes | None,
+) -> WatchEvent:
+    return WatchEvent(
+        type=type_,  # type: ignore[arg-type]
+        resource=resource,
+        namespace=namespace,
+        name=name,
+        revision=revision,
+        object=decode(value, revision),
+        prev=None if prev_value is None else decode(prev_value, prev_revision or 0),
+    )
+
+
+def key_str(resource: str, namespace: str, name: str) -> str:
+    return f'{resource} "{namespace}/{name}"' if namespace else f'{resource} "{name}"'
+
+
+class StoreWatch:
+    """One open watch. Replays history (from_revision, replay_upto] page by page, then yields
+    the live events the hub queued meanwhile. Live events wait in a bounded buffer; a consumer
+    that lets it fill is ended with Expired after the events already queued, instead of
+    holding up writers or growing memory without bound.
+
+    Event objects are shared between all watches that receive them: treat them as read-only.
+    """
+
+    def __init__(
+        self,
+        hub: EventHub,
+        resource: str | None,
+        namespace: str | None,
+        from_revision: int,
+        replay_upto: int,
+        buffer: int,
+    ) -> None:
+        self.resource = resource
+        self.namespace = namespace
+        self._hub = hub
+        self._buffer = buffer
+        self._replay: deque[WatchEvent] = deque()
+        self._cursor = from_revision
+        self._replay_upto = replay_upto
+        self._live: deque[WatchEvent] = deque()
+        # Last revision yielded (or skipped over): later duplicates and anything at or below
+        # from_revision are dropped against it.
+        self._last = from_revision
+        self._wakeup = asyncio.Event()
+        self._ended = False
+        self._error: BaseException | None = None
+
+    def matches(self, ev: WatchEvent) -> bool:
+        return self.namespace is None or self.namespace == ev.namespace
+
+    def offer(self, ev: WatchEvent) -> None:
+        if self._ended:
+            return
+        if len(self._live) >= self._buffer:
+            last = self._live[-1].revision
+            self._end(Expired(last, ev.revision))
+            return
+        self._live.append(ev)
+        self._wakeup.set()
+
+    def _end(self, error: BaseException | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        self._error = error
+        self._hub.unregister(self)
+        self._wakeup.set()
+
+    async def fill_replay(self) -> None:
+        """Read the next page of history. Raises Expired when compaction got there first."""
+        compacted, events = await self._hub.read_replay(
+            self.resource, self.namespace, self._cursor, self._replay_upto, PAGE
+        )
+        if self._cursor < compacted:
+            raise Expired(self._cursor, compacted + 1)
+        self._replay.extend(events)
+        if len(events) < PAGE:
+            self._cursor = self._replay_upto
+        else:
+            self._cursor = events[-1].revision
+
+    def __aiter__(self) -> StoreWatch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        while True:
+            if self._replay:
+                ev = self._replay.popleft()
+                self._last = ev.revision
+                return ev
+            # A watch ended by overflow still replays the rest: the history plus the live events
+            # it queued are gap-free, and the Expired comes after the last of them.
+            if self._cursor < self._replay_upto and not (self._ended and self._error is None):
+                try:
+                    await self.fill_replay()
+                except Expired as e:
+                    self._live.clear()
+                    self._cursor = self._replay_upto
+                    self._end()
+                    self._error = e
+                continue
+            while self._live:
+                ev = self._live.popleft()
+                if ev.revision > self._last:
+                    self._last = ev.revision
+                    return ev
+            if self._ended:
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+                raise StopAsyncIteration
+            self._wakeup.clear()
+            await self._wakeup.wait()
+
+    async def close(self) -> None:
+        self._replay.clear()
+        self._cursor = self._replay_upto
+        self._live.clear()
+        self._error = None
+        self._end()
+
+
+class EventHub:
+    """The watch registry and the event pump of one store instance."""
+
+    def __init__(
+        self,
+        *,
+        read_after: Callable[[int, int], Awaitable[Events]],
+        read_replay: Callable[[str | None, str | None, int, int, int], Awaitable[tuple[int, Events]]],
+        compacted_revision: Callable[[], Awaitable[int]],
+        current_revision: Callable[[], Awaitable[int]],
+        buffer: int,
+    ) -> None:
+        self._read_after = read_after
+        self.read_replay = read_replay
+        self._compacted_revision = compacted_revision
+        self._current_revision = current_revision
+        self._buffer = buffer
+        self.delivered = 0
+        # Local commits that arrived ahead of a revision not yet delivered.
+        self._pending: dict[int, WatchEvent] = {}
+        self._by_resource: dict[str | None, set[StoreWatch]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, revision: int) -> None:
+        self.delivered = revision
+        self._task = asyncio.create_task(self._pump(), name="store-event-pump")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for watches in list(self._by_resource.values()):
+            for w in list(watches):
+                w._end()
+
+    def register(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
+        # Registration and delivery both run on the loop without awaiting in between, so the
+        # watch takes every live event above `delivered` and replays the rest from history.
+        w = StoreWatch(self, resource, namespace, from_revision, self.delivered, self._buffer)
+        self._by_resource.setdefault(resource, set()).add(w)
+        return w
+
+    def unregister(self, w: StoreWatch) -> None:
+        watches = self._by_resource.get(w.resource)
+        if watches is not None:
+            watches.discard(w)
+            if not watches:
+                del self._by_resource[w.resource]
+
+    def watching(self) -> bool:
+        return bool(self._by_resource)
+
+    def publish(self, events: Events) -> None:
+        """Fast path: events this instance just committed, in revision order."""
+        for ev in events:
+            if ev.revision <= self.delivered:
+                continue
+            if not self._by_resource:
+                # Nobody to tell; a later watch replays these from history.
+                self.delivered = ev.revision
+            elif ev.revision == self.delivered + 1:
+                self._deliver(ev)
+            else:
+                self._pending[ev.revision] = ev
+                self._wake.set()
+        if self._pending and not self._by_resource:
+            self._pending.clear()
+
+    def poke(self) -> None:
+        """Another writer may have committed: have the pump look at the history table."""
+        self._wake.set()
+
+    def _deliver(self, ev: WatchEvent) -> None:
+        while True:
+            self.delivered = ev.revision
+            for key in (ev.resource, None):
+                watches = self._by_resource.get(key)
+                if watches:
+                    for w in list(watches):
+                        if w.matches(ev):
+                            w.offer(ev)
+            nxt = self._pending.pop(self.delivered + 1, None)
+            if nxt is None:
+                return
+            ev = nxt
+
+    def _expire_all(self, requested: int, oldest: int) -> None:
+        for watches in list(self._by_resource.values()):
+            for w in list(watches):
+                w._end(Expired(requested, oldest))
+
+    async def _pump(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._catch_up()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("store event pump: reading history failed; retrying")
+                await asyncio.sleep(0.5)
+                self._wake.set()
+
+    async def _catch_up(self) -> None:
+        while True:
+            if not self._by_resource:
+                current = await self._current_revision()
+                if not self._by_resource:
+                    self.delivered = max(self.delivered, current)
+                    self._pending.clear()
+                    return
+            events = await self._read_after(self.delivered, PAGE)
+            gap_before: int | None = None
+            for ev in events:
+                if ev.revision <= self.delivered:
+                    continue
+                if ev.revision != self.delivered + 1:
+                    gap_before = ev.revision
+                    break
+                self._deliver(ev)
+            for rev in [r for r in self._pending if r <= self.delivered]:
+                del self._pending[rev]
+            if gap_before is not None:
+                await self._gap(gap_before)
+                continue
+            self._gap_retries = 0
+            if len(events) < PAGE:
+                return
+
+    _gap_retries = 0
+
+    async def _gap(self, found: int) -> None:
+        missing = self.delivered + 1
+        compacted = await self._compacted_revision()
+        if found <= self.delivered:
+            return
+        if compacted >= missing or self._gap_retries >= 40:
+            # History this instance had not delivered yet is gone (it fell more than `history`
+            # revisions behind and was compacted): its watches cannot be continued.
+            self._expire_all(self.delivered, max(compacted, found - 1) + 1)
+            self.delivered = found - 1
+            self._gap_retries = 0
+        else:
+            # Revisions commit in order, so a hole is not expected to last: look again shortly
+            # rather than skip a revision.
+            self._gap_retries += 1
+            log.warning("store event pump: revision %d missing before %d; rereading", missing, found)
+            await asyncio.sleep(0.05)
+
+
+class HousekeepingMixin:
+    """Runs sweep_expired() and automatic compaction every ``interval`` seconds.
+
+    The period is real time (asyncio.sleep), not the injected clock: it is a polling cadence,
+    and a FakeClock's sleep would advance virtual time on its own. Expiry itself is decided by
+    the injected clock's now().
+    """
+
+    _clock: Clock
+    _history: int
+    _housekeeping_interval: float | None
+    _housekeeping_task: asyncio.Task[None] | None = None
+
+    async def sweep_expired(self) -> int:  # pragma: no cover - provided by the backend
+        raise NotImplementedError
+
+    async def revision(self) -> int:  # pragma: no cover - provided by the backend
+        raise NotImplementedError
+
+    async def compact(self, revision: int) -> None:  # pragma: no cover - provided by the backend
+        raise NotImplementedError
+
+    async def _compacted(self) -> int:  # pragma: no cover - provided by the backend
+        raise NotImplementedError
+
+    def _start_housekeeping(self) -> None:
+        if self._housekeeping_interval:
+            self._housekeeping_task = asyncio.create_task(self._housekeeping(), name="store-housekeeping")
+
+    async def _stop_housekeeping(self) -> None:
+        if self._housekeeping_task is not None:
+            self._housekeeping_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._housekeeping_task
+            self._housekeeping_task = None
+
+    async def compact_history(self) -> None:
+        """Keep the last ``history`` revisions."""
+        target = await self.revision() - self._history
+        if target > 0 and target > await self._compacted():
+            await self.compact(target)
+
+    async def _housekeeping(self) -> None:
+        assert self._housekeeping_interval
+        while True:
+            await asyncio.sleep(self._housekeeping_interval)
+            try:
+                await self.sweep_expired()
+                await self.compact_history()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("store housekeeping failed")

@@ -1,0 +1,445 @@
+"""The embedded store: one SQLite file in WAL mode.
+
+Tables (after k3s' kine, simplified):
+
+    meta(id = 0, revision, compacted)       the global revision and the compaction point
+    objects(resource, namespace, name)      current state -> (revision, value, expires_at)
+    events(revision)                        append-only history: type, key, value, prev_revision,
+                                            prev_value; compacted from the oldest end
+
+Every write runs in one ``BEGIN IMMEDIATE`` transaction that reads the revision, checks the
+object, bumps the revision and writes both tables, so revisions are dense and commit in
+order, including between processes sharing the file. Calls are synchronous on the event
+loop: a write is one short transaction (about 0.4 ms with synchronous=FULL on an SSD, 40 us
+with NORMAL), and keeping it on the loop keeps the commit order and the fast path trivial.
+
+Another process writing the same file is noticed by polling ``PRAGMA data_version``, which
+changes only when some other connection commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from gpufleet.store._common import (
+    EventHub,
+    Events,
+    HousekeepingMixin,
+    StoreWatch,
+    decode,
+    encode,
+    event_from_row,
+    key_str,
+)
+from gpufleet.store.base import AlreadyExists, Conflict, ListResult, NotFound, WatchEvent
+from gpufleet.utils.clock import REAL_CLOCK, Clock
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    revision INTEGER NOT NULL,
+    compacted INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO meta (id, revision, compacted) VALUES (0, 0, 0);
+CREATE TABLE IF NOT EXISTS objects (
+    resource TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    revision INTEGER NOT NULL,
+    value TEXT NOT NULL,
+    expires_at REAL,
+    PRIMARY KEY (resource, namespace, name)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS objects_expires_at ON objects (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS events (
+    revision INTEGER PRIMARY KEY,
+    type TEXT NOT NULL,
+    resource TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    value TEXT NOT NULL,
+    prev_revision INTEGER,
+    prev_value TEXT
+);
+"""
+
+_EVENT_COLUMNS = "revision, type, resource, namespace, name, value, prev_revision, prev_value"
+_SWEEP_BATCH = 1000
+
+
+def _parse_url(url: str) -> str:
+    if not url.startswith("sqlite://"):
+        raise ValueError(f"not a sqlite URL: {url!r}")
+    rest = url[len("sqlite://") :]
+    if rest in (":memory:", "/:memory:", ""):
+        return ":memory:"
+    return rest
+
+
+class SQLiteStore(HousekeepingMixin):
+    """``SQLiteStore("sqlite:///abs/path.db")`` or ``"sqlite://:memory:"``.
+
+    history: revisions of event history kept for watches (older ones are compacted).
+    synchronous: "full" (default: an acknowledged write survives power loss) or "normal"
+    (survives a process crash; the last commits may be lost on power loss, about 10x faster).
+    busy_timeout: seconds a write waits for another process holding the write lock.
+    watch_buffer: live events a watch may have queued before it is ended with Expired.
+    housekeeping_interval: seconds between ttl sweeps and compactions (None: never).
+    poll_interval: seconds between checks for other processes' writes.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        clock: Clock = REAL_CLOCK,
+        history: int = 20000,
+        synchronous: str = "full",
+        busy_timeout: float = 10.0,
+        watch_buffer: int = 10000,
+        housekeeping_interval: float | None = 1.0,
+        poll_interval: float = 0.05,
+    ) -> None:
+        if synchronous.lower() not in ("full", "normal", "extra", "off"):
+            raise ValueError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
+        self._path = _parse_url(url)
+        self._clock = clock
+        self._history = history
+        self._synchronous = synchronous.upper()
+        self._busy_timeout = busy_timeout
+        self._housekeeping_interval = housekeeping_interval
+        self._poll_interval = poll_interval
+        self._db: sqlite3.Connection | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+        self._data_version = 0
+        self._hub = EventHub(
+            read_after=self._read_after,
+            read_replay=self._read_replay,
+            compacted_revision=self._compacted,
+            current_revision=self.revision,
+            buffer=watch_buffer,
+        )
+
+    # -- lifecycle
+
+    async def start(self) -> None:
+        db = sqlite3.connect(self._path, isolation_level=None, timeout=self._busy_timeout)
+        db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+        if self._path != ":memory:":
+            db.execute("PRAGMA journal_mode = WAL")
+        db.execute(f"PRAGMA synchronous = {self._synchronous}")
+        self._db = db
+        def schema() -> None:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    db.execute(statement)
+
+        self._write_txn(schema)
+        self._data_version = db.execute("PRAGMA data_version").fetchone()[0]
+        self._hub.start(await self.revision())
+        if self._path != ":memory:":
+            self._poll_task = asyncio.create_task(self._poll(), name="sqlite-store-poll")
+        self._start_housekeeping()
+
+    async def close(self) -> None:
+        await self._stop_housekeeping()
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poll_task
+            self._poll_task = None
+        await self._hub.stop()
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            if self._db is None:
+                return
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._data_version:
+                self._data_version = version
+                self._hub.poke()
+
+    # -- transactions
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise RuntimeError("store is not started")
+        return self._db
+
+    def _write_txn(self, fn: Callable[[], T]) -> T:
+        db = self._conn
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn()
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return result
+
+    def _read_txn(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        db = self._conn
+        db.execute("BEGIN")
+        try:
+            return fn(db)
+        finally:
+            db.execute("COMMIT")
+
+    def _write(self, fn: Callable[[sqlite3.Connection, int], tuple[T, Events]]) -> T:
+        """Run fn(db, current revision) inside a write transaction; fn returns its result and
+        the events it wrote (revisions current+1, current+2, ...)."""
+        db = self._conn
+
+        def txn() -> tuple[T, Events]:
+            rev = db.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
+            result, events = fn(db, rev)
+            if events:
+                db.execute("UPDATE meta SET revision = ? WHERE id = 0", (events[-1].revision,))
+            return result, events
+
+        result, events = self._write_txn(txn)
+        self._hub.publish(events)
+        return result
+
+    # -- reads
+
+    async def revision(self) -> int:
+        return self._conn.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
+
+    async def _compacted(self) -> int:
+        return self._conn.execute("SELECT compacted FROM meta WHERE id = 0").fetchone()[0]
+
+    async def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        row = self._conn.execute(
+            "SELECT revision, value FROM objects WHERE resource = ? AND namespace = ? AND name = ?",
+            (resource, namespace, name),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+        return decode(row[1], row[0])
+
+    async def list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+    ) -> ListResult:
+        sql = "SELECT namespace, name, revision, value FROM objects WHERE resource = ?"
+        args: list[Any] = [resource]
+        if namespace is not None:
+            sql += " AND namespace = ?"
+            args.append(namespace)
+        if after is not None:
+            sql += " AND (namespace, name) > (?, ?)"
+            args.extend(after)
+        sql += " ORDER BY namespace, name"
+        if limit:
+            sql += " LIMIT ?"
+            args.append(limit + 1)
+
+        def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
+            rev = db.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
+            return rev, db.execute(sql, args).fetchall()
+
+        rev, rows = self._read_txn(read)
+        next_key = None
+        if limit and len(rows) > limit:
+            rows = rows[:limit]
+            next_key = (rows[-1][0], rows[-1][1])
+        return ListResult(items=[decode(r[3], r[2]) for r in rows], revision=rev, next_key=next_key)
+
+    async def _read_after(self, revision: int, limit: int) -> Events:
+        rows = self._conn.execute(
+            f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > ? ORDER BY revision LIMIT ?",
+            (revision, limit),
+        ).fetchall()
+        return [event_from_row(*r) for r in rows]
+
+    async def _read_replay(
+        self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int
+    ) -> tuple[int, Events]:
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > ? AND revision <= ?"
+        args: list[Any] = [after, upto]
+        if resource is not None:
+            sql += " AND resource = ?"
+            args.append(resource)
+        if namespace is not None:
+            sql += " AND namespace = ?"
+            args.append(namespace)
+        sql += " ORDER BY revision LIMIT ?"
+        args.append(limit)
+
+        def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
+            compacted = db.execute("SELECT compacted FROM meta WHERE id = 0").fetchone()[0]
+            rows = db.execute(sql, args).fetchall() if after < upto else []
+            return compacted, rows
+
+        compacted, rows = self._read_txn(read)
+        return compacted, [event_from_row(*r) for r in rows]
+
+    async def watch(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
+        w = self._hub.register(resource, namespace, from_revision)
+        try:
+            await w.fill_replay()
+        except BaseException:
+            await w.close()
+            raise
+        return w
+
+    # -- writes
+
+    def _expiry(self, ttl: float | None) -> float | None:
+        return None if ttl is None else self._clock.now() + ttl
+
+    async def create(
+        self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
+    ) -> dict[str, Any]:
+        text = encode(obj)
+        expires_at = self._expiry(ttl)
+
+        def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
+            new = rev + 1
+            cur = db.execute(
+                "INSERT INTO objects (resource, namespace, name, revision, value, expires_at)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (resource, namespace, name, new, text, expires_at),
+            )
+            if cur.rowcount == 0:
+                raise AlreadyExists(f"{key_str(resource, namespace, name)} already exists")
+            db.execute(
+                f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'ADDED', ?, ?, ?, ?, NULL, NULL)",
+                (new, resource, namespace, name, text),
+            )
+            return new, [event_from_row(new, "ADDED", resource, namespace, name, text, None, None)]
+
+        new = self._write(op)
+        await asyncio.sleep(0)
+        return decode(text, new)
+
+    def _current(self, db: sqlite3.Connection, resource: str, namespace: str, name: str) -> tuple[int, str, Any]:
+        row = db.execute(
+            "SELECT revision, value, expires_at FROM objects WHERE resource = ? AND namespace = ? AND name = ?",
+            (resource, namespace, name),
+        ).fetchone()
+        if row is None:
+            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+        return row
+
+    async def update(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any],
+        *,
+        expected_revision: int | None = None,
+        ttl: float | None = None,
+    ) -> dict[str, Any]:
+        """ttl None keeps the object's current expiry (if any)."""
+        text = encode(obj)
+        expires_at = self._expiry(ttl)
+
+        def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
+            prev_rev, prev_text, prev_expires = self._current(db, resource, namespace, name)
+            if expected_revision is not None and prev_rev != expected_revision:
+                raise Conflict(
+                    f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, "
+                    f"expected {expected_revision}",
+                    current=decode(prev_text, prev_rev),
+                )
+            new = rev + 1
+            db.execute(
+                "UPDATE objects SET revision = ?, value = ?, expires_at = ?"
+                " WHERE resource = ? AND namespace = ? AND name = ?",
+                (new, text, prev_expires if ttl is None else expires_at, resource, namespace, name),
+            )
+            db.execute(
+                f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'MODIFIED', ?, ?, ?, ?, ?, ?)",
+                (new, resource, namespace, name, text, prev_rev, prev_text),
+            )
+            ev = event_from_row(new, "MODIFIED", resource, namespace, name, text, prev_rev, prev_text)
+            return new, [ev]
+
+        new = self._write(op)
+        await asyncio.sleep(0)
+        return decode(text, new)
+
+    async def delete(
+        self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
+    ) -> dict[str, Any]:
+        def op(db: sqlite3.Connection, rev: int) -> tuple[tuple[int, str], Events]:
+            prev_rev, prev_text, _ = self._current(db, resource, namespace, name)
+            if expected_revision is not None and prev_rev != expected_revision:
+                raise Conflict(
+                    f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, "
+                    f"expected {expected_revision}",
+                    current=decode(prev_text, prev_rev),
+                )
+            new = rev + 1
+            return (new, prev_text), [self._delete_row(db, new, resource, namespace, name, prev_rev, prev_text)]
+
+        new, text = self._write(op)
+        await asyncio.sleep(0)
+        return decode(text, new)
+
+    def _delete_row(
+        self, db: sqlite3.Connection, new: int, resource: str, namespace: str, name: str, prev_rev: int, text: str
+    ) -> WatchEvent:
+        db.execute(
+            "DELETE FROM objects WHERE resource = ? AND namespace = ? AND name = ?", (resource, namespace, name)
+        )
+        db.execute(
+            f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'DELETED', ?, ?, ?, ?, ?, ?)",
+            (new, resource, namespace, name, text, prev_rev, text),
+        )
+        return event_from_row(new, "DELETED", resource, namespace, name, text, prev_rev, text)
+
+    async def sweep_expired(self) -> int:
+        now = self._clock.now()
+        total = 0
+        while True:
+            # Look before taking the write lock: most sweeps find nothing.
+            if self._conn.execute("SELECT 1 FROM objects WHERE expires_at <= ? LIMIT 1", (now,)).fetchone() is None:
+                return total
+
+            def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
+                rows = db.execute(
+                    "SELECT resource, namespace, name, revision, value FROM objects WHERE expires_at <= ?"
+                    " ORDER BY expires_at, resource, namespace, name LIMIT ?",
+                    (now, _SWEEP_BATCH),
+                ).fetchall()
+                events = []
+                for resource, namespace, name, prev_rev, text in rows:
+                    rev += 1
+                    events.append(self._delete_row(db, rev, resource, namespace, name, prev_rev, text))
+                return len(events), events
+
+            total += self._write(op)
+            await asyncio.sleep(0)
+
+    async def compact(self, revision: int) -> None:
+        def op() -> None:
+            current, compacted = self._conn.execute(
+                "SELECT revision, compacted FROM meta WHERE id = 0"
+            ).fetchone()
+            target = min(revision, current)
+            if target <= compacted:
+                return
+            self._conn.execute("DELETE FROM events WHERE revision <= ?", (target,))
+            self._conn.execute("UPDATE meta SET compacted = ? WHERE id = 0", (target,))
+
+        self._write_txn(op)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs everything gpufleet and its tests need on a fresh machine (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]} with apt-get"
+  if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq "${need_apt[@]}" >/dev/null; fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+echo "setup: installing gpufleet and test dependencies into .venv"
+.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import gpufleet, fastapi, psycopg, kubernetes, hypothesis" \
+  || { echo "setup: the install did not complete" >&2; exit 1; }
