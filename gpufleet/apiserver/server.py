@@ -258,16 +258,16 @@ class ApiServer:
         if parts[:2] == ["openapi", "v3"] and len(parts) >= 4:
             gv = parts[2:]
             if gv[0] == "api":
-                doc = openapi.openapi_v3_document(self.registry, "", gv[1])
+                doc = openapi.openapi_v3_document_bytes(self.registry, "", gv[1])
             else:
-                doc = openapi.openapi_v3_document(self.registry, gv[1], gv[2]) if len(gv) >= 3 else None
+                doc = openapi.openapi_v3_document_bytes(self.registry, gv[1], gv[2]) if len(gv) >= 3 else None
             if doc is not None:
-                return _json_response(200, doc)
+                return RawResponse(200, {"content-type": JSON}, doc[0])
         if path in ("/openapi/v2", "/swagger-2.0.0.pb-v1"):
             if "protobuf" in accept:
                 return RawResponse(
                     200,
-                    {"content-type": "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"},
+                    {"content-type": openapi.OPENAPI_V2_CONTENT_TYPE},
                     openapi.openapi_v2_protobuf(self.registry),
                 )
             raise ApiException(406, "NotAcceptable", "only the protobuf form of /openapi/v2 is served")
@@ -371,10 +371,18 @@ class ApiServer:
         if self._wants_table(req):
             table = tables.to_table(
                 rt, [obj], resource_version=str(_rv(obj)), now=self.clock.now(),
-                include_object=req.param("includeObject") or "Metadata",
+                include_object=self._include_object(req),
             )
             return _json_response(200, table)
         return _json_response(200, obj)
+
+    @staticmethod
+    def _include_object(req: RawRequest) -> str:
+        value = req.param("includeObject") or "Metadata"
+        if value not in ("None", "Metadata", "Object"):
+            raise bad_request(f'includeObject: Unsupported value: "{value}": supported values: '
+                              '"None", "Metadata", "Object"')
+        return value
 
     @staticmethod
     def _wants_table(req: RawRequest) -> bool:
@@ -593,7 +601,7 @@ class ApiServer:
             try:
                 expected_rev = int(expected)
             except ValueError:
-                raise bad_request(f'metadata.resourceVersion: Invalid value: "{expected}": must be an integer')
+                raise bad_request(f'metadata.resourceVersion: Invalid value: "{expected}": must be an integer') from None
             if expected_rev != _rv(current):
                 raise conflict(rt, name)
         else:
@@ -695,18 +703,21 @@ class ApiServer:
             try:
                 current = await self.store.get(rt.key, ns, name)
             except store_base.NotFound:
-                if ctype == "application/apply-patch+yaml" and not sub:
-                    try:
-                        applied = yaml.safe_load(req.body)
-                    except yaml.YAMLError as e:
-                        raise bad_request(f"the apply patch could not be decoded: {e}") from None
-                    if not isinstance(applied, dict):
-                        raise bad_request("the apply patch must be an object")
-                    _meta(applied).setdefault("name", name)
-                    obj, warnings = await self.create_object(
-                        rt, ns, applied, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run)
-                    return _json_response(201, obj, self._warning_headers(warnings))
-                raise not_found(rt, name) from None
+                current = None
+            if current is None:
+                if ctype != "application/apply-patch+yaml" or sub:
+                    raise not_found(rt, name)
+                # Server-side apply creates what is missing.
+                try:
+                    applied = yaml.safe_load(req.body)
+                except yaml.YAMLError as e:
+                    raise bad_request(f"the apply patch could not be decoded: {e}") from None
+                if not isinstance(applied, dict):
+                    raise bad_request("the apply patch must be an object")
+                _meta(applied).setdefault("name", name)
+                obj, warnings = await self.create_object(
+                    rt, ns, applied, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run)
+                return _json_response(201, obj, self._warning_headers(warnings))
             base = self._scale_view(rt, current) if sub == "scale" else current
             try:
                 patched = apply_patch(base, req.body, ctype, rt.kind)
@@ -927,7 +938,7 @@ class ApiServer:
         if self._wants_table(req):
             return _json_response(200, tables.to_table(
                 rt, items, resource_version=str(rev), continue_token=token, now=self.clock.now(),
-                include_object=req.param("includeObject") or "Metadata"))
+                include_object=self._include_object(req)))
         meta: dict[str, Any] = {"resourceVersion": str(rev)}
         if token:
             meta["continue"] = token

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.api.quantity import to_int_bytes
 from gpufleet.api.registry import ResourceType
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
 
@@ -174,17 +175,12 @@ def _int(value: Any, default: int = 0) -> int:
 
 
 def _count(value: Any) -> int:
-    """A count-like quantity (GPUs): "2", 2, "2000m"; anything else counts as 0."""
+    """A count-like quantity (GPUs) as Kubernetes' Quantity.Value() gives it; 0 when absent or invalid."""
     if value is None or isinstance(value, bool):
         return 0
-    if isinstance(value, int | float):
-        return int(value)
-    text = str(value).strip()
     try:
-        if text.endswith("m"):
-            return int(float(text[:-1]) / 1000)
-        return int(float(text))
-    except ValueError:
+        return to_int_bytes(value)
+    except (TypeError, ValueError):
         return 0
 
 
@@ -249,7 +245,12 @@ def _quantity(value: Any) -> str:
 # --- Pod -----------------------------------------------------------------------------------
 
 _POD_SUCCEEDED_CONDITIONS = [
-    {"type": "Completed", "status": "True", "reason": "Succeeded", "message": "The pod has completed successfully."}
+    {
+        "type": "Completed",
+        "status": "True",
+        "reason": "Succeeded",
+        "message": "The pod has completed successfully.",
+    }
 ]
 _POD_FAILED_CONDITIONS = [
     {"type": "Completed", "status": "True", "reason": "Failed", "message": "The pod failed."}
@@ -436,7 +437,9 @@ _POD_COLUMNS = (
 # --- workloads -----------------------------------------------------------------------------
 
 _CONTAINERS_COLUMN = Column("Containers", priority=1, description="Names of each container in the template.")
-_IMAGES_COLUMN = Column("Images", priority=1, description="Images referenced by each container in the template.")
+_IMAGES_COLUMN = Column(
+    "Images", priority=1, description="Images referenced by each container in the template."
+)
 _SELECTOR_COLUMN = Column("Selector", priority=1, description="Label selector of the pods it manages.")
 
 
@@ -464,7 +467,9 @@ _DEPLOYMENT_COLUMNS = (
     NAME_COLUMN,
     Column("Ready", description="Number of the pod with ready state"),
     Column("Up-to-date", type="integer", description="Total number of pods running the latest template."),
-    Column("Available", type="integer", description="Total number of available pods (ready for minReadySeconds)."),
+    Column(
+        "Available", type="integer", description="Total number of available pods (ready for minReadySeconds)."
+    ),
     AGE_COLUMN,
     _CONTAINERS_COLUMN,
     _IMAGES_COLUMN,
@@ -491,7 +496,11 @@ _REPLICASET_COLUMNS = (
     NAME_COLUMN,
     Column("Desired", type="integer", description="Number of desired pods."),
     Column("Current", type="integer", description="The most recently observed number of replicas."),
-    Column("Ready", type="integer", description="The number of pods targeted by this ReplicaSet with a Ready Condition."),
+    Column(
+        "Ready",
+        type="integer",
+        description="The number of pods targeted by this ReplicaSet with a Ready Condition.",
+    ),
     AGE_COLUMN,
     _CONTAINERS_COLUMN,
     _IMAGES_COLUMN,
@@ -574,7 +583,7 @@ def node_roles(obj: Obj) -> str:
     roles: set[str] = set()
     for key, value in (_meta(obj).get("labels") or {}).items():
         if key.startswith(_NODE_ROLE_PREFIX):
-            role = key[len(_NODE_ROLE_PREFIX):]
+            role = key[len(_NODE_ROLE_PREFIX) :]
             if role:
                 roles.add(role)
         elif key == _NODE_ROLE_LABEL and value:
@@ -688,7 +697,11 @@ _SERVICE_COLUMNS = (
     Column("External-IP", description="Addresses the service is reachable on from outside the cluster."),
     Column("Port(s)", description="The list of ports that are exposed by this service."),
     AGE_COLUMN,
-    Column("Selector", priority=1, description="Route service traffic to pods with label keys and values matching this selector."),
+    Column(
+        "Selector",
+        priority=1,
+        description="Route service traffic to pods with label keys and values matching this selector.",
+    ),
 )
 
 
@@ -737,7 +750,9 @@ _ENDPOINTS_COLUMNS = (
 
 def _event_source(obj: Obj) -> str:
     source = obj.get("source") or {}
-    component = source.get("component") or obj.get("reportingComponent") or obj.get("reportingController") or ""
+    component = (
+        source.get("component") or obj.get("reportingComponent") or obj.get("reportingController") or ""
+    )
     instance = source.get("host") or obj.get("reportingInstance") or ""
     return f"{component}, {instance}" if instance else component
 
@@ -772,9 +787,14 @@ def _event_row(obj: Obj, now: float) -> list[Any]:
 
 
 _EVENT_COLUMNS = (
-    Column("Last Seen", description="The time at which the most recent occurrence of this event was recorded."),
+    Column(
+        "Last Seen", description="The time at which the most recent occurrence of this event was recorded."
+    ),
     Column("Type", description="Type of this event (Normal, Warning)."),
-    Column("Reason", description="A short, machine understandable string that gives the reason for the transition."),
+    Column(
+        "Reason",
+        description="A short, machine understandable string that gives the reason for the transition.",
+    ),
     Column("Object", description="The object that this event is about."),
     Column("Subobject", priority=1, description="The field of the object this event is about, if any."),
     Column("Source", priority=1, description="The component reporting this event."),
@@ -799,7 +819,10 @@ def _resource_quota_row(obj: Obj, now: float) -> list[Any]:
 
 _RESOURCE_QUOTA_COLUMNS = (
     NAME_COLUMN,
-    Column("Request", description="Request represents a minimum amount of cpu/memory that a container may consume."),
+    Column(
+        "Request",
+        description="Request represents a minimum amount of cpu/memory that a container may consume.",
+    ),
     Column(
         "Limit",
         description="Limits control the maximum amount of cpu/memory that a container may use independent of "
@@ -824,7 +847,11 @@ def _config_map_row(obj: Obj, now: float) -> list[Any]:
     return [_name(obj), len(obj.get("data") or {}) + len(obj.get("binaryData") or {}), age_cell(obj, now)]
 
 
-_CONFIG_MAP_COLUMNS = (NAME_COLUMN, Column("Data", type="integer", description="Number of data keys."), AGE_COLUMN)
+_CONFIG_MAP_COLUMNS = (
+    NAME_COLUMN,
+    Column("Data", type="integer", description="Number of data keys."),
+    AGE_COLUMN,
+)
 
 
 def _secret_row(obj: Obj, now: float) -> list[Any]:
@@ -868,7 +895,9 @@ def _priority_class_row(obj: Obj, now: float) -> list[Any]:
 _PRIORITY_CLASS_COLUMNS = (
     NAME_COLUMN,
     Column("Value", type="integer", description="The priority pods of this class get."),
-    Column("Global-Default", type="boolean", description="Whether pods without a priorityClassName get this one."),
+    Column(
+        "Global-Default", type="boolean", description="Whether pods without a priorityClassName get this one."
+    ),
     AGE_COLUMN,
     Column("PreemptionPolicy", description="Whether pods of this class may preempt lower-priority pods."),
 )
@@ -952,7 +981,11 @@ _HPA_COLUMNS = (
     Column("Targets", description="Current and target values of the metrics the autoscaler follows."),
     Column("MinPods", description="The lower limit for the number of replicas."),
     Column("MaxPods", type="integer", description="The upper limit for the number of replicas."),
-    Column("Replicas", type="integer", description="Current number of replicas of pods managed by this autoscaler."),
+    Column(
+        "Replicas",
+        type="integer",
+        description="Current number of replicas of pods managed by this autoscaler.",
+    ),
     AGE_COLUMN,
 )
 
@@ -972,7 +1005,11 @@ _PDB_COLUMNS = (
     NAME_COLUMN,
     Column("Min Available", description="The minimum number of pods that must be available."),
     Column("Max Unavailable", description="The maximum number of pods that may be unavailable."),
-    Column("Allowed Disruptions", type="integer", description="Calculated number of pods that may be disrupted at this time."),
+    Column(
+        "Allowed Disruptions",
+        type="integer",
+        description="Calculated number of pods that may be disrupted at this time.",
+    ),
     AGE_COLUMN,
 )
 

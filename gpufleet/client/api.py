@@ -303,16 +303,12 @@ class Client:
         data = await self._json("POST", rt.path(ns), params=params, json=body)
         return self.decode(data, rt, raw=raw)
 
-    async def update(
-        self, obj: Any, *, field_manager: str | None = None, raw: bool = False
-    ) -> Any:
+    async def update(self, obj: Any, *, field_manager: str | None = None, raw: bool = False) -> Any:
         """PUT the whole object; its metadata.resourceVersion makes it a compare-and-swap
         (Conflict when someone wrote in between)."""
         return await self._put(obj, None, field_manager, raw)
 
-    async def update_status(
-        self, obj: Any, *, field_manager: str | None = None, raw: bool = False
-    ) -> Any:
+    async def update_status(self, obj: Any, *, field_manager: str | None = None, raw: bool = False) -> Any:
         return await self._put(obj, "status", field_manager, raw)
 
     async def _put(self, obj: Any, subresource: str | None, field_manager: str | None, raw: bool) -> Any:
@@ -350,16 +346,21 @@ class Client:
         if patch_type == "apply" and not field_manager:
             # Server-side apply records ownership per manager; the API rejects it without one.
             field_manager = "gpufleet"
-        body = patch if isinstance(patch, dict | list) else objects.to_dict(patch)
-        if patch_type == "apply" and isinstance(body, dict):
-            body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
+        if isinstance(patch, str | bytes):
+            # Already serialized (an apply body written as YAML, say): sent as given.
+            content = patch
+        else:
+            body = patch if isinstance(patch, dict | list) else objects.to_dict(patch)
+            if patch_type == "apply" and isinstance(body, dict):
+                body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
+            content = jsonlib.dumps(body, separators=(",", ":"))
         ns = self._namespace(rt, namespace)
         params = {"fieldManager": field_manager, "force": force}
         data = await self._json(
             "PATCH",
             rt.path(ns, name, subresource),
             params=params,
-            content=jsonlib.dumps(body, separators=(",", ":")),
+            content=content,
             headers={"content-type": content_type},
         )
         return self.decode(data, rt if subresource in (None, "status") else None, raw=raw)
@@ -411,7 +412,9 @@ class Client:
             return data
         return self.decode(data, rt, raw=raw)
 
-    async def get_scale(self, kind: KindLike, name: str, namespace: str | None = None, *, raw: bool = False) -> Any:
+    async def get_scale(
+        self, kind: KindLike, name: str, namespace: str | None = None, *, raw: bool = False
+    ) -> Any:
         rt = self.resource_type(kind)
         data = await self._json("GET", rt.path(self._namespace(rt, namespace), name, "scale"))
         return self.decode(data, raw=raw)
@@ -585,4 +588,3 @@ async def retry_on_conflict(
                 raise
             await clock.sleep(delay * (1 + jitter * random.random()))
     raise AssertionError("unreachable")
-

@@ -217,7 +217,9 @@ def _invalid_message(details: dict[str, Any]) -> str:
     return f"{what}: [{', '.join(parts)}]"
 
 
-def error_from_status(status: dict[str, Any], code: int | None = None, headers: dict[str, str] | None = None) -> ApiError:
+def error_from_status(
+    status: dict[str, Any], code: int | None = None, headers: dict[str, str] | None = None
+) -> ApiError:
     """Build the typed error for a Status object (e.g. the object of a watch ERROR event)."""
     raw_code = status.get("code")
     status_code = raw_code if isinstance(raw_code, int) else 0
@@ -236,7 +238,9 @@ def error_from_status(status: dict[str, Any], code: int | None = None, headers: 
     )
 
 
-def error_from_response(status: int, body: bytes | str | None, headers: dict[str, str] | None = None) -> ApiError:
+def error_from_response(
+    status: int, body: bytes | str | None, headers: dict[str, str] | None = None
+) -> ApiError:
     """The typed error for an HTTP answer with code ``status`` and body ``body``.
 
     The body is usually a Status; anything else (empty, plain text, HTML, JSON of another
@@ -249,7 +253,9 @@ def error_from_response(status: int, body: bytes | str | None, headers: dict[str
             parsed = json.loads(text)
         except ValueError:
             parsed = None
-    if isinstance(parsed, dict) and (parsed.get("kind") == "Status" or "reason" in parsed or "code" in parsed):
+    if isinstance(parsed, dict) and (
+        parsed.get("kind") == "Status" or "reason" in parsed or "code" in parsed
+    ):
         return error_from_status(parsed, status, headers)
     cls = _class_for(status, None)
     message = text.strip() or None

@@ -123,6 +123,12 @@ class StoreWatch:
         self._wakeup.set()
 
     def _end(self, error: BaseException | None = None) -> None:
+        """Stop taking events. Without an error (closed) nothing more is yielded; with one,
+        what is queued still comes first, then the error."""
+        if error is None:
+            self._replay.clear()
+            self._cursor = self._replay_upto
+            self._live.clear()
         if self._ended:
             return
         self._ended = True
@@ -135,6 +141,8 @@ class StoreWatch:
         compacted, events = await self._hub.read_replay(
             self.resource, self.namespace, self._cursor, self._replay_upto, PAGE
         )
+        if self._ended and self._error is None:
+            return  # closed while reading
         if self._cursor < compacted:
             raise Expired(self._cursor, compacted + 1)
         self._replay.extend(events)
@@ -154,12 +162,11 @@ class StoreWatch:
                 return ev
             # A watch ended by overflow still replays the rest: the history plus the live events
             # it queued are gap-free, and the Expired comes after the last of them.
-            if self._cursor < self._replay_upto and not (self._ended and self._error is None):
+            if self._cursor < self._replay_upto:
                 try:
                     await self.fill_replay()
                 except Expired as e:
-                    self._live.clear()
-                    self._cursor = self._replay_upto
+                    # The live events queued lie beyond the hole: drop them too.
                     self._end()
                     self._error = e
                 continue
@@ -177,9 +184,6 @@ class StoreWatch:
             await self._wakeup.wait()
 
     async def close(self) -> None:
-        self._replay.clear()
-        self._cursor = self._replay_upto
-        self._live.clear()
         self._error = None
         self._end()
 
@@ -254,6 +258,17 @@ class EventHub:
                 self._wake.set()
         if self._pending and not self._by_resource:
             self._pending.clear()
+
+    def observed(self, revision: int) -> None:
+        """Some writer (maybe another process) committed ``revision``."""
+        if revision <= self.delivered:
+            return
+        if not self._by_resource:
+            # Every revision up to it is committed too; a later watch replays them.
+            self.delivered = revision
+            self._pending.clear()
+        else:
+            self._wake.set()
 
     def poke(self) -> None:
         """Another writer may have committed: have the pump look at the history table."""
@@ -339,7 +354,7 @@ class EventHub:
 
 
 class HousekeepingMixin:
-    """Runs sweep_expired() and automatic compaction every ``interval`` seconds.
+    """Runs sweep_expired() and compact_history() every ``housekeeping_interval`` seconds.
 
     The period is real time (asyncio.sleep), not the injected clock: it is a polling cadence,
     and a FakeClock's sleep would advance virtual time on its own. Expiry itself is decided by
@@ -375,7 +390,7 @@ class HousekeepingMixin:
             self._housekeeping_task = None
 
     async def compact_history(self) -> None:
-        """Keep the last ``history`` revisions."""
+        """Compact all but the last ``history`` revisions (what housekeeping runs)."""
         target = await self.revision() - self._history
         if target > 0 and target > await self._compacted():
             await self.compact(target)

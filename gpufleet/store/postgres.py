@@ -179,11 +179,7 @@ class _Pool:
                 yield conn
                 healthy = True
             finally:
-                if (
-                    healthy
-                    and not conn.closed
-                    and conn.info.transaction_status == TransactionStatus.IDLE
-                ):
+                if healthy and not conn.closed and conn.info.transaction_status == TransactionStatus.IDLE:
                     self._idle.append(conn)
                 else:
                     # A cancelled or failed call can leave a query in flight: never reuse it.
@@ -272,8 +268,7 @@ class PostgresStore(HousekeepingMixin):
                 backoff = 0.1
                 while True:
                     async for note in conn.notifies(timeout=1.0):
-                        if int(note.payload) > self._hub.delivered:
-                            self._hub.poke()
+                        self._hub.observed(int(note.payload))
                     # A quiet second: look anyway, it costs one indexed query.
                     if self._hub.watching():
                         self._hub.poke()

@@ -1,0 +1,617 @@
+"""The client against the real API server and store, in-process and over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import pytest
+
+server_mod = pytest.importorskip("gpufleet.apiserver.server")
+store_base = pytest.importorskip("gpufleet.store.base")
+k8s = pytest.importorskip("gpufleet.api.k8s")
+
+import uvicorn  # noqa: E402
+
+from gpufleet.client.api import Client, retry_on_conflict  # noqa: E402
+from gpufleet.client.errors import (  # noqa: E402
+    AlreadyExists,
+    Conflict,
+    Gone,
+    Invalid,
+    NotFound,
+    TransportError,
+)
+from gpufleet.client.events import EventRecorder  # noqa: E402
+from gpufleet.client.informer import Informer, SharedInformerFactory  # noqa: E402
+from gpufleet.client.transport import HttpTransport, LocalTransport, Params  # noqa: E402
+from gpufleet.utils.http import RawResponse  # noqa: E402
+
+NS = "default"
+
+
+# -- factories -----------------------------------------------------------------------------
+
+
+def pod(name: str, *, node: str | None = None, labels: dict[str, str] | None = None, ns: str = NS) -> dict:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node:
+        spec["nodeName"] = node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels or {"app": "test"}},
+        "spec": spec,
+    }
+
+
+def deployment(name: str, replicas: int = 1) -> Any:
+    return k8s.Deployment.from_dict(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {"labels": {"app": name}},
+                    "spec": {"containers": [{"name": "main", "image": "nginx:1.25"}]},
+                },
+            },
+        }
+    )
+
+
+# -- server fixtures -----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    options = getattr(request, "param", None) or {}
+    s = store_base.open_store("sqlite://:memory:", **options)
+    await s.start()
+    yield s
+    await s.close()
+
+
+@pytest.fixture
+async def api_server(store: Any) -> Any:
+    server = server_mod.ApiServer(store)
+    await server.start()
+    return server
+
+
+@contextlib.asynccontextmanager
+async def serve_http(api_server: Any) -> AsyncIterator[str]:
+    app = getattr(api_server, "asgi_app", None)
+    if app is None:
+        from gpufleet.apiserver.app import build_asgi_app
+
+        app = build_asgi_app(api_server.handler)
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if task.done():
+                    task.result()
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        try:
+            await asyncio.wait_for(task, 5)
+        except TimeoutError:
+            task.cancel()
+
+
+@pytest.fixture(params=["local", "http"])
+async def transport(request: pytest.FixtureRequest, api_server: Any) -> AsyncIterator[Any]:
+    if request.param == "local":
+        yield LocalTransport(api_server.handler)
+        return
+    async with serve_http(api_server) as url:
+        t = HttpTransport(url, token="ignored-by-an-open-server", timeout=10)
+        try:
+            yield t
+        finally:
+            await t.close()
+
+
+@pytest.fixture
+def client(transport: Any) -> Client:
+    return Client(transport)
+
+
+async def until(predicate: Any, within: float = 5.0) -> None:
+    # Polling, because what is awaited is another component's state, not an event we own.
+    async with asyncio.timeout(within):
+        while not predicate():  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+
+
+# -- CRUD ----------------------------------------------------------------------------------
+
+
+async def test_crud_with_models(client: Client) -> None:
+    created = await client.create(deployment("web", replicas=1))
+    assert isinstance(created, k8s.Deployment)
+    assert created.metadata.uid and created.metadata.resource_version
+
+    got = await client.get(k8s.Deployment, "web", NS)
+    assert got.spec.replicas == 1 and got.metadata.uid == created.metadata.uid
+
+    listed = await client.list("deployments.apps", NS)
+    assert [d.metadata.name for d in listed] == ["web"]
+    assert int(listed.resource_version) >= int(created.metadata.resource_version)
+
+    got.spec.replicas = 3
+    updated = await client.update(got)
+    assert updated.spec.replicas == 3
+    assert int(updated.metadata.resource_version) > int(got.metadata.resource_version)
+
+    # The stale copy names an old resourceVersion: a compare-and-swap miss.
+    got.spec.replicas = 5
+    with pytest.raises(Conflict):
+        await client.update(got)
+
+    async def bump() -> Any:
+        current = await client.get("Deployment", "web", NS)
+        current.spec.replicas = 4
+        return await client.update(current)
+
+    assert (await retry_on_conflict(bump)).spec.replicas == 4
+
+    patched = await client.patch("deployments", "web", {"metadata": {"labels": {"tier": "fe"}}}, NS)
+    assert patched.metadata.labels == {"tier": "fe"}
+    patched = await client.patch(
+        k8s.Deployment,
+        "web",
+        {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "nginx:1.26"}]}}}},
+        NS,
+        patch_type="strategic",
+    )
+    assert patched.spec.template.spec.containers[0].image == "nginx:1.26"
+    patched = await client.patch(
+        "deployments", "web", [{"op": "replace", "path": "/spec/replicas", "value": 2}], NS, patch_type="json"
+    )
+    assert patched.spec.replicas == 2
+
+    with pytest.raises(AlreadyExists):
+        await client.create(deployment("web"))
+
+    deleted = await client.delete(k8s.Deployment, "web", NS, propagation_policy="Background")
+    assert deleted is not None
+    with pytest.raises(NotFound):
+        await client.get("deployments", "web", NS)
+    with pytest.raises(NotFound):
+        await client.delete("deployments", "web", NS)
+
+
+async def test_dicts_in_and_out_and_status(client: Client) -> None:
+    created = await client.create(pod("p1", node="n1"), raw=True)
+    assert isinstance(created, dict) and created["metadata"]["name"] == "p1"
+    as_model = await client.get("pods", "p1", NS)
+    assert isinstance(as_model, k8s.Pod)
+
+    created["status"] = {"phase": "Running"}
+    updated = await client.update_status(created, raw=True)
+    assert updated["status"]["phase"] == "Running"
+
+    await client.create(pod("p2", node="n2", labels={"app": "other"}), raw=True)
+    by_label = await client.list("pods", NS, label_selector={"app": "other"}, raw=True)
+    assert [p["metadata"]["name"] for p in by_label] == ["p2"]
+    by_field = await client.list("pods", NS, field_selector="spec.nodeName=n1", raw=True)
+    assert [p["metadata"]["name"] for p in by_field] == ["p1"]
+    everywhere = await client.list("pods", raw=True)
+    assert {p["metadata"]["name"] for p in everywhere} == {"p1", "p2"}
+
+
+async def test_pagination_follows_continue(client: Client) -> None:
+    for i in range(5):
+        await client.create(pod(f"page-{i}"), raw=True)
+    first = await client.list("pods", NS, limit=2, raw=True)
+    assert len(first) == 2
+    if first.continue_:
+        rest = await client.list("pods", NS, limit=10, continue_=first.continue_, raw=True)
+        assert len(first) + len(rest) == 5
+    everything = await client.list("pods", NS, raw=True)
+    assert len(everything) == 5
+
+
+async def test_invalid_object_reports_causes(client: Client) -> None:
+    bad = deployment("bad").to_dict()
+    bad["spec"]["replicas"] = -1
+    with pytest.raises(Invalid) as exc:
+        await client.create(bad)
+    assert exc.value.code == 422
+    assert any("replicas" in (c.get("field") or "") for c in exc.value.causes)
+
+
+async def test_scale_subresource(client: Client) -> None:
+    await client.create(deployment("scaled", replicas=1))
+    scale = await client.get_scale("deployments", "scaled", NS, raw=True)
+    assert scale["kind"] == "Scale" and scale["spec"]["replicas"] == 1
+    await client.set_scale("deployments", "scaled", 4, NS)
+    assert (await client.get(k8s.Deployment, "scaled", NS)).spec.replicas == 4
+
+
+# -- watch ---------------------------------------------------------------------------------
+
+
+async def test_watch_from_a_resource_version(client: Client) -> None:
+    a = await client.create(pod("wa"), raw=True)
+    since = a["metadata"]["resourceVersion"]
+    b = await client.create(pod("wb"), raw=True)
+    b["metadata"]["labels"]["step"] = "2"
+    await client.update(b, raw=True)
+    await client.delete("pods", "wa", NS, grace_period_seconds=0)
+
+    seen: list[tuple[str, str]] = []
+    events = client.watch("pods", NS, resource_version=since, timeout_seconds=5)
+    async with asyncio.timeout(10), contextlib.aclosing(events):
+        async for event in events:
+            assert isinstance(event.object, k8s.Pod) or event.type == "BOOKMARK"
+            if event.type != "BOOKMARK":
+                seen.append((event.type, event.object.metadata.name))
+            if len(seen) == 3:
+                break
+    assert seen[:2] == [("ADDED", "wb"), ("MODIFIED", "wb")]
+    assert seen[2][1] == "wa" and seen[2][0] in ("DELETED", "MODIFIED")
+
+
+async def test_watch_without_version_starts_with_current_objects(client: Client) -> None:
+    await client.create(pod("w0"), raw=True)
+    events = client.watch("pods", NS, timeout_seconds=5, raw=True)
+    async with asyncio.timeout(10), contextlib.aclosing(events):
+        async for event in events:
+            assert (event.type, event.object["metadata"]["name"]) == ("ADDED", "w0")
+            break
+
+
+@pytest.mark.parametrize("store", [{"history": 5, "housekeeping_interval": 0.05}], indirect=True)
+async def test_watch_from_a_compacted_version_raises_gone(client: Client, store: Any) -> None:
+    first = await client.create(pod("old"), raw=True)
+    for i in range(12):
+        await client.create(pod(f"filler-{i}"), raw=True)
+    await store.compact(await store.revision() - 2)
+    with pytest.raises(Gone):
+        async with asyncio.timeout(10):
+            async for _ in client.watch("pods", NS, resource_version=first["metadata"]["resourceVersion"]):
+                pass
+
+
+# -- informers -----------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def on_add(self, obj: Any) -> None:
+        self.events.append(("add", obj.metadata.name))
+
+    async def on_update(self, old: Any, new: Any) -> None:
+        self.events.append(("update", new.metadata.name))
+
+    def on_delete(self, obj: Any) -> None:
+        self.events.append(("delete", obj.metadata.name))
+
+    def names(self, what: str) -> list[str]:
+        return [name for kind, name in self.events if kind == what]
+
+
+async def test_informer_syncs_and_calls_handlers(client: Client) -> None:
+    await client.create(pod("i1", node="n1"), raw=True)
+    await client.create(pod("i2", node="n2"), raw=True)
+    informer = Informer(client, k8s.Pod, namespace=NS)
+    informer.add_indexer("node", lambda p: p.spec.node_name if p.spec else None)
+    rec = Recorder()
+    informer.add_event_handler(rec.on_add, rec.on_update, rec.on_delete)
+    await informer.start()
+    try:
+        assert await informer.wait_for_sync(10)
+        assert informer.has_synced
+        assert sorted(rec.names("add")) == ["i1", "i2"]
+        assert [p.metadata.name for p in informer.by_index("node", "n1")] == ["i1"]
+
+        await client.create(pod("i3", node="n1"), raw=True)
+        await until(lambda: "i3" in rec.names("add"))
+        assert [p.metadata.name for p in informer.by_index("node", "n1")] == ["i1", "i3"]
+
+        await client.patch("pods", "i1", {"metadata": {"labels": {"changed": "yes"}}}, NS)
+        await until(lambda: "i1" in rec.names("update"))
+        assert informer.get(f"{NS}/i1").metadata.labels["changed"] == "yes"
+
+        await client.delete("pods", "i2", NS, grace_period_seconds=0)
+        await until(lambda: informer.get(f"{NS}/i2") is None)
+        await until(lambda: "i2" in rec.names("delete"))
+
+        # A handler that arrives late is told about what is already there.
+        late = Recorder()
+        informer.add_event_handler(late.on_add)
+        await until(lambda: sorted(late.names("add")) == ["i1", "i3"])
+        assert informer.list_count == 1
+    finally:
+        await informer.stop()
+
+
+class Gate:
+    """Wraps a transport: cut() ends the open watch streams and holds new ones back until
+    release() (lists still pass), so a watch can be made to resume from a stale version."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._open = asyncio.Event()
+        self._open.set()
+        self._cut = asyncio.Event()
+        self.held = 0
+
+    def cut(self) -> None:
+        self._open.clear()
+        self._cut.set()
+
+    def release(self) -> None:
+        self._cut = asyncio.Event()
+        self._open.set()
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> RawResponse:
+        return await self.inner.request(method, path, **kwargs)
+
+    async def stream(
+        self, method: str, path: str, params: Params = None, *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        if not self._open.is_set():
+            self.held += 1
+            await self._open.wait()
+        cut = self._cut
+        source = self.inner.stream(method, path, params, headers=headers)
+        try:
+            while True:
+                nxt = asyncio.ensure_future(source.__anext__())
+                stop = asyncio.ensure_future(cut.wait())
+                await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if stop.done() and not nxt.done():
+                    nxt.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, TransportError):
+                        await nxt
+                    return
+                stop.cancel()
+                try:
+                    line = nxt.result()
+                except StopAsyncIteration:
+                    return
+                yield line
+        finally:
+            await source.aclose()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@pytest.mark.parametrize("store", [{"history": 5, "housekeeping_interval": 0.05}], indirect=True)
+async def test_informer_recovers_from_gone_with_the_right_callbacks(transport: Any, store: Any) -> None:
+    writer = Client(transport)
+    for name in ("keep", "change", "remove"):
+        await writer.create(pod(name), raw=True)
+
+    gate = Gate(transport)
+    informer = Informer(Client(gate), "pods", namespace=NS, backoff_initial=0.05, backoff_max=0.2)
+    rec = Recorder()
+    informer.add_event_handler(rec.on_add, rec.on_update, rec.on_delete)
+    await informer.start()
+    try:
+        assert await informer.wait_for_sync(10)
+        stale_version = informer.resource_version
+
+        gate.cut()
+        await until(lambda: gate.held >= 1)
+        # What happens while the informer is not watching, then more than the history keeps.
+        await writer.patch("pods", "change", {"metadata": {"labels": {"v": "2"}}}, NS)
+        await writer.delete("pods", "remove", NS, grace_period_seconds=0)
+        await writer.create(pod("new"), raw=True)
+        for i in range(10):
+            await writer.create(pod(f"noise-{i}", ns="kube-system"), raw=True)
+        await store.compact(await store.revision() - 2)
+        with pytest.raises(Gone):
+            async with asyncio.timeout(5):
+                async for _ in writer.watch("pods", NS, resource_version=stale_version):
+                    pass
+
+        rec.events.clear()
+        gate.release()
+        await until(lambda: informer.list_count >= 2, within=10)
+        await until(lambda: len(rec.events) >= 3)
+        assert sorted(rec.events) == [("add", "new"), ("delete", "remove"), ("update", "change")]
+        assert sorted(p.metadata.name for p in informer.list()) == ["change", "keep", "new"]
+        assert informer.get(f"{NS}/change").metadata.labels["v"] == "2"
+
+        # And it watches again afterwards.
+        await writer.create(pod("after"), raw=True)
+        await until(lambda: ("add", "after") in rec.events)
+    finally:
+        await informer.stop()
+
+
+async def test_shared_informer_factory_shares(client: Client) -> None:
+    factory = SharedInformerFactory(client)
+    a = factory.informer("pods", namespace=NS, label_selector={"app": "x"})
+    b = factory.informer(k8s.Pod, namespace=NS, label_selector="app=x")
+    c = factory.informer("pods")
+    assert a is b and a is not c
+    await client.create(pod("shared", labels={"app": "x"}), raw=True)
+    await factory.start()
+    try:
+        assert await factory.wait_for_sync(10)
+        assert [p.metadata.name for p in a.list()] == ["shared"]
+        assert "default/shared" in [f"{p.metadata.namespace}/{p.metadata.name}" for p in c.list()]
+    finally:
+        await factory.stop()
+
+
+# -- events --------------------------------------------------------------------------------
+
+
+async def test_event_recorder_aggregates_repeats(client: Client) -> None:
+    target = await client.create(pod("ev"))
+    recorder = EventRecorder(client, "test-controller", host="node-1")
+    for _ in range(3):
+        await recorder.record(target, "Warning", "BackOff", "restarting failed container")
+    await recorder.record(target, "Normal", "Pulled", "image pulled")
+
+    events = await client.list("events", NS, field_selector="involvedObject.name=ev", raw=True)
+    by_reason = {e["reason"]: e for e in events}
+    assert set(by_reason) == {"BackOff", "Pulled"}
+    backoff = by_reason["BackOff"]
+    assert backoff["count"] == 3
+    assert backoff["type"] == "Warning"
+    assert backoff["source"] == {"component": "test-controller", "host": "node-1"}
+    assert backoff["reportingComponent"] == "test-controller"
+    assert backoff["involvedObject"]["kind"] == "Pod"
+    assert backoff["involvedObject"]["uid"] == target.metadata.uid
+    assert backoff["firstTimestamp"] <= backoff["lastTimestamp"]
+    assert by_reason["Pulled"]["count"] == 1
+
+
+async def test_event_recorder_never_raises(client: Client) -> None:
+    recorder = EventRecorder(client, "test-controller")
+    ghost = pod("ghost", ns="no-such-namespace")
+    await recorder.record(ghost, "Warning", "Oops", "nowhere to write this")
+    await recorder.record({"metadata": {}}, "Warning", "Oops", "no object at all")
+
+
+# -- TLS and tokens over HTTP --------------------------------------------------------------
+
+
+def make_certs(where: Any) -> tuple[bytes, str, str]:
+    """A throwaway CA and a server certificate for 127.0.0.1 signed by it (CA PEM, cert, key)."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is needed to make test certificates")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, cwd=where)
+
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+    )
+    run(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    )
+    (where / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    run(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        "ext.cnf",
+        "-out",
+        "server.crt",
+    )
+    return (where / "ca.crt").read_bytes(), str(where / "server.crt"), str(where / "server.key")
+
+
+async def test_https_with_ca_and_bearer_token(store: Any, tmp_path: Any) -> None:
+    from gpufleet.apiserver.admission import UserInfo
+
+    ca_pem, cert, key = make_certs(tmp_path)
+    seen_auth: list[str | None] = []
+
+    async def authenticate(req: Any) -> Any:
+        header = req.headers.get("authorization")
+        seen_auth.append(header)
+        return UserInfo(name="tester") if header == "Bearer s3cret" else None
+
+    server = server_mod.ApiServer(store, authenticator=authenticate)
+    await server.start()
+    from gpufleet.apiserver.app import build_asgi_app
+
+    config = uvicorn.Config(
+        build_asgi_app(server.handler),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="off",
+        ssl_certfile=cert,
+        ssl_keyfile=key,
+        timeout_graceful_shutdown=1,
+    )
+    http = uvicorn.Server(config)
+    task = asyncio.create_task(http.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not http.started:  # noqa: ASYNC110
+                await asyncio.sleep(0.01)
+        url = f"https://127.0.0.1:{http.servers[0].sockets[0].getsockname()[1]}"
+
+        good = Client(HttpTransport(url, token="s3cret", ca_data=ca_pem))
+        await good.create(pod("tls"), raw=True)
+        assert (await good.get("pods", "tls", NS, raw=True))["metadata"]["name"] == "tls"
+        assert seen_auth[-1] == "Bearer s3cret"
+        await good.close()
+
+        from gpufleet.client.errors import Unauthorized
+        from gpufleet.client.kubeconfig import transport_from_kubeconfig, write_kubeconfig
+
+        wrong_token = Client(HttpTransport(url, token="nope", insecure=True))
+        with pytest.raises(Unauthorized):
+            await wrong_token.get("pods", "tls", NS)
+        await wrong_token.close()
+
+        untrusted = Client(HttpTransport(url, token="s3cret"), read_retries=1)
+        with pytest.raises(TransportError):
+            await untrusted.get("pods", "tls", NS)
+        await untrusted.close()
+
+        path = write_kubeconfig(tmp_path / "kubeconfig", url, token="s3cret", ca_data=ca_pem)
+        via_file = Client(transport_from_kubeconfig(path))
+        assert len(await via_file.list("pods", NS, raw=True)) == 1
+        await via_file.close()
+    finally:
+        http.should_exit = True
+        await asyncio.wait_for(task, 5)

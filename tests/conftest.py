@@ -1,0 +1,193 @@
+"""Fixtures shared by every test package.
+
+``store_url`` is parametrized over both store backends, so a test that takes it runs once on
+SQLite and once on PostgreSQL. The PostgreSQL server is real: started once per session (only
+when some test needs it) in a temporary directory, with durability off for speed, and each
+test gets a fresh database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import itertools
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+_PG_BIN_GLOBS = ["/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/usr/pgsql-*/bin"]
+
+
+def _find_pg_bin() -> str | None:
+    initdb = shutil.which("initdb")
+    if initdb:
+        return os.path.dirname(initdb)
+    for pattern in _PG_BIN_GLOBS:
+        for d in sorted(glob.glob(pattern), reverse=True):
+            if os.path.exists(os.path.join(d, "initdb")) and os.path.exists(os.path.join(d, "postgres")):
+                return d
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class PostgresServer:
+    host: str
+    port: int
+    user: str
+
+    def url(self, dbname: str) -> str:
+        return f"postgresql://{self.user}@{self.host}:{self.port}/{dbname}"
+
+
+def _os_user_for_postgres() -> str | None:
+    """initdb refuses to run as root: as root, run the server as the `postgres` OS user."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", "postgres"],
+            check=True,
+        )
+    return "postgres"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    bindir = _find_pg_bin()
+    if bindir is None:
+        pytest.fail(
+            "PostgreSQL server binaries (initdb, postgres) not found: install them with "
+            "`apt-get install postgresql` (the tests start a real server)",
+            pytrace=False,
+        )
+    run_as = _os_user_for_postgres()
+    tmp = tempfile.mkdtemp(prefix="gpufleet-pg-")
+    data = os.path.join(tmp, "data")
+    if run_as:
+        shutil.chown(tmp, user=run_as)
+    subprocess.run(
+        [
+            os.path.join(bindir, "initdb"),
+            "-D",
+            data,
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--no-locale",
+            "--no-sync",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        user=run_as,
+    )
+    port = _free_port()
+    log = open(os.path.join(tmp, "postgres.log"), "wb")
+    proc = subprocess.Popen(
+        [
+            os.path.join(bindir, "postgres"),
+            "-D",
+            data,
+            "-p",
+            str(port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={tmp}",
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=64MB",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        user=run_as,
+        start_new_session=True,
+    )
+    server = PostgresServer(host="127.0.0.1", port=port, user="postgres")
+    try:
+        _wait_ready(server, proc, os.path.join(tmp, "postgres.log"))
+        yield server
+    finally:
+        # SIGINT is PostgreSQL's "fast" shutdown.
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_ready(server: PostgresServer, proc: subprocess.Popen[bytes], logfile: str) -> None:
+    import psycopg
+
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            with open(logfile, errors="replace") as f:
+                pytest.fail(f"PostgreSQL exited at start:\n{f.read()}", pytrace=False)
+        try:
+            psycopg.connect(server.url("postgres"), connect_timeout=2).close()
+            return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+_db_numbers = itertools.count()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh, empty database on the session's server."""
+    import psycopg
+
+    dbname = f"test_{os.getpid()}_{next(_db_numbers)}"
+    with psycopg.connect(postgres_server.url("postgres"), autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{dbname}"')
+    yield postgres_server.url(dbname)
+    with psycopg.connect(postgres_server.url("postgres"), autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{dbname}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: os.PathLike[str]) -> str:
+    return f"sqlite:///{os.path.join(os.fspath(tmp_path), 'store.db')}"
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """A URL of an empty store, once per backend. SQLite gets a file (not :memory:) so that
+    several store instances and processes can open it."""
+    if request.param == "postgres":
+        return request.getfixturevalue("postgres_url")
+    return request.getfixturevalue("sqlite_url")
