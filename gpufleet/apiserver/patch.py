@@ -196,7 +196,7 @@ def _describe_op(op: Mapping[str, Any]) -> str:
 def json_patch(target: Any, ops: Any) -> Any:
     """RFC 6902: apply ``ops`` (test/add/remove/replace/move/copy) in order, all or nothing."""
     if not isinstance(ops, list):
-        raise PatchError("a JSON patch must be a list of operations, e.g. [{\"op\": \"add\", ...}]")
+        raise PatchError('a JSON patch must be a list of operations, e.g. [{"op": "add", ...}]')
     if len(ops) > MAX_JSON_PATCH_OPERATIONS:
         raise PatchError(
             f"the JSON patch has {len(ops)} operations; at most {MAX_JSON_PATCH_OPERATIONS} are allowed"
@@ -214,7 +214,9 @@ def json_patch(target: Any, ops: Any) -> Any:
             raise PatchError(f"JSON patch operation {index} ({_describe_op(op)}) failed: {exc}") from None
         except Exception as exc:  # the library reports bad operations with assorted exception types
             reason = str(exc) or type(exc).__name__
-            raise PatchError(f"JSON patch operation {index} ({_describe_op(op)}) is invalid: {reason}") from None
+            raise PatchError(
+                f"JSON patch operation {index} ({_describe_op(op)}) is invalid: {reason}"
+            ) from None
     return document
 
 
@@ -366,9 +368,7 @@ def _normalize_order(
     order_at = _positions(order, key)
     server_at = _positions(server, key)
     keys = [key(item) for item in merged]
-    from_patch = sorted(
-        (i for i, k in enumerate(keys) if k in order_at), key=lambda i: order_at[keys[i]]
-    )
+    from_patch = sorted((i for i, k in enumerate(keys) if k in order_at), key=lambda i: order_at[keys[i]])
     server_only = sorted(
         (i for i, k in enumerate(keys) if k not in order_at),
         key=lambda i: server_at.get(keys[i], len(server)),
@@ -413,7 +413,9 @@ def _merge_keyed_list(original: list[Any], patch: list[Any], field: _Field, path
     replace = False
     for item in patch:
         if not isinstance(item, Mapping):
-            raise PatchError(f"{_at(path)}list items must be objects with the merge key {merge_key!r}, got {item!r}")
+            raise PatchError(
+                f"{_at(path)}list items must be objects with the merge key {merge_key!r}, got {item!r}"
+            )
         if _DIRECTIVE not in item:
             if merge_key not in item:
                 raise PatchError(f"{_at(path)}{item!r} does not contain declared merge key {merge_key!r}")
@@ -479,7 +481,11 @@ def _apply_retain_keys(original: dict[str, Any], patch: Mapping[str, Any], path:
         raise PatchError(f"{_at(path)}$retainKeys must be a list of field names")
     keep = {k for k in keys if isinstance(k, str)}
     for key, value in patch.items():
-        if value is None or key in (_RETAIN_KEYS, _DIRECTIVE) or key.startswith((_SET_ORDER, _DELETE_PRIMITIVES)):
+        if (
+            value is None
+            or key in (_RETAIN_KEYS, _DIRECTIVE)
+            or key.startswith((_SET_ORDER, _DELETE_PRIMITIVES))
+        ):
             continue
         if key not in keep:
             raise PatchError(f"{_at(path)}the patch sets {key!r}, which its $retainKeys list {keys!r} omits")
@@ -520,7 +526,9 @@ def _apply_element_order(
     return True
 
 
-def _merge_map(original: dict[str, Any], patch: Mapping[str, Any], struct: str | None, path: str) -> dict[str, Any]:
+def _merge_map(
+    original: dict[str, Any], patch: Mapping[str, Any], struct: str | None, path: str
+) -> dict[str, Any]:
     """Apply ``patch`` to ``original``, which the caller owns and which is updated in place;
     ``patch`` is only read."""
     if _DIRECTIVE in patch:
@@ -531,7 +539,9 @@ def _merge_map(original: dict[str, Any], patch: Mapping[str, Any], struct: str |
         if directive == "delete":
             return {}
         if directive != "merge":
-            raise PatchError(f"{_at(path)}unknown $patch directive {directive!r} (expected replace, delete or merge)")
+            raise PatchError(
+                f"{_at(path)}unknown $patch directive {directive!r} (expected replace, delete or merge)"
+            )
         patch = rest
     fields = _STRUCTS.get(struct, _NO_FIELDS) if struct else _NO_FIELDS
     if _RETAIN_KEYS in patch:
@@ -658,13 +668,16 @@ def _yaml_to_json(value: Any, budget: list[int]) -> Any:
         return value
     if isinstance(value, datetime.date):
         return value.isoformat()
-    raise PatchError(f"the YAML body holds a {type(value).__name__}, which JSON cannot represent", status_code=400)
+    raise PatchError(
+        f"the YAML body holds a {type(value).__name__}, which JSON cannot represent", status_code=400
+    )
 
 
 def _decode_yaml(body: bytes | bytearray | memoryview | str) -> Any:
     text = _body_text(body)
     try:
-        document = yaml.load(text, Loader=_ApplyYamlLoader)  # noqa: S506 - a SafeLoader subclass
+        # A SafeLoader subclass: YAML tags cannot construct arbitrary Python objects.
+        document = yaml.load(text, Loader=_ApplyYamlLoader)
     except Exception as exc:  # the YAML library raises several types for malformed input
         raise PatchError(f"the apply body is not valid YAML or JSON: {exc}", status_code=400) from None
     return _yaml_to_json(document, [MAX_YAML_NODES])
@@ -704,5 +717,6 @@ def apply_patch(target: Mapping[str, Any], body: bytes | str, content_type: str,
             config = _require_object(_decode_yaml(body), "an apply configuration")
             return strategic_merge_patch(target, config, kind)
     raise UnsupportedPatchType(
-        f"the patch content type {content_type!r} is not supported; use one of: " + ", ".join(PATCH_CONTENT_TYPES)
+        f"the patch content type {content_type!r} is not supported; use one of: "
+        + ", ".join(PATCH_CONTENT_TYPES)
     )

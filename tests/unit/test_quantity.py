@@ -137,7 +137,16 @@ def test_many_small_requests_add_up_exactly():
 
 @pytest.mark.parametrize(
     ("text", "millis"),
-    [("1", 1000), ("100m", 100), ("0.5", 500), ("1.5", 1500), ("1u", 1), ("1n", 1), ("0", 0), ("2.0001", 2001)],
+    [
+        ("1", 1000),
+        ("100m", 100),
+        ("0.5", 500),
+        ("1.5", 1500),
+        ("1u", 1),
+        ("1n", 1),
+        ("0", 0),
+        ("2.0001", 2001),
+    ],
 )
 def test_cpu_millis_rounds_up(text, millis):
     assert cpu_millis(text) == millis

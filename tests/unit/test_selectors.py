@@ -61,9 +61,10 @@ DB = {"app": "db", "tier": "be"}
         # "in"/"notin" are ordinary words where a key or value is expected.
         ("in in (in,notin)", [("in", Operator.IN, ("in", "notin"))]),
         ("example.com/gpu-model=A100", [("example.com/gpu-model", Operator.EQUALS, ("A100",))]),
-        ("nvidia.com/gpu.product in (NVIDIA-H100-80GB-HBM3)", [
-            ("nvidia.com/gpu.product", Operator.IN, ("NVIDIA-H100-80GB-HBM3",))
-        ]),
+        (
+            "nvidia.com/gpu.product in (NVIDIA-H100-80GB-HBM3)",
+            [("nvidia.com/gpu.product", Operator.IN, ("NVIDIA-H100-80GB-HBM3",))],
+        ),
         ("a=b\t,\nb=c", [("a", Operator.EQUALS, ("b",)), ("b", Operator.EQUALS, ("c",))]),
     ],
 )
@@ -215,13 +216,28 @@ def test_nil_versus_empty():
 @pytest.mark.parametrize(
     ("obj", "fragment"),
     [
-        ({"matchExpressions": [{"key": "a", "operator": "Equals", "values": ["b"]}]}, "not a valid label selector operator"),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "Equals", "values": ["b"]}]},
+            "not a valid label selector operator",
+        ),
         ({"matchExpressions": [{"key": "a", "operator": "In", "values": []}]}, "values set can't be empty"),
-        ({"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]}, "values set must be empty"),
-        ({"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]}, "not a valid label selector operator"),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "Exists", "values": ["x"]}]},
+            "values set must be empty",
+        ),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "Gt", "values": ["1"]}]},
+            "not a valid label selector operator",
+        ),
         ({"matchExpressions": [{"operator": "Exists"}]}, "matchExpressions[0].key"),
-        ({"matchExpressions": [{"key": "-a", "operator": "Exists"}]}, 'matchExpressions[0].key: Invalid value: "-a"'),
-        ({"matchExpressions": [{"key": "a", "operator": "In", "values": ["-x"]}]}, "matchExpressions[0].values[0][a]"),
+        (
+            {"matchExpressions": [{"key": "-a", "operator": "Exists"}]},
+            'matchExpressions[0].key: Invalid value: "-a"',
+        ),
+        (
+            {"matchExpressions": [{"key": "a", "operator": "In", "values": ["-x"]}]},
+            "matchExpressions[0].values[0][a]",
+        ),
         ({"matchExpressions": [{"key": "a", "operator": "In", "values": "x"}]}, "list of strings"),
         ({"matchExpressions": "a"}, "must be a list"),
         ({"matchLabels": {"app": "-web"}}, "matchLabels[app]: Invalid value"),
@@ -297,7 +313,9 @@ def _requirements(draw):
 
 @given(
     st.lists(_requirements(), max_size=5),
-    st.dictionaries(_label_word, st.one_of(st.just(""), _label_word, st.integers(0, 99).map(str)), max_size=5),
+    st.dictionaries(
+        _label_word, st.one_of(st.just(""), _label_word, st.integers(0, 99).map(str)), max_size=5
+    ),
 )
 def test_string_form_roundtrips(requirements, labels):
     selector = LabelSelector(requirements)

@@ -569,7 +569,9 @@ def _gpus(doc: Doc, node: dict[str, Any]) -> None:
     if "nvidia.com/gpu.product" in gpu_labels:
         doc.kv(1, "Product", gpu_labels["nvidia.com/gpu.product"])
     if "nvidia.com/gpu.memory" in gpu_labels:
-        doc.kv(1, "Memory", gpu_labels["nvidia.com/gpu.memory"])
+        memory = gpu_labels["nvidia.com/gpu.memory"]
+        # GPU feature discovery publishes the per-device memory in MiB.
+        doc.kv(1, "Memory", f"{memory} MiB" if memory.isdigit() else memory)
     for key, items in devices.items():
         columns: list[str] = []
         for d in items:
