@@ -9,6 +9,7 @@ benchmark of a shared store that skips the flush on commit would flatter it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import os
 import pwd
@@ -45,15 +46,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def die_with_parent() -> None:
-    """preexec_fn: have Linux send SIGTERM to the child if the benchmark itself is killed
-    (SIGKILL skips every finally block, and a leftover postmaster would keep its port and
-    data directory)."""
-    with contextlib.suppress(Exception):
-        import ctypes
+def _load_prctl():
+    # Resolved here, in the parent: after dropping to the postgres user the child may not be
+    # allowed to read this Python's files, so it must not import or load anything itself.
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+_PRCTL = _load_prctl()
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """preexec_fn: have Linux signal the child when the benchmark dies, even by SIGKILL,
+    which skips every finally block (a leftover postmaster would keep its port and data)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def _run_as(user: str | None):
+    """preexec_fn that drops to `user` and only then asks for the parent-death signal: Linux
+    forgets that request when the process's user changes, which Popen(user=...) would do
+    after our preexec_fn has run."""
+    ids = None
+    if user:
+        pw = pwd.getpwnam(user)
+        ids = (pw.pw_uid, pw.pw_gid)
+
+    def preexec() -> None:
+        if ids:
+            os.setgroups([])
+            os.setgid(ids[1])
+            os.setuid(ids[0])
+        # SIGINT is PostgreSQL's fast shutdown; SIGTERM would wait for clients to leave.
+        die_with_parent(signal.SIGINT)
+
+    return preexec
 
 
 def _os_user() -> str | None:
@@ -133,8 +163,8 @@ def throwaway_postgres(durable: bool = True, extra: dict[str, str] | None = None
             args += ["-c", f"{k}={v}"]
         # A session of its own: Ctrl-C in the terminal reaches only the benchmark, which then
         # shuts this server down in order instead of racing it.
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, user=run_as,
-                                start_new_session=True, preexec_fn=die_with_parent)
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_run_as(run_as))
         server = PostgresServer(host="127.0.0.1", port=port, user="postgres", settings=settings)
         _wait_ready(server, proc, os.path.join(tmp, "postgres.log"))
         yield server

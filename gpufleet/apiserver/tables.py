@@ -608,13 +608,13 @@ def _node_row(obj: Obj, now: float) -> list[Any]:
         node_roles(obj),
         age_cell(obj, now),
         info.get("kubeletVersion", ""),
-        _count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
-        labels.get(GPU_PRODUCT_LABEL) or "<none>",
         _node_address(obj, "InternalIP"),
         _node_address(obj, "ExternalIP"),
         info.get("osImage") or "<unknown>",
         info.get("kernelVersion") or "<unknown>",
         info.get("containerRuntimeVersion") or "<unknown>",
+        _count((status.get("allocatable") or {}).get(GPU_RESOURCE)),
+        labels.get(GPU_PRODUCT_LABEL) or "<none>",
     ]
 
 
@@ -624,13 +624,15 @@ _NODE_COLUMNS = (
     Column("Roles", description="The roles of the node"),
     AGE_COLUMN,
     Column("Version", description="Kubelet Version reported by the node."),
-    Column("GPUs", type="integer", description="Allocatable nvidia.com/gpu on the node."),
-    Column("GPU Model", priority=1, description="The node's GPU product (label nvidia.com/gpu.product)."),
     Column("Internal-IP", priority=1, description="The node's first InternalIP address."),
     Column("External-IP", priority=1, description="The node's first ExternalIP address."),
     Column("OS-Image", priority=1, description="OS Image reported by the node from /etc/os-release."),
     Column("Kernel-Version", priority=1, description="Kernel Version reported by the node from 'uname -r'."),
     Column("Container-Runtime", priority=1, description="ContainerRuntime Version reported by the node."),
+    # The GPU columns come after Kubernetes' own, so scripts that pick `get nodes [-o wide]`
+    # columns by position read the same fields as on a real cluster.
+    Column("GPUs", type="integer", description="Allocatable nvidia.com/gpu on the node."),
+    Column("GPU Model", priority=1, description="The node's GPU product (label nvidia.com/gpu.product)."),
 )
 
 

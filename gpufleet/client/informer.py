@@ -193,7 +193,7 @@ class Informer:
         on_update: Callable[[Any, Any], Any] | None = None,
         on_delete: Callable[[Any], Any] | None = None,
     ) -> EventHandlers:
-        """Register callbacks (plain functions or coroutines functions). A handler added
+        """Register callbacks (plain functions or coroutine functions). A handler added
         after the cache filled first gets on_add for everything already in it."""
         handlers = EventHandlers(on_add, on_update, on_delete)
         self._handlers.append(handlers)

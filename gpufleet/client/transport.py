@@ -265,6 +265,8 @@ class HttpTransport:
             limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=20),
             http1=True,
             http2=False,
+            # The API server is named by the kubeconfig alone; a stray HTTP(S)_PROXY in the
+            # environment must not reroute control-plane traffic (often on loopback).
             trust_env=False,
         )
 

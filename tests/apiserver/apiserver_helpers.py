@@ -119,32 +119,49 @@ class Api:
 
 
 class WatchStream:
-    """Reads newline-delimited watch events off a streaming RawResponse."""
+    """Reads newline-delimited watch events off a streaming RawResponse.
+
+    A pump task drains the stream into a queue: cancelling a pending ``__anext__`` of the
+    server's generator (as a timeout around it would) ends the generator, which a real HTTP
+    connection never does.
+    """
 
     def __init__(self, stream: AsyncIterator[bytes]) -> None:
         self._stream = stream
-        self._buf = b""
+        self._queue: asyncio.Queue[bytes | None | BaseException] = asyncio.Queue()
+        self._task = asyncio.create_task(self._pump())
         self.ended = False
         self.raw_lines: list[bytes] = []
 
-    async def _line(self) -> bytes | None:
-        while b"\n" not in self._buf:
-            try:
-                chunk = await self._stream.__anext__()
-            except StopAsyncIteration:
-                self.ended = True
-                assert not self._buf.strip(), f"the stream ended in the middle of a line: {self._buf!r}"
-                return None
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        self.raw_lines.append(line)
-        return line
+    async def _pump(self) -> None:
+        buf = b""
+        try:
+            async for chunk in self._stream:
+                buf += chunk
+                while b"\n" in buf:
+                    line, _, buf = buf.partition(b"\n")
+                    await self._queue.put(line)
+            if buf.strip():
+                raise AssertionError(f"the stream ended in the middle of a line: {buf!r}")
+            await self._queue.put(None)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # surfaced to the reader
+            await self._queue.put(e)
 
     async def next(self, within: float = 5.0) -> dict[str, Any] | None:
         """The next event, or None when the server closed the stream."""
+        if self.ended:
+            return None
         async with asyncio.timeout(within):
-            line = await self._line()
-        return None if line is None else orjson.loads(line)
+            item = await self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is None:
+            self.ended = True
+            return None
+        self.raw_lines.append(item)
+        return orjson.loads(item)
 
     async def take(self, n: int, within: float = 5.0) -> list[dict[str, Any]]:
         out = []
@@ -155,14 +172,19 @@ class WatchStream:
         return out
 
     async def quiet(self, within: float = 0.3) -> None:
-        """Asserts that no event arrives for a while."""
+        """Asserts that no event arrives (and the stream stays open) for a while."""
         try:
             ev = await self.next(within)
         except TimeoutError:
             return
-        raise AssertionError(f"unexpected watch event: {ev}")
+        raise AssertionError(f"unexpected watch event or end of stream: {ev}")
 
     async def close(self) -> None:
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
         aclose = getattr(self._stream, "aclose", None)
         if aclose is not None:
             await aclose()

@@ -294,7 +294,7 @@ def test_delete_by_name_file_and_label(cluster):
     assert sorted(out) == ['configmap "del-a" deleted', 'configmap "del-b" deleted']
 
     cluster.run("apply", "-f", "del/a.yaml", "-n", NS)
-    assert cluster.run("delete", "-f", "del/a.yaml", "-n", NS, "--cascade=foreground").stdout.strip() == \
+    assert cluster.run("delete", "-f", "del/a.yaml", "-n", NS, "--cascade=background").stdout.strip() == \
         'configmap "del-a" deleted'
 
     again = cluster.run("delete", "cm", "del-a", "-n", NS, ok=False)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -14,6 +15,7 @@ store_base = pytest.importorskip("gpufleet.store.base")
 k8s = pytest.importorskip("gpufleet.api.k8s")
 
 import uvicorn  # noqa: E402
+from client_helpers import ManualClock, settle  # noqa: E402
 
 from gpufleet.client.api import Client, retry_on_conflict  # noqa: E402
 from gpufleet.client.errors import (  # noqa: E402
@@ -224,10 +226,10 @@ async def test_pagination_follows_continue(client: Client) -> None:
     for i in range(5):
         await client.create(pod(f"page-{i}"), raw=True)
     first = await client.list("pods", NS, limit=2, raw=True)
-    assert len(first) == 2
-    if first.continue_:
-        rest = await client.list("pods", NS, limit=10, continue_=first.continue_, raw=True)
-        assert len(first) + len(rest) == 5
+    assert len(first) == 2 and first.continue_
+    rest = await client.list("pods", NS, limit=10, continue_=first.continue_, raw=True)
+    assert len(rest) == 3 and not rest.continue_
+    assert rest.resource_version == first.resource_version
     everything = await client.list("pods", NS, raw=True)
     assert len(everything) == 5
 
@@ -349,6 +351,23 @@ async def test_informer_syncs_and_calls_handlers(client: Client) -> None:
         await informer.stop()
 
 
+async def test_informer_resync_replays_updates(client: Client) -> None:
+    await client.create(pod("r1"), raw=True)
+    clock = ManualClock()
+    informer = Informer(client, "pods", namespace=NS, resync_period=30, clock=clock)
+    rec = Recorder()
+    informer.add_event_handler(rec.on_add, rec.on_update, rec.on_delete)
+    await informer.start()
+    try:
+        assert await informer.wait_for_sync(10)
+        await settle()
+        assert rec.events == [("add", "r1")]
+        clock.advance(30)
+        await until(lambda: ("update", "r1") in rec.events)
+    finally:
+        await informer.stop()
+
+
 class Gate:
     """Wraps a transport: cut() ends the open watch streams and holds new ones back until
     release() (lists still pass), so a watch can be made to resume from a stale version."""
@@ -378,32 +397,50 @@ class Gate:
             self.held += 1
             await self._open.wait()
         cut = self._cut
-        source = self.inner.stream(method, path, params, headers=headers)
+        lines: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+        async def pump() -> None:
+            # The inner stream is read on its own task so cutting it is a plain task cancel.
+            source = self.inner.stream(method, path, params, headers=headers)
+            try:
+                async for line in source:
+                    await lines.put(("line", line))
+                await lines.put(("end", None))
+            except Exception as exc:
+                await lines.put(("error", exc))
+            finally:
+                await source.aclose()
+
+        pumping = asyncio.create_task(pump())
         try:
-            while True:
-                nxt = asyncio.ensure_future(source.__anext__())
+            while not cut.is_set():
+                got = asyncio.ensure_future(lines.get())
                 stop = asyncio.ensure_future(cut.wait())
-                await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
-                if stop.done() and not nxt.done():
-                    nxt.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration, TransportError):
-                        await nxt
+                await asyncio.wait({got, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    got.cancel()
                     return
                 stop.cancel()
-                try:
-                    line = nxt.result()
-                except StopAsyncIteration:
+                kind, value = got.result()
+                if kind == "end":
                     return
-                yield line
+                if kind == "error":
+                    raise value
+                yield value
         finally:
-            await source.aclose()
+            pumping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pumping
 
     async def close(self) -> None:
         await self.inner.close()
 
 
 @pytest.mark.parametrize("store", [{"history": 5, "housekeeping_interval": 0.05}], indirect=True)
-async def test_informer_recovers_from_gone_with_the_right_callbacks(transport: Any, store: Any) -> None:
+async def test_informer_recovers_from_gone_with_the_right_callbacks(
+    transport: Any, store: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpufleet.client.informer")
     writer = Client(transport)
     for name in ("keep", "change", "remove"):
         await writer.create(pod(name), raw=True)
@@ -438,6 +475,7 @@ async def test_informer_recovers_from_gone_with_the_right_callbacks(transport: A
         assert sorted(rec.events) == [("add", "new"), ("delete", "remove"), ("update", "change")]
         assert sorted(p.metadata.name for p in informer.list()) == ["change", "keep", "new"]
         assert informer.get(f"{NS}/change").metadata.labels["v"] == "2"
+        assert "watch expired" in caplog.text
 
         # And it watches again afterwards.
         await writer.create(pod("after"), raw=True)
@@ -615,3 +653,42 @@ async def test_https_with_ca_and_bearer_token(store: Any, tmp_path: Any) -> None
     finally:
         http.should_exit = True
         await asyncio.wait_for(task, 5)
+
+
+# -- logs ----------------------------------------------------------------------------------
+
+
+async def test_pod_logs_plain_and_followed(store: Any) -> None:
+    asked: list[list[tuple[str, str]]] = []
+
+    async def logs(pod_obj: dict, req: Any) -> RawResponse:
+        # Stands in for the node agent the server would forward to.
+        asked.append(list(req.query))
+        if req.param("follow") == "true":
+
+            async def chunks() -> AsyncIterator[bytes]:
+                yield b"line 1\nline"
+                yield b" 2\n"
+
+            return RawResponse(200, {"content-type": "text/plain"}, stream=chunks())
+        return RawResponse(200, {"content-type": "text/plain"}, b"hello\nworld\n")
+
+    server = server_mod.ApiServer(store, log_provider=logs)
+    await server.start()
+    for make in ("local", "http"):
+        async with contextlib.AsyncExitStack() as stack:
+            if make == "local":
+                transport: Any = LocalTransport(server.handler)
+            else:
+                url = await stack.enter_async_context(serve_http(server))
+                transport = HttpTransport(url)
+                stack.push_async_callback(transport.close)
+            client = Client(transport)
+            with contextlib.suppress(AlreadyExists):
+                await client.create(pod("logged", node="n1"), raw=True)
+            assert await client.log("logged", NS, container="main", tail_lines=5) == "hello\nworld\n"
+            assert ("tailLines", "5") in asked[-1] and ("container", "main") in asked[-1]
+            lines = await client.log("logged", NS, follow=True)
+            assert [line async for line in lines] == ["line 1", "line 2"]
+            with pytest.raises(NotFound):
+                await client.log("missing", NS)

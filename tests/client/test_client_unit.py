@@ -7,7 +7,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 import pytest
-from conftest import ManualClock
+from client_helpers import ManualClock
 
 from gpufleet.api.registry import REGISTRY
 from gpufleet.client.api import Client, retry_on_conflict

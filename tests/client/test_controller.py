@@ -4,7 +4,7 @@ import asyncio
 import logging
 
 import pytest
-from conftest import ManualClock, settle
+from client_helpers import ManualClock, settle
 
 from gpufleet.client.controller import (
     Controller,

@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import ManualClock, settle
+from client_helpers import ManualClock, settle
 
 from gpufleet.client.workqueue import (
     BucketRateLimiter,
