@@ -322,7 +322,7 @@ class Phases:
             while perf() < deadline:
                 name = mine[done % len(mine)]
                 patch = annotation_patch(self._next_seq())
-                await self._timed(lambda: self.client.patch("pods", name, patch, NAMESPACE), lat)
+                await self._timed(lambda n=name, p=patch: self.client.patch("pods", n, p, NAMESPACE), lat)
                 done += 1
             return done
 
@@ -356,7 +356,7 @@ class Phases:
             # The watch is open (and caught up) once the event of a write made now arrives.
             marker = await c.patch("pods", live[0], annotation_patch(self._next_seq()), NAMESPACE)
             marker_rv = int(marker.metadata.resource_version)
-            await _wait_for(lambda: marker_rv in arrived, arrival, timeout=30, what="the watch to open")
+            await _wait_for(lambda: marker_rv in arrived, arrival, within=30, what="the watch to open")
 
             write_lat: list[float] = []
             get_lat: list[float] = []
@@ -420,7 +420,7 @@ class Phases:
             stop_probe.set()
             await probe_task
             with contextlib.suppress(TimeoutError):
-                await _wait_for(lambda: all(rv in arrived for rv in sent), arrival, timeout=10, what="")
+                await _wait_for(lambda: all(rv in arrived for rv in sent), arrival, within=10, what="")
         finally:
             watch_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -448,8 +448,8 @@ def _rv(obj: Any) -> int:
         return 0
 
 
-async def _wait_for(cond: Callable[[], bool], event: asyncio.Event, timeout: float, what: str) -> None:
-    deadline = perf() + timeout
+async def _wait_for(cond: Callable[[], bool], event: asyncio.Event, within: float, what: str) -> None:
+    deadline = perf() + within
     while not cond():
         left = deadline - perf()
         if left <= 0:
@@ -528,7 +528,7 @@ def render_table(results: dict[str, Result], args: argparse.Namespace) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, r in enumerate(rows):
-        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(r[2:], widths[2:])]
+        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(r[2:], widths[2:], strict=True)]
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -564,8 +564,17 @@ def machine_facts(workdir: Path) -> dict[str, str]:
         "python": platform.python_version(),
         "gpufleet": gpufleet_version,
         "data dir": f"{workdir} ({fs or '?'})",
+        "python speed": f"{_python_speed_us():.0f} us for sum(range(1000)), best of 5 (scales every figure)",
         "load average at start": " ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
+
+
+def _python_speed_us() -> float:
+    # Server and client are pure Python: how fast this interpreter runs on this machine, right
+    # now, says more about the latencies below than the CPU model does.
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -621,6 +621,7 @@ class ApiServer:
         if _strip_for_compare(new) == _strip_for_compare(current):
             return current, warnings  # no-op updates do not bump the revision, as in Kubernetes
         if dry_run:
+            new["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion", "")
             return new, warnings
         if self._ready_to_delete(rt, new):
             try:

@@ -397,7 +397,8 @@ def strip_managed_fields(obj: Any) -> Any:
         m = obj.get("metadata")
         if isinstance(m, dict):
             m.pop("managedFields", None)
-        for item in obj.get("items") or [] if isinstance(obj.get("items"), list) else []:
+        items = obj.get("items")
+        for item in items if isinstance(items, list) else []:
             strip_managed_fields(item)
     return obj
 

@@ -187,7 +187,8 @@ class PodInfo:
         text = self.annotations.get(GPU_INDICES_ANNOTATION)
         self.gpu_indices: tuple[int, ...] = parse_gpu_indices(text) if text else ()
         self.tolerations = tuple(
-            (t.key or "", t.operator or "Equal", t.value or "", t.effect or "") for t in spec.tolerations or ()
+            (t.key or "", t.operator or "Equal", t.value or "", t.effect or "")
+            for t in spec.tolerations or ()
         )
         # Per-pod memo for plugins (compiled selectors and the like): keyed by plugin name,
         # computed on the first cycle and reused on every retry of the same pod object.
@@ -255,7 +256,9 @@ class NodeInfo:
         "_gpu_source",
     )
 
-    def __init__(self, node: k8s.Node | Mapping[str, Any] | None = None, pods: Iterable[PodInfo] = ()) -> None:
+    def __init__(
+        self, node: k8s.Node | Mapping[str, Any] | None = None, pods: Iterable[PodInfo] = ()
+    ) -> None:
         self.node: k8s.Node | None = None
         self.name = ""
         self.labels: dict[str, str] = {}
@@ -314,7 +317,11 @@ class NodeInfo:
         self.alloc_gpus = amounts.pop(GPU_RESOURCE, 0)
         self.alloc_pods = amounts.pop(PODS, None)
         self.alloc_scalar = amounts
-        gpu_source = (self.annotations.get(GPUS_ANNOTATION), self.alloc_gpus, self.labels.get(GPU_MEMORY_LABEL))
+        gpu_source = (
+            self.annotations.get(GPUS_ANNOTATION),
+            self.alloc_gpus,
+            self.labels.get(GPU_MEMORY_LABEL),
+        )
         if gpu_source != self._gpu_source:
             self._gpu_source = gpu_source
             self._set_gpu_inventory()
@@ -407,7 +414,12 @@ class NodeInfo:
 
     @property
     def allocatable(self) -> dict[str, int]:
-        out = {CPU: self.alloc_cpu, MEMORY: self.alloc_memory, GPU_RESOURCE: self.alloc_gpus, **self.alloc_scalar}
+        out = {
+            CPU: self.alloc_cpu,
+            MEMORY: self.alloc_memory,
+            GPU_RESOURCE: self.alloc_gpus,
+            **self.alloc_scalar,
+        }
         if self.alloc_pods is not None:
             out[PODS] = self.alloc_pods
         return out
@@ -485,7 +497,9 @@ class Snapshot:
     def __iter__(self) -> Iterator[NodeInfo]:
         return iter(self.node_infos)
 
-    def add_pod(self, pod_info: PodInfo, node_name: str | None = None, gpu_indices: Iterable[int] | None = None) -> PodInfo:
+    def add_pod(
+        self, pod_info: PodInfo, node_name: str | None = None, gpu_indices: Iterable[int] | None = None
+    ) -> PodInfo:
         """Place a pod on a node of this snapshot; returns the placed PodInfo."""
         name = node_name or pod_info.node_name
         node_info = self._by_name.get(name)

@@ -278,7 +278,7 @@ def service(name: str = "web") -> dict:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 8080, "protocol": "TCP"}]},
+        "spec": {"selector": {"app": name}, "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]},
     }
 
 

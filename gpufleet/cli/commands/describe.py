@@ -669,17 +669,32 @@ async def _describe_generic(session: Session, rt: ResourceType, obj: dict[str, A
     for key, value in obj.items():
         if key in ("apiVersion", "kind", "metadata"):
             continue
-        _nested(doc, 0, smart_label(key), value)
+        _nested(doc, 0, smart_label(key), value, raw_key=key)
 
 
-def _nested(doc: Doc, level: int, key: str, value: Any) -> None:
+# Maps whose keys are data (label keys, resource names, config keys), written as they are
+# instead of as field labels.
+_VERBATIM_MAPS = {"labels", "annotations", "matchLabels", "nodeSelector", "selector", "data", "binaryData",
+                  "stringData", "limits", "requests", "capacity", "allocatable", "hard", "used", "env"}
+
+
+def _nested(doc: Doc, level: int, key: str, value: Any, *, raw_key: str = "", verbatim: bool = False,
+            child_extra: int = 0) -> None:
+    """One field and everything under it. A list of objects is written as `- ` items; the
+    fields of an item line up after the dash."""
+    child = level + 1 + child_extra
+    keep = raw_key in _VERBATIM_MAPS
+
+    def label(k: Any) -> str:
+        return str(k) if keep or verbatim else smart_label(str(k))
+
     if isinstance(value, Mapping):
         if not value:
             doc.kv(level, key, "<none>")
             return
         doc.title(level, f"{key}:")
         for k, v in value.items():
-            _nested(doc, level + 1, smart_label(str(k)), v)
+            _nested(doc, child, label(k), v, raw_key=str(k), verbatim=keep)
     elif isinstance(value, list):
         if not value:
             doc.kv(level, key, "<none>")
@@ -690,12 +705,27 @@ def _nested(doc: Doc, level: int, key: str, value: Any) -> None:
             for item in value:
                 if isinstance(item, Mapping) and item:
                     for n, (k, v) in enumerate(item.items()):
-                        label = ("- " if n == 0 else "  ") + smart_label(str(k))
-                        _nested(doc, level + 1, label, v)
+                        dash = "- " if n == 0 else "  "
+                        _nested(doc, child, dash + smart_label(str(k)), v, raw_key=str(k), child_extra=1)
                 else:
-                    doc.kv(level + 1, "-", cell_text(item))
+                    doc.kv(child, "-", cell_text(item))
     else:
         doc.kv(level, key, cell_text(value) if value is not None else "<none>")
+
+
+async def _describe_configmap(session: Session, rt: ResourceType, cm: dict[str, Any], doc: Doc) -> None:
+    """Keys and values as kubectl shows them: each value under its key, verbatim."""
+    _header(doc, rt, cm, timestamp=False)
+    for title, values in (("Data", cm.get("data") or {}), ("BinaryData", cm.get("binaryData") or {})):
+        doc.blank()
+        doc.title(0, title)
+        doc.title(0, "====")
+        for k, v in sorted(values.items()):
+            doc.title(0, f"{k}:")
+            doc.title(0, "----")
+            doc.title(0, f"{len(str(v))} bytes (base64)" if title == "BinaryData" else str(v))
+            doc.blank()
+    doc.blank()
 
 
 # -- events ---------------------------------------------------------------------------
@@ -771,4 +801,5 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("", "Service"): _describe_service,
     ("", "Node"): _describe_node,
     ("", "Namespace"): _describe_namespace,
+    ("", "ConfigMap"): _describe_configmap,
 }

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from gpufleet.cli.output import ContextOpt, KubeconfigOpt, connect, dump, out, run
+from gpufleet.cli.output import ContextOpt, KubeconfigOpt, NamespaceOpt, connect, dump, out, run
 
 
 def client_version() -> str:
@@ -26,8 +26,10 @@ def register(app: typer.Typer) -> None:
         output: Annotated[str, typer.Option("--output", "-o", help="json or yaml.")] = "",
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
+        namespace: NamespaceOpt = None,
     ) -> None:
         """Print the client and server versions."""
+        del namespace  # accepted like every command's, so scripts can pass it everywhere
         if output not in ("", "json", "yaml"):
             raise typer.BadParameter("must be json or yaml", param_hint="--output")
         run(lambda: _version(client, output, kubeconfig, context))

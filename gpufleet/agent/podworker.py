@@ -1,0 +1,931 @@
+"""One worker per pod: drives the pod's containers to what its spec asks for, and reports
+what it sees through the pod's status.
+
+Level-triggered, as the kubelet's pod workers are: every pass reads the pod as it is now and
+the containers as they are now, acts on the difference (start, restart after back-off,
+kill on a failed probe, stop for deletion), then writes status if it changed. Anything that
+happens in between (an exit, a probe flipping, a new version of the pod) only wakes the
+worker up for another pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.agent import podstatus
+from gpufleet.agent.backoff import RestartBackoff, go_duration
+from gpufleet.agent.envvars import EnvError, build_env, expand_command
+from gpufleet.agent.logfiles import container_log_path
+from gpufleet.agent.probes import Prober, make_action
+from gpufleet.agent.resources import (
+    GPU_INDICES_ANNOTATION,
+    HOST_PORTS_ANNOTATION,
+    GPUTable,
+    PortsUnavailable,
+    PortTable,
+    parse_host_ports,
+    parse_indices,
+    pod_gpus,
+    port_env,
+    port_requests,
+    split_gpus,
+)
+from gpufleet.agent.runtime.base import (
+    ContainerHandle,
+    ContainerSpec,
+    ContainerState,
+    GPUAssignment,
+    PortMapping,
+    Runtime,
+    RuntimeError_,
+)
+from gpufleet.api.quantity import cpu_millis, to_int_bytes
+from gpufleet.client import ApiError, Client, Conflict, EventRecorder, NotFound, TransportError
+from gpufleet.utils.clock import Clock, parse_rfc3339, rfc3339
+
+log = logging.getLogger(__name__)
+
+NORMAL, WARNING = "Normal", "Warning"
+# How often an idle worker re-checks its pod anyway (status retries, deadlines).
+_RESYNC = 10.0
+_RETRY_RESOURCES = 2.0
+
+ObjectGetter = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
+
+
+@dataclass
+class WorkerContext:
+    """What a pod worker needs from its agent; the agent fills it once."""
+
+    client: Client
+    runtime: Runtime
+    recorder: EventRecorder
+    clock: Clock
+    node_name: str
+    address: str
+    state_dir: Path
+    gpu_table: GPUTable
+    port_table: PortTable
+    get_object: ObjectGetter
+    # -> the node's GPUs as the device plugin fingerprints them (objects with index, uuid, health, group)
+    gpus: Callable[[], list[Any]]
+    reserve: Callable[[list[int]], Awaitable[dict[str, str]]]
+    node_allocatable: Callable[[], dict[str, Any]]
+    describe_uid: Callable[[str], str]
+    http: httpx.AsyncClient
+    # Containers share the host's network (process, simulated): they listen on their host port.
+    host_network: bool = True
+    backoff_initial: float = 10.0
+    backoff_cap: float = 300.0
+    backoff_reset: float = 600.0
+    probe_period_scale: float = 1.0
+    on_change: Callable[[], None] = lambda: None
+
+
+@dataclass
+class ContainerRecord:
+    spec: dict[str, Any]
+    init: bool
+    backoff: RestartBackoff
+    restart_count: int = 0
+    # Started at least once (by this agent or, before a restart of the agent, by another).
+    ran: bool = False
+    handle: ContainerHandle | None = None
+    container_id: str = ""
+    running: bool = False
+    stopping: bool = False
+    state: dict[str, Any] = field(default_factory=dict)
+    last_state: dict[str, Any] = field(default_factory=dict)
+    last_exit: dict[str, Any] | None = None
+    started_mono: float = 0.0
+    exited_mono: float = 0.0
+    # Monotonic time before which the container must not be (re)started.
+    not_before: float | None = None
+    current_delay: float = 0.0
+    ready: bool = False
+    started: bool = False
+    gpus: list[int] = field(default_factory=list)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+    old_handles: list[ContainerHandle] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.spec.get("name", "")
+
+
+class PodWorker:
+    def __init__(self, ctx: WorkerContext, pod: dict[str, Any]) -> None:
+        self.ctx = ctx
+        self.pod = pod
+        meta = pod.get("metadata") or {}
+        self.uid: str = meta.get("uid", "")
+        self.namespace: str = meta.get("namespace", "default")
+        self.name: str = meta.get("name", "")
+        self.removed = False
+        self.terminal: str | None = None
+        self.deleted = False
+        self.killed = False
+        self.start_time: str | None = None
+        self.ports: dict[str, int] | None = None
+        self.gpu_indices: list[int] | None = None
+        self.gpu_env: dict[str, dict[str, str]] = {}
+        self.chose_gpus = False
+        self.metadata_synced = False
+        self.last_written: dict[str, Any] | None = None
+        self.write_retry_at: float | None = None
+        self.write_backoff = 0.5
+        self.blocked: tuple[str, str] | None = None  # (reason, message) while resources are unavailable
+        self.deadline_exceeded = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._bg: set[asyncio.Task] = set()
+        spec = pod.get("spec") or {}
+        self.records: list[ContainerRecord] = []
+        for c in spec.get("initContainers") or []:
+            self.records.append(self._record(c, init=True))
+        for c in spec.get("containers") or []:
+            self.records.append(self._record(c, init=False))
+
+    def _record(self, spec: dict[str, Any], init: bool) -> ContainerRecord:
+        rec = ContainerRecord(spec=spec, init=init, backoff=RestartBackoff(
+            self.ctx.backoff_initial, self.ctx.backoff_cap, self.ctx.backoff_reset))
+        rec.state = {"waiting": {"reason": "PodInitializing" if init or self._has_init() else "ContainerCreating"}}
+        return rec
+
+    def _has_init(self) -> bool:
+        return bool((self.pod.get("spec") or {}).get("initContainers"))
+
+    # -- outside view -------------------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.run(), name=f"pod:{self.key}")
+
+    def update(self, pod: dict[str, Any]) -> None:
+        self.pod = pod
+        self.wake()
+
+    def remove(self) -> None:
+        self.removed = True
+        self.wake()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def join(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def cancel(self) -> None:
+        """Stop the worker without touching its containers (the agent is shutting down)."""
+        if self._task is not None:
+            self._task.cancel()
+            await self.join()
+
+    @property
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    def record_for(self, container: str) -> ContainerRecord | None:
+        return next((r for r in self.records if r.name == container), None)
+
+    def running_handles(self) -> list[tuple[ContainerRecord, ContainerHandle]]:
+        return [(r, r.handle) for r in self.records if r.running and r.handle is not None]
+
+    # -- the loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            self._adopt()
+            while True:
+                self._wake.clear()
+                if self.removed:
+                    await self._kill_all(self._grace(), "the pod was removed from the node")
+                    return
+                wake_at: float | None = None
+                if (self.pod.get("metadata") or {}).get("deletionTimestamp"):
+                    wake_at = await self._terminate()
+                    if self.removed:
+                        continue
+                else:
+                    wake_at = await self._sync()
+                retry = await self._write_status()
+                wake_at = _earliest(wake_at, retry)
+                await self._sleep(wake_at)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("pod worker %s failed", self.key)
+            raise
+        finally:
+            self._cleanup()
+
+    async def _sleep(self, deadline: float | None) -> None:
+        now = self.ctx.clock.monotonic()
+        timeout = _RESYNC if deadline is None else min(max(deadline - now, 0.0), _RESYNC)
+        if self._wake.is_set():
+            return
+        waiter = asyncio.ensure_future(self._wake.wait())
+        sleeper = asyncio.ensure_future(self.ctx.clock.sleep(timeout))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+
+    def _spawn(self, coro: Awaitable[Any], rec: ContainerRecord | None = None) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        if rec is not None:
+            rec.tasks.append(task)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+        return task
+
+    def _cleanup(self) -> None:
+        for task in list(self._bg):
+            task.cancel()
+        self._release()
+        handles = [h for r in self.records for h in [*r.old_handles, r.handle] if h is not None]
+        if handles and (self.removed or self.deleted):
+            runtime = self.ctx.runtime
+
+            async def forget() -> None:
+                for h in handles:
+                    with contextlib.suppress(Exception):
+                        await runtime.remove(h)
+
+            with contextlib.suppress(RuntimeError):
+                asyncio.get_running_loop().create_task(forget())
+
+    def _release(self) -> None:
+        self.ctx.gpu_table.release(self.uid)
+        self.ctx.port_table.release(self.uid)
+
+    # -- adopting what an earlier agent reported -------------------------------------------
+
+    def _adopt(self) -> None:
+        """Pick up from the status an earlier run of the agent wrote: keep restart counts and
+        finished init containers, treat containers it had running as lost (their processes
+        did not outlive it), and leave a finished pod finished."""
+        status = self.pod.get("status") or {}
+        self.start_time = status.get("startTime")
+        if status.get("phase") in ("Succeeded", "Failed"):
+            self.terminal = status["phase"]
+        ann = (self.pod.get("metadata") or {}).get("annotations") or {}
+        self.metadata_synced = HOST_PORTS_ANNOTATION in ann or not port_requests(self.pod)
+        by_name = {cs.get("name"): cs for cs in [*(status.get("initContainerStatuses") or []),
+                                                 *(status.get("containerStatuses") or [])]}
+        for rec in self.records:
+            cs = by_name.get(rec.name)
+            if not cs:
+                continue
+            rec.restart_count = int(cs.get("restartCount") or 0)
+            rec.container_id = cs.get("containerID") or ""
+            state = cs.get("state") or {}
+            last = (cs.get("lastState") or {}).get("terminated")
+            if self.terminal:
+                rec.state, rec.last_state = state, cs.get("lastState") or {}
+                rec.ready, rec.started = bool(cs.get("ready")), bool(cs.get("started"))
+                continue
+            if "terminated" in state:
+                rec.ran = True
+                rec.last_exit = state["terminated"]
+                rec.state = {"terminated": state["terminated"]}
+                rec.last_state = cs.get("lastState") or {}
+            elif "running" in state:
+                rec.ran = True
+                rec.last_exit = {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                                 "message": "The container could not be located when the agent restarted",
+                                 "startedAt": state["running"].get("startedAt"),
+                                 "finishedAt": rfc3339(self.ctx.clock.now())}
+                rec.state = {"terminated": rec.last_exit}
+            elif last is not None:
+                rec.ran = True
+                rec.last_exit = last
+                rec.state = {"terminated": last}
+            if rec.ran:
+                rec.exited_mono = self.ctx.clock.monotonic()
+
+    # -- the normal pass ----------------------------------------------------------------
+
+    def _policy(self) -> str:
+        return (self.pod.get("spec") or {}).get("restartPolicy") or "Always"
+
+    def _should_restart(self, rec: ContainerRecord) -> bool:
+        if rec.init:
+            code = (rec.last_exit or {}).get("exitCode", 0)
+            return code != 0 and self._policy() != "Never"
+        policy = self._policy()
+        if policy == "Always":
+            return True
+        if policy == "OnFailure":
+            return (rec.last_exit or {}).get("exitCode", 0) != 0
+        return False
+
+    async def _sync(self) -> float | None:
+        if self.terminal:
+            self._release()
+            return None
+        now = self.ctx.clock.monotonic()
+        if self._active_deadline_passed():
+            self.deadline_exceeded = True
+            await self._kill_all(self._grace(), "the pod's active deadline passed")
+            self._finish("Failed")
+            return None
+        if not await self._acquire():
+            return now + _RETRY_RESOURCES
+        await self._sync_metadata()
+        if self.start_time is None:
+            self.start_time = rfc3339(self.ctx.clock.now())
+
+        for rec in self.records:
+            if not rec.init:
+                break
+            if rec.running or rec.stopping:
+                return None
+            if rec.ran and (rec.last_exit or {}).get("exitCode", 0) == 0 and "terminated" in rec.state:
+                continue
+            if rec.ran and not self._should_restart(rec):
+                self._finish("Failed")
+                return None
+            return await self._start_when_due(rec, now)
+
+        deadlines: list[float] = []
+        for rec in self.records:
+            if rec.init or rec.running or rec.stopping:
+                continue
+            if rec.ran and not self._should_restart(rec):
+                continue
+            when = await self._start_when_due(rec, now)
+            if when is not None:
+                deadlines.append(when)
+
+        phase = self._phase()
+        if phase in ("Succeeded", "Failed"):
+            self._finish(phase)
+            return None
+        return min(deadlines) if deadlines else None
+
+    def _finish(self, phase: str) -> None:
+        self.terminal = phase
+        for rec in self.records:
+            for task in rec.tasks:
+                task.cancel()
+            rec.tasks.clear()
+            rec.ready = False
+        self._release()
+
+    def _active_deadline_passed(self) -> bool:
+        deadline = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
+        if not deadline or not self.start_time:
+            return False
+        try:
+            started = parse_rfc3339(self.start_time)
+        except ValueError:
+            return False
+        return self.ctx.clock.now() - started >= float(deadline)
+
+    async def _start_when_due(self, rec: ContainerRecord, now: float) -> float | None:
+        """Start the container now, or say when it may be (CrashLoopBackOff until then)."""
+        if rec.not_before is None:
+            delay = 0.0
+            if rec.ran:
+                ran_for = max(rec.exited_mono - rec.started_mono, 0.0)
+                delay = rec.backoff.next_delay(ran_for)
+            rec.current_delay = delay
+            rec.not_before = (rec.exited_mono if rec.ran else now) + delay
+        if now < rec.not_before:
+            if rec.ran and rec.last_exit is not None:
+                reason = "CrashLoopBackOff"
+                message = (f"back-off {go_duration(rec.current_delay)} restarting failed container={rec.name} "
+                           f"pod={self.name}_{self.namespace}({self.uid})")
+                if (rec.state.get("waiting") or {}).get("reason") != reason:
+                    self._event(WARNING, "BackOff",
+                                f"Back-off restarting failed container {rec.name} in pod "
+                                f"{self.name}_{self.namespace}({self.uid})")
+                rec.state = {"waiting": {"reason": reason, "message": message}}
+                rec.last_state = {"terminated": rec.last_exit}
+            return rec.not_before
+        rec.not_before = None
+        await self._start(rec)
+        return rec.not_before
+
+    async def _start(self, rec: ContainerRecord) -> None:
+        pod = self.pod
+        spec = rec.spec
+        image = spec.get("image") or ""
+        ctx = self.ctx
+        requests = port_requests(pod)
+        base = {"HOSTNAME": self.name}
+        base.update(port_env(requests, self.ports or {}, rec.name, ctx.host_network))
+        try:
+            env = await build_env(self._pod_with_ips(), spec, ctx.get_object, base=base,
+                                  node_allocatable=ctx.node_allocatable())
+        except EnvError as exc:
+            self._start_failed(rec, "CreateContainerConfigError", str(exc))
+            return
+        except (TransportError, ApiError) as exc:
+            self._start_failed(rec, "CreateContainerConfigError", f"cannot read the environment's sources: {exc}")
+            return
+        env.update(self.gpu_env.get(rec.name, {}))
+        command, args = expand_command(spec, env)
+        attempt = rec.restart_count + 1 if rec.ran else rec.restart_count
+        limits = (spec.get("resources") or {}).get("limits") or {}
+        gpus = ctx.gpus()
+        uuid_of = {g.index: getattr(g, "uuid", "") for g in gpus}
+        cspec = ContainerSpec(
+            pod_uid=self.uid,
+            pod_name=self.name,
+            namespace=self.namespace,
+            name=rec.name,
+            image=image,
+            command=command,
+            args=args,
+            env=env,
+            working_dir=spec.get("workingDir"),
+            ports=[PortMapping(r.name or r.key, r.container_port, (self.ports or {}).get(r.key, r.container_port),
+                               r.protocol) for r in requests if r.container == rec.name],
+            gpus=[GPUAssignment(i, uuid_of.get(i, "")) for i in rec.gpus],
+            cpu_limit_millis=_quiet(cpu_millis, limits.get("cpu")),
+            memory_limit_bytes=_quiet(to_int_bytes, limits.get("memory")),
+            log_path=str(container_log_path(ctx.state_dir, self.namespace, self.name, self.uid, rec.name, attempt)),
+            attempt=attempt,
+            annotations=dict((pod.get("metadata") or {}).get("annotations") or {}),
+        )
+        Path(cspec.log_path).parent.mkdir(parents=True, exist_ok=True)
+        self._event(NORMAL, "Pulled", f'Container image "{image}" already present on machine')
+        try:
+            handle = await ctx.runtime.start(cspec)
+        except RuntimeError_ as exc:
+            reason = getattr(exc, "reason", "") or ("ErrImagePull" if "image" in str(exc).lower()
+                                                     else "CreateContainerError")
+            self._start_failed(rec, reason, str(exc))
+            return
+        now_mono = ctx.clock.monotonic()
+        if rec.handle is not None:
+            rec.old_handles.append(rec.handle)
+        if rec.ran:
+            rec.restart_count += 1
+            rec.last_state = {"terminated": rec.last_exit} if rec.last_exit else {}
+        rec.ran = True
+        rec.handle = handle
+        rec.container_id = f"{ctx.runtime.name}://{handle.id}"
+        rec.running = True
+        rec.stopping = False
+        rec.started_mono = now_mono
+        rec.ready = False
+        rec.started = False
+        started_at = ctx.clock.now()
+        with contextlib.suppress(Exception):
+            st = await ctx.runtime.state(handle)
+            if st.started_at:
+                started_at = st.started_at
+        rec.state = {"running": {"startedAt": rfc3339(started_at)}}
+        self._event(NORMAL, "Created", f"Created container: {rec.name}")
+        self._event(NORMAL, "Started", f"Started container {rec.name}")
+        self._spawn(self._wait_exit(rec, handle), rec)
+        self._start_probes(rec, handle)
+        ctx.on_change()
+
+    def _start_failed(self, rec: ContainerRecord, reason: str, message: str) -> None:
+        rec.state = {"waiting": {"reason": reason, "message": message}}
+        self._event(WARNING, "Failed", f"Error: {message}")
+        delay = rec.backoff.next_delay(0.0) or rec.backoff.initial
+        rec.current_delay = delay
+        rec.not_before = self.ctx.clock.monotonic() + delay
+
+    async def _wait_exit(self, rec: ContainerRecord, handle: ContainerHandle) -> None:
+        try:
+            final = await self.ctx.runtime.wait(handle)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("%s/%s: waiting for the container failed: %s", self.key, rec.name, exc)
+            final = ContainerState(state="exited", exit_code=-1, reason="Error", message=str(exc))
+        self._exited(rec, handle, final)
+
+    def _exited(self, rec: ContainerRecord, handle: ContainerHandle, final: ContainerState) -> None:
+        if rec.handle is not handle or not rec.running:
+            return
+        now = self.ctx.clock.now()
+        code = final.exit_code if final.exit_code is not None else -1
+        reason = final.reason or ("Completed" if code == 0 else "Error")
+        started = (rec.state.get("running") or {}).get("startedAt") or rfc3339(final.started_at or now)
+        term: dict[str, Any] = {
+            "exitCode": code,
+            "reason": reason,
+            "startedAt": started,
+            "finishedAt": rfc3339(final.finished_at or now),
+            "containerID": rec.container_id,
+        }
+        if final.message:
+            term["message"] = final.message
+        rec.running = False
+        rec.stopping = False
+        rec.ready = False
+        rec.started = False
+        rec.last_exit = term
+        rec.state = {"terminated": term}
+        rec.exited_mono = self.ctx.clock.monotonic()
+        rec.not_before = None
+        current = asyncio.current_task()
+        for task in rec.tasks:
+            if task is not current:
+                task.cancel()
+        rec.tasks = [t for t in rec.tasks if t is current]
+        self.ctx.on_change()
+        self.wake()
+
+    # -- probes -------------------------------------------------------------------------
+
+    def _start_probes(self, rec: ContainerRecord, handle: ContainerHandle) -> None:
+        if rec.init:
+            rec.started = True
+            return
+        startup = rec.spec.get("startupProbe")
+        if startup:
+            self._spawn(self._probe(rec, handle, "startup", startup), rec)
+        else:
+            rec.started = True
+            self._start_health_probes(rec, handle)
+
+    def _start_health_probes(self, rec: ContainerRecord, handle: ContainerHandle) -> None:
+        readiness = rec.spec.get("readinessProbe")
+        liveness = rec.spec.get("livenessProbe")
+        if readiness:
+            self._spawn(self._probe(rec, handle, "readiness", readiness), rec)
+        else:
+            rec.ready = True
+        if liveness:
+            self._spawn(self._probe(rec, handle, "liveness", liveness), rec)
+
+    async def _probe(self, rec: ContainerRecord, handle: ContainerHandle, kind: str, probe: dict[str, Any]) -> None:
+        ctx = self.ctx
+
+        async def run_exec(command: list[str], timeout: float) -> tuple[int, str]:
+            return await ctx.runtime.exec(handle, command, timeout)
+
+        action = make_action(probe, host=ctx.address, resolve_port=lambda p: self._resolve_port(rec, p),
+                             run_exec=run_exec, http=ctx.http)
+        if action is None:
+            log.warning("%s/%s: %s probe kind not supported; treating it as passing", self.key, rec.name, kind)
+            if kind == "readiness":
+                rec.ready = True
+            elif kind == "startup":
+                rec.started = True
+                self._start_health_probes(rec, handle)
+            self.wake()
+            return
+        label = kind.capitalize()
+
+        def on_failure(message: str) -> None:
+            if rec.handle is handle and rec.running:
+                self._event(WARNING, "Unhealthy", f"{label} probe failed: {message}")
+
+        def on_flip(ok: bool) -> None:
+            if rec.handle is not handle or not rec.running:
+                return
+            if kind == "readiness":
+                rec.ready = ok
+            elif kind == "startup" and ok:
+                rec.started = True
+                self._start_health_probes(rec, handle)
+            elif not ok:
+                self._spawn(self._kill_for_restart(rec, handle, kind, probe))
+            self.wake()
+
+        prober = Prober(kind, probe, action, ctx.clock, on_flip, on_failure, ctx.probe_period_scale)
+        await prober.run()
+
+    def _resolve_port(self, rec: ContainerRecord, port: Any) -> int | None:
+        ports = self.ports or {}
+        if isinstance(port, str) and not port.isdigit():
+            for req in port_requests(self.pod):
+                if req.container == rec.name and req.name == port:
+                    return ports.get(req.key, req.container_port)
+            return None
+        number = int(port)
+        # Probes come from the host, so a declared container port is reached at its host port.
+        for req in port_requests(self.pod):
+            if req.container == rec.name and req.container_port == number:
+                return ports.get(req.key, number)
+        return number
+
+    async def _kill_for_restart(self, rec: ContainerRecord, handle: ContainerHandle, kind: str,
+                                probe: Mapping[str, Any]) -> None:
+        if rec.stopping or rec.handle is not handle or not rec.running:
+            return
+        rec.stopping = True
+        self._event(NORMAL, "Killing", f"Container {rec.name} failed {kind} probe, will be restarted")
+        grace = probe.get("terminationGracePeriodSeconds")
+        if grace is None:
+            grace = self._spec_grace()
+        await self._stop(rec, handle, float(grace))
+
+    async def _stop(self, rec: ContainerRecord, handle: ContainerHandle, grace: float) -> None:
+        rec.stopping = True
+        try:
+            final = await self.ctx.runtime.stop(handle, grace)
+        except Exception as exc:
+            log.warning("%s/%s: stopping the container failed: %s", self.key, rec.name, exc)
+            final = ContainerState(state="exited", exit_code=137, reason="Error", message=str(exc))
+        self._exited(rec, handle, final)
+
+    # -- termination --------------------------------------------------------------------
+
+    def _spec_grace(self) -> float:
+        value = (self.pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+        return float(30 if value is None else value)
+
+    def _grace(self) -> float:
+        meta = self.pod.get("metadata") or {}
+        value = meta.get("deletionGracePeriodSeconds")
+        return float(value) if value is not None else self._spec_grace()
+
+    async def _kill_all(self, grace: float, why: str) -> None:
+        live = self.running_handles()
+        for rec, _ in live:
+            self._event(NORMAL, "Killing", f"Stopping container {rec.name}")
+        if live:
+            log.info("%s: stopping %d container(s): %s", self.key, len(live), why)
+            await asyncio.gather(*(self._stop(rec, h, grace) for rec, h in live))
+        self.killed = True
+
+    async def _terminate(self) -> float | None:
+        """Graceful deletion: stop every container within the pod's grace period, report the
+        final status, then delete the pod object for good (grace 0, only this uid)."""
+        if self.deleted:
+            return None
+        if not self.killed:
+            await self._kill_all(self._grace(), "the pod is being deleted")
+            if self.terminal is None:
+                self.terminal = podstatus.terminal_phase(self._statuses(init=False))
+            self._finish(self.terminal)
+            await self._write_status(final=True)
+        try:
+            await self.ctx.client.delete("pods", self.name, self.namespace, grace_period_seconds=0,
+                                         preconditions_uid=self.uid, raw=True)
+        except (NotFound, Conflict):
+            pass
+        except (TransportError, ApiError) as exc:
+            log.warning("%s: deleting the pod failed (%s); retrying", self.key, exc)
+            return self.ctx.clock.monotonic() + 1.0
+        self.deleted = True
+        return None
+
+    # -- resources ----------------------------------------------------------------------
+
+    async def _acquire(self) -> bool:
+        """GPUs and host ports for the pod, once; False (and a waiting reason) while what it
+        needs is held by another pod."""
+        if self.gpu_indices is not None and self.ports is not None:
+            return True
+        ctx = self.ctx
+        ann = (self.pod.get("metadata") or {}).get("annotations") or {}
+        need = pod_gpus(self.pod)
+        gpus = ctx.gpus()
+        known = {g.index: g for g in gpus}
+        if self.gpu_indices is None:
+            text = (ann.get(GPU_INDICES_ANNOTATION) or "").strip()
+            if text:
+                indices = parse_indices(text)
+                missing = [i for i in indices if i not in known]
+                if missing:
+                    return self._blocked("GPUsUnavailable", f"GPU {missing[0]} does not exist on node {ctx.node_name}")
+                if len(indices) < need:
+                    return self._blocked("GPUsUnavailable", f"the pod requests {need} GPUs but its "
+                                         f"{GPU_INDICES_ANNOTATION} annotation names {len(indices)}")
+            elif need:
+                chosen = ctx.gpu_table.choose(self.uid, need, gpus)
+                if chosen is None:
+                    free = len([g for g in gpus if ctx.gpu_table.owner.get(g.index, self.uid) == self.uid])
+                    return self._blocked("GPUsUnavailable", f"the pod requests {need} GPUs, {free} of "
+                                         f"{len(gpus)} are free on node {ctx.node_name}")
+                indices = chosen
+                self.chose_gpus = True
+            else:
+                indices = []
+            conflicts = ctx.gpu_table.conflicts(self.uid, indices)
+            if conflicts:
+                index, holder = sorted(conflicts.items())[0]
+                return self._blocked("GPUsUnavailable", f"GPU {index} is in use by pod {ctx.describe_uid(holder)}")
+            ctx.gpu_table.acquire(self.uid, indices)
+            self.gpu_indices = indices
+            per_container = split_gpus(self.pod, indices)
+            for rec in self.records:
+                rec.gpus = per_container.get(rec.name, [])
+                if rec.gpus:
+                    self.gpu_env[rec.name] = dict(await ctx.reserve(rec.gpus))
+                else:
+                    # A container without GPUs must not see (and use) the node's.
+                    self.gpu_env[rec.name] = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
+        if self.ports is None:
+            try:
+                self.ports = ctx.port_table.allocate(self.uid, port_requests(self.pod),
+                                                     parse_host_ports(ann.get(HOST_PORTS_ANNOTATION)))
+            except PortsUnavailable as exc:
+                return self._blocked("PortsUnavailable", str(exc))
+        if self.blocked is not None:
+            self.blocked = None
+            for rec in self.records:
+                if (rec.state.get("waiting") or {}).get("reason") in ("GPUsUnavailable", "PortsUnavailable"):
+                    rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
+                                             else "ContainerCreating"}}
+        return True
+
+    def _blocked(self, reason: str, message: str) -> bool:
+        if self.blocked != (reason, message):
+            self._event(WARNING, reason, message)
+        self.blocked = (reason, message)
+        for rec in self.records:
+            if not rec.ran:
+                rec.state = {"waiting": {"reason": reason, "message": message}}
+        return False
+
+    async def _sync_metadata(self) -> None:
+        """Record the host ports (and GPUs the agent picked itself) on the pod, once."""
+        if self.metadata_synced and not self.chose_gpus:
+            return
+        ann = (self.pod.get("metadata") or {}).get("annotations")
+        want: dict[str, str] = {}
+        if self.ports and (ann or {}).get(HOST_PORTS_ANNOTATION) is None:
+            want[HOST_PORTS_ANNOTATION] = json.dumps(self.ports, separators=(",", ":"), sort_keys=True)
+        if self.chose_gpus and self.gpu_indices is not None and not (ann or {}).get(GPU_INDICES_ANNOTATION):
+            want[GPU_INDICES_ANNOTATION] = ",".join(str(i) for i in sorted(self.gpu_indices))
+        if not want:
+            self.metadata_synced = True
+            self.chose_gpus = False
+            return
+        ops: list[dict[str, Any]] = [{"op": "test", "path": "/metadata/uid", "value": self.uid}]
+        if ann is None:
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": want})
+        else:
+            ops += [{"op": "add", "path": "/metadata/annotations/" + k.replace("~", "~0").replace("/", "~1"),
+                     "value": v} for k, v in want.items()]
+        try:
+            await self.ctx.client.patch("pods", self.name, ops, self.namespace, patch_type="json", raw=True)
+        except (TransportError, ApiError) as exc:
+            log.info("%s: recording host ports failed (%s); will retry", self.key, exc)
+            return
+        self.metadata_synced = True
+        self.chose_gpus = False
+
+    # -- status -------------------------------------------------------------------------
+
+    def _pod_with_ips(self) -> dict[str, Any]:
+        pod = dict(self.pod)
+        status = dict(pod.get("status") or {})
+        status.setdefault("hostIP", self.ctx.address)
+        status.setdefault("podIP", self.ctx.address)
+        pod["status"] = status
+        return pod
+
+    def _container_status(self, rec: ContainerRecord) -> dict[str, Any]:
+        image = rec.spec.get("image") or ""
+        cs: dict[str, Any] = {
+            "name": rec.name,
+            "image": image,
+            "imageID": image if rec.ran else "",
+            "ready": bool(rec.ready and rec.running),
+            "restartCount": rec.restart_count,
+            "started": bool(rec.started and rec.running),
+            "state": copy.deepcopy(rec.state),
+            "lastState": copy.deepcopy(rec.last_state),
+        }
+        if rec.container_id:
+            cs["containerID"] = rec.container_id
+        if rec.init:
+            term = rec.state.get("terminated")
+            cs["ready"] = bool(term is not None and term.get("exitCode", 0) == 0)
+        return cs
+
+    def _statuses(self, init: bool) -> list[dict[str, Any]]:
+        return [self._container_status(r) for r in self.records if r.init == init]
+
+    def _phase(self) -> str:
+        return podstatus.phase(self.pod.get("spec") or {}, self._statuses(True), self._statuses(False))
+
+    def compute_status(self) -> dict[str, Any]:
+        pod_status = self.pod.get("status") or {}
+        init_statuses = self._statuses(True)
+        statuses = self._statuses(False)
+        phase = self.terminal or self._phase()
+        existing = list(pod_status.get("conditions") or [])
+        if self.last_written is not None:
+            mine = {c["type"]: c for c in self.last_written.get("conditions") or []}
+            seen = {c.get("type") for c in existing}
+            existing = [mine.get(c.get("type"), c) for c in existing]
+            existing += [c for t, c in mine.items() if t not in seen]
+        conds = podstatus.conditions(phase, init_statuses, statuses,
+                                     (self.pod.get("spec") or {}).get("readinessGates") or [], existing,
+                                     self.ctx.clock.now())
+        status = {k: v for k, v in pod_status.items() if k not in (
+            "phase", "conditions", "hostIP", "hostIPs", "podIP", "podIPs", "startTime",
+            "containerStatuses", "initContainerStatuses", "reason", "message")}
+        status["phase"] = phase
+        status["conditions"] = conds
+        status["hostIP"] = self.ctx.address
+        status["hostIPs"] = [{"ip": self.ctx.address}]
+        status["podIP"] = self.ctx.address
+        status["podIPs"] = [{"ip": self.ctx.address}]
+        if self.start_time:
+            status["startTime"] = self.start_time
+        if init_statuses:
+            status["initContainerStatuses"] = init_statuses
+        status["containerStatuses"] = statuses
+        if self.deadline_exceeded:
+            status["reason"] = "DeadlineExceeded"
+            status["message"] = "Pod was active on the node longer than the specified deadline"
+        return status
+
+    async def _write_status(self, final: bool = False) -> float | None:
+        """Write the status if it changed; the time to retry when the API did not take it."""
+        if self.removed or self.deleted:
+            return None
+        if self.terminal and self.last_written is None and not self.killed and \
+                (self.pod.get("status") or {}).get("phase") == self.terminal:
+            # Finished before this agent started: the status on record is the last word.
+            return None
+        now = self.ctx.clock.monotonic()
+        if self.write_retry_at is not None and now < self.write_retry_at and not final:
+            return self.write_retry_at
+        status = self.compute_status()
+        current = self.pod.get("status") or {}
+        if self.last_written is not None and _same_status(status, self.last_written):
+            return None
+        if self.last_written is None and _same_status(status, current):
+            self.last_written = status
+            return None
+        ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid},
+               {"op": "add", "path": "/status", "value": status}]
+        try:
+            await self.ctx.client.patch("pods", self.name, ops, self.namespace, patch_type="json",
+                                        subresource="status", raw=True)
+        except NotFound:
+            return None
+        except ApiError as exc:
+            if exc.code == 422 and "test" in (exc.message or "").lower():
+                log.info("%s: the pod was replaced; leaving it to its new worker", self.key)
+                self.removed = True
+                self.wake()
+                return None
+            return self._write_failed(exc)
+        except TransportError as exc:
+            return self._write_failed(exc)
+        self.last_written = status
+        self.write_retry_at = None
+        self.write_backoff = 0.5
+        return None
+
+    def _write_failed(self, exc: Exception) -> float:
+        log.info("%s: writing status failed (%s); retrying in %.1fs", self.key, exc, self.write_backoff)
+        self.write_retry_at = self.ctx.clock.monotonic() + self.write_backoff
+        self.write_backoff = min(self.write_backoff * 2, 10.0)
+        return self.write_retry_at
+
+    # -- events -------------------------------------------------------------------------
+
+    def _event(self, type_: str, reason: str, message: str) -> None:
+        ref = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
+        with contextlib.suppress(RuntimeError):
+            self.ctx.recorder.record_nowait(ref, type_, reason, message)
+
+
+def _same_status(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    def strip(s: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in s.items() if k != "conditions"}
+
+    return strip(a) == strip(b) and podstatus.conditions_equal(a.get("conditions") or [], b.get("conditions") or [])
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
+def _quiet(fn: Callable[[Any], int], value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(fn(value))
+    except (ValueError, TypeError):
+        return None
+

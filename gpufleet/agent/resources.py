@@ -1,0 +1,232 @@
+"""What the agent hands out on its node: GPU indices and host ports.
+
+Both tables are local and authoritative for this server: whatever the scheduler believed,
+a GPU index or a host port is never given to two live pods at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpufleet.api.quantity import parse_quantity
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_INDICES_ANNOTATION = "gpufleet.io/gpu-indices"
+HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"
+
+
+def container_gpus(container: Mapping[str, Any]) -> int:
+    """GPUs a container asks for: extended resources must have requests == limits, so
+    whichever is given counts."""
+    resources = container.get("resources") or {}
+    value = (resources.get("limits") or {}).get(GPU_RESOURCE)
+    if value is None:
+        value = (resources.get("requests") or {}).get(GPU_RESOURCE)
+    if value is None:
+        return 0
+    try:
+        return max(int(parse_quantity(value)), 0)
+    except ValueError:
+        return 0
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """The pod's effective request, as the scheduler counts it: the larger of the sum over
+    its containers and the largest init container (init containers run one at a time)."""
+    spec = pod.get("spec") or {}
+    regular = sum(container_gpus(c) for c in spec.get("containers") or [])
+    init = max((container_gpus(c) for c in spec.get("initContainers") or []), default=0)
+    return max(regular, init)
+
+
+def parse_indices(text: str) -> list[int]:
+    seen: dict[int, None] = {}
+    for part in text.split(","):
+        part = part.strip()
+        if part.isdigit():
+            seen.setdefault(int(part), None)
+    return list(seen)
+
+
+def split_gpus(pod: Mapping[str, Any], indices: Sequence[int]) -> dict[str, list[int]]:
+    """Which of the pod's GPUs each container sees. When the containers' requests add up to
+    the pod's GPUs, each gets its own share in order; otherwise (a hand-written annotation)
+    every GPU-requesting container sees all of them. Init containers run alone and take the
+    first ones."""
+    spec = pod.get("spec") or {}
+    containers = spec.get("containers") or []
+    out: dict[str, list[int]] = {}
+    wanted = [container_gpus(c) for c in containers]
+    if sum(wanted) == len(indices):
+        pos = 0
+        for c, n in zip(containers, wanted, strict=True):
+            out[c.get("name", "")] = list(indices[pos : pos + n])
+            pos += n
+    else:
+        for c, n in zip(containers, wanted, strict=True):
+            out[c.get("name", "")] = list(indices) if n else []
+    for c in spec.get("initContainers") or []:
+        n = container_gpus(c)
+        out[c.get("name", "")] = list(indices[:n]) if n else []
+    return out
+
+
+class GPUTable:
+    """GPU index -> uid of the pod holding it."""
+
+    def __init__(self) -> None:
+        self.owner: dict[int, str] = {}
+
+    def conflicts(self, uid: str, indices: Iterable[int]) -> dict[int, str]:
+        return {i: self.owner[i] for i in indices if i in self.owner and self.owner[i] != uid}
+
+    def acquire(self, uid: str, indices: Iterable[int]) -> None:
+        for i in indices:
+            self.owner[i] = uid
+
+    def release(self, uid: str) -> None:
+        for i in [i for i, o in self.owner.items() if o == uid]:
+            del self.owner[i]
+
+    def held_by(self, uid: str) -> list[int]:
+        return sorted(i for i, o in self.owner.items() if o == uid)
+
+    def choose(self, uid: str, count: int, gpus: Sequence[Any]) -> list[int] | None:
+        """Free healthy GPUs for a pod that came without an assignment, from one interconnect
+        group when one group has enough (the fastest links between a job's GPUs)."""
+        free = [g for g in gpus if _healthy(g) and self.owner.get(g.index, uid) == uid]
+        if len(free) < count:
+            return None
+        groups: dict[str, list[Any]] = {}
+        for g in free:
+            groups.setdefault(str(getattr(g, "group", "") or ""), []).append(g)
+        # The tightest group that fits, so bigger groups stay whole for bigger jobs.
+        fitting = sorted((gs for gs in groups.values() if len(gs) >= count), key=len)
+        chosen = fitting[0][:count] if fitting else free[:count]
+        return sorted(g.index for g in chosen)
+
+
+def _healthy(gpu: Any) -> bool:
+    health = getattr(gpu, "health", "Healthy")
+    return health in (True, "Healthy", "healthy", None)
+
+
+@dataclass(frozen=True)
+class PortRequest:
+    container: str
+    key: str  # the port's name, or its number when unnamed
+    name: str
+    container_port: int
+    host_port: int | None
+    protocol: str
+
+
+def port_requests(pod: Mapping[str, Any]) -> list[PortRequest]:
+    spec = pod.get("spec") or {}
+    out: list[PortRequest] = []
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        for p in c.get("ports") or []:
+            cp = int(p.get("containerPort") or 0)
+            name = p.get("name") or ""
+            out.append(PortRequest(c.get("name", ""), name or str(cp), name, cp, p.get("hostPort"),
+                                   p.get("protocol") or "TCP"))
+    return out
+
+
+class PortTable:
+    """Host port -> uid of the pod using it, on the agent's address."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.owner: dict[int, str] = {}
+
+    def release(self, uid: str) -> None:
+        for p in [p for p, o in self.owner.items() if o == uid]:
+            del self.owner[p]
+
+    def allocate(self, uid: str, requests: Sequence[PortRequest],
+                 previous: Mapping[str, int] | None = None) -> dict[str, int]:
+        """A host port per requested port: the fixed hostPort, else the one this pod had before
+        (an agent restart keeps its replicas where they were announced), else a free one.
+        Raises PortsUnavailable naming what is taken."""
+        previous = previous or {}
+        mine: dict[str, int] = {}
+        taken: list[str] = []
+        for req in requests:
+            if req.key in mine:
+                continue
+            want = req.host_port or previous.get(req.key)
+            if want:
+                holder = self.owner.get(int(want))
+                if holder is not None and holder != uid:
+                    if req.host_port:
+                        taken.append(f"{req.key}->{want}")
+                        continue
+                    want = None
+                elif not req.host_port and not _bindable(self.address, int(want)):
+                    want = None
+            if not want:
+                want = self._free_port()
+            mine[req.key] = int(want)
+            self.owner[int(want)] = uid
+        if taken:
+            self.release(uid)
+            raise PortsUnavailable(f"host ports in use by another pod: {', '.join(taken)}")
+        return mine
+
+    def _free_port(self) -> int:
+        for _ in range(100):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                with contextlib.suppress(OSError):
+                    s.bind((self.address, 0))
+                port = s.getsockname()[1]
+            if port and port not in self.owner:
+                return port
+        raise PortsUnavailable("no free port on the agent's address")
+
+
+class PortsUnavailable(Exception):
+    pass
+
+
+def _bindable(address: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def parse_host_ports(text: str | None) -> dict[str, int]:
+    if not text:
+        return {}
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def port_env(requests: Sequence[PortRequest], ports: Mapping[str, int], container: str,
+             host_network: bool) -> dict[str, str]:
+    """PORT (the container's first port) and GPUFLEET_PORT_<NAME> for each of its ports: the
+    host port when containers share the host's network (they must listen there), the
+    container port when the runtime publishes it."""
+    env: dict[str, str] = {}
+    for req in requests:
+        if req.container != container:
+            continue
+        value = str(ports[req.key] if host_network else req.container_port)
+        env.setdefault("PORT", value)
+        label = (req.name or str(req.container_port)).upper().replace("-", "_").replace(".", "_")
+        env[f"GPUFLEET_PORT_{label}"] = value
+    return env

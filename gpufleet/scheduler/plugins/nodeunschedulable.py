@@ -1,0 +1,31 @@
+"""NodeUnschedulable: a cordoned node (spec.unschedulable) takes only pods that tolerate
+the node.kubernetes.io/unschedulable:NoSchedule taint (daemons, drain helpers)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from gpufleet.scheduler.framework import NODE_ADD, NODE_TAINT, OK, Status
+from gpufleet.scheduler.plugins.helpers import tolerated
+from gpufleet.scheduler.snapshot import NO_SCHEDULE, NodeInfo, PodInfo
+
+UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
+REASON = "node(s) were unschedulable"
+
+
+class NodeUnschedulable:
+    name = "NodeUnschedulable"
+
+    def __init__(self, args: Mapping[str, Any] | None = None, handle: Any = None) -> None:
+        pass
+
+    def filter(self, state: Any, pod_info: PodInfo, node_info: NodeInfo) -> Status:
+        if not node_info.unschedulable:
+            return OK
+        if tolerated(pod_info.tolerations, UNSCHEDULABLE_TAINT_KEY, "", NO_SCHEDULE):
+            return OK
+        return Status.unresolvable(REASON)
+
+    def events_to_register(self) -> set[str]:
+        return {NODE_ADD, NODE_TAINT}
