@@ -8,6 +8,7 @@ behaviour whether it runs inside `gpufleet up` or across the network.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import logging
 import secrets
 import uuid
@@ -52,6 +53,8 @@ JSON = "application/json"
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # Kinds whose status a create may set (the agent registers its Node with what it found).
 _STATUS_ON_CREATE = {"Node", "Event", "Lease"}
+# Kinds whose spec changes are not tracked by metadata.generation on a real cluster.
+_NO_GENERATION = {"Pod", "Namespace", "Node", "Service", "ResourceQuota"}
 _WATCH_DEFAULT_TIMEOUT = 1800.0
 
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
@@ -315,6 +318,14 @@ class ApiServer:
         if verb == "delete":
             options = self._delete_options(req)
             obj, done = await self.delete_object(rt, ns, info.name, options, user=user, dry_run=dry_run)
+            if done and rt.kind != "Pod":
+                # Like kube-apiserver: an immediate delete answers a Success Status, except for
+                # pods, whose clients expect the deleted object back.
+                details = {"name": info.name, "kind": rt.plural, "uid": obj.get("metadata", {}).get("uid", "")}
+                if rt.group:
+                    details["group"] = rt.group
+                return _json_response(200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
+                                            "status": "Success", "details": details})
             return _json_response(200 if done else 202, obj)
         if verb == "deletecollection":
             return await self._delete_collection(req, rt, info.namespace if rt.namespaced else "", user, dry_run)
@@ -437,6 +448,7 @@ class ApiServer:
             if unknown and mode == "Strict":
                 names = ", ".join(f'unknown field "{_field_path(err["loc"])}"' for err in unknown)
                 raise bad_request(
+                    f'{rt.kind} in version "{rt.version}" cannot be handled as a {rt.kind}: '
                     f"strict decoding error: {names}",
                     [{"reason": "FieldValueInvalid", "message": f'unknown field "{_field_path(err["loc"])}"',
                       "field": _field_path(err["loc"])} for err in unknown],
@@ -466,7 +478,14 @@ class ApiServer:
                 {"reason": e.type, "message": e.message().split(": ", 1)[1] if e.field else e.message(),
                  "field": e.field} for e in errors
             ])
-        return model.to_dict()
+        out = model.to_dict()
+        meta = out.get("metadata")
+        if meta:
+            # Kubernetes omits empty metadata maps and lists (a removed last label leaves no `labels: {}`).
+            for key in ("labels", "annotations", "finalizers", "ownerReferences"):
+                if key in meta and not meta[key]:
+                    del meta[key]
+        return out
 
     def _check_type(self, rt: ResourceType, body: Any) -> dict[str, Any]:
         if not isinstance(body, dict):
@@ -486,10 +505,30 @@ class ApiServer:
             return
         if rt.kind == "Pod":
             obj["status"] = {"phase": "Pending"}
-        elif rt.kind == "Namespace":
-            obj["status"] = {"phase": "Active"}
         else:
             obj.pop("status", None)
+
+    async def _allocate_cluster_ip(self, obj: dict[str, Any]) -> None:
+        """A virtual IP per Service from 10.96.0.0/12, as kube-apiserver's default range; the
+        gateway routes by Service name, the address keeps `get svc` and clients honest."""
+        spec = obj.get("spec")
+        if not isinstance(spec, dict) or spec.get("type") == "ExternalName" or spec.get("clusterIP"):
+            if isinstance(spec, dict) and spec.get("clusterIP") and not spec.get("clusterIPs"):
+                spec["clusterIPs"] = [spec["clusterIP"]]
+            return
+        used = set()
+        result = await self.store.list("services", None)
+        for svc in result.items:
+            used.add((svc.get("spec") or {}).get("clusterIP"))
+        base = int(ipaddress.IPv4Address("10.96.0.0"))
+        for _ in range(1000):
+            candidate = str(ipaddress.IPv4Address(base + secrets.randbelow(2**20 - 2) + 1))
+            if candidate not in used:
+                spec["clusterIP"] = candidate
+                spec["clusterIPs"] = [candidate]
+                return
+        raise ApiException(500, "InternalError", "Internal error occurred: failed to allocate a serviceIP: "
+                           "range is full")
 
     async def _admit(self, op: str, rt: ResourceType, ns: str, name: str, sub: str, obj: dict, old: dict | None,
                      user: UserInfo, dry_run: bool, mutate: bool) -> None:
@@ -547,9 +586,11 @@ class ApiServer:
             meta.pop(system, None)
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339(self.clock.now())
-        if "status" in rt.subresources:
+        if rt.kind not in _NO_GENERATION and "status" in rt.subresources:
             meta["generation"] = 1
         self._reset_status(rt, obj)
+        if rt.kind == "Service" and not rt.group:
+            await self._allocate_cluster_ip(obj)
         model, warnings = self._decode(rt, obj, name, field_validation)
         obj = self._finish(rt, model, name, None)
         await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
@@ -607,13 +648,19 @@ class ApiServer:
         else:
             expected_rev = _rv(current)
         new = self._merge_update(rt, obj, current, subresource)
+        if rt.kind == "Service" and not rt.group and isinstance(new.get("spec"), dict):
+            # Allocated values survive a PUT that leaves them out, as in Kubernetes.
+            old_spec = current.get("spec") or {}
+            for key in ("clusterIP", "clusterIPs"):
+                if not new["spec"].get(key) and old_spec.get(key):
+                    new["spec"][key] = old_spec[key]
         model, warnings = self._decode(rt, new, name, field_validation)
         old_model = rt.model.model_validate(current)
         new = self._finish(rt, model, name, old_model)
         op = "UPDATE"
         await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
         await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)
-        if "status" in rt.subresources and subresource != "status":
+        if "status" in rt.subresources and subresource != "status" and rt.kind not in _NO_GENERATION:
             before = {k: v for k, v in current.items() if k not in ("metadata", "status")}
             after = {k: v for k, v in new.items() if k not in ("metadata", "status")}
             if before != after:
