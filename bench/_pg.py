@@ -105,6 +105,7 @@ class PostgresServer:
     host: str
     port: int
     user: str
+    pid: int = 0
     settings: dict[str, str] = field(default_factory=dict)
 
     def url(self, dbname: str) -> str:
@@ -165,7 +166,7 @@ def throwaway_postgres(durable: bool = True, extra: dict[str, str] | None = None
         # shuts this server down in order instead of racing it.
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                 preexec_fn=_run_as(run_as))
-        server = PostgresServer(host="127.0.0.1", port=port, user="postgres", settings=settings)
+        server = PostgresServer(host="127.0.0.1", port=port, user="postgres", pid=proc.pid, settings=settings)
         _wait_ready(server, proc, os.path.join(tmp, "postgres.log"))
         yield server
     finally:

@@ -11,6 +11,11 @@ encode/decode, HTTP, admission, the store and its durability. PostgreSQL is a th
 server in a temporary directory with its default durability (fsync on); SQLite runs with the
 store's default synchronous=FULL. Both flush on commit, so their write figures compare.
 
+All servers run at once and the phases alternate between them: the sequential ones (create,
+get, list) request by request, the loaded ones (concurrent writes, churn with a watch) in turns
+of a few seconds, one backend at a time. A burst of other work on the machine then lands on
+every backend alike, and the ratio column stays meaningful on a shared machine.
+
 Figures are printed, never asserted: they depend on the machine and on whatever else runs on
 it. Compare backends through the ratio column, measured in one run on the same machine.
 See bench/README.md for what each figure means.
@@ -47,12 +52,13 @@ import psutil
 from gpufleet.client import Client, HttpTransport, NotFound
 
 if __package__:
-    from ._pg import PostgresServer, PostgresUnavailable, die_with_parent, throwaway_postgres
+    from ._pg import PostgresUnavailable, die_with_parent, throwaway_postgres
 else:
-    from _pg import PostgresServer, PostgresUnavailable, die_with_parent, throwaway_postgres
+    from _pg import PostgresUnavailable, die_with_parent, throwaway_postgres
 
 NAMESPACE = "default"
 TABLE_ACCEPT = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+BACKENDS = ("sqlite", "postgres")
 
 perf = time.perf_counter
 
@@ -92,6 +98,10 @@ def annotation_patch(seq: int) -> dict[str, Any]:
     return {"metadata": {"annotations": {"gpufleet.io/bench-seq": str(seq)}}}
 
 
+def pod_names(n: int) -> list[str]:
+    return [f"train-{i:05d}" for i in range(n)]
+
+
 # --- figures ---------------------------------------------------------------------------------
 
 
@@ -115,19 +125,25 @@ METRICS = [
     Metric("create_p50", "create p50", "ms"),
     Metric("create_p99", "create p99", "ms"),
     Metric("create_rate", "sequential creates/s (1 client)", "/s"),
-    Metric("create_server_cpu", "server CPU per create", "ms/op"),
+    Metric("create_client_cpu", "  CPU per create: client", "ms/op"),
+    Metric("create_server_cpu", "  CPU per create: API server", "ms/op"),
+    Metric("create_store_cpu", "  CPU per create: PostgreSQL", "ms/op"),
     Metric("concurrent_rate", "writes/s, {writers} concurrent writers", "/s"),
     Metric("concurrent_p50", "  write p50 under that load", "ms"),
     Metric("concurrent_p99", "  write p99 under that load", "ms"),
     Metric("get_p50", "get p50", "ms"),
     Metric("get_p99", "get p99", "ms"),
-    Metric("get_server_cpu", "server CPU per get", "ms/op"),
+    Metric("get_client_cpu", "  CPU per get: client", "ms/op"),
+    Metric("get_server_cpu", "  CPU per get: API server", "ms/op"),
+    Metric("get_store_cpu", "  CPU per get: PostgreSQL", "ms/op"),
     Metric("list_p50", "list {objects} (typed) p50", "ms"),
     Metric("list_p99", "list {objects} (typed) p99", "ms"),
     Metric("list_raw_p50", "list {objects} (JSON dicts) p50", "ms"),
     Metric("list_raw_p99", "list {objects} (JSON dicts) p99", "ms"),
     Metric("list_table_p50", "list {objects} (Table) p50", "ms"),
     Metric("list_table_p99", "list {objects} (Table) p99", "ms"),
+    Metric("list_server_cpu", "  CPU per list (of the 3): API server", "ms/op"),
+    Metric("list_store_cpu", "  CPU per list (of the 3): PostgreSQL", "ms/op"),
     Metric("churn_rate", "churn writes/s achieved", "/s"),
     Metric("churn_write_p50", "  churn write p50", "ms"),
     Metric("churn_write_p99", "  churn write p99", "ms"),
@@ -140,14 +156,7 @@ METRICS = [
 ]
 
 
-@dataclass
-class Result:
-    figures: dict[str, float | None] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    facts: dict[str, str] = field(default_factory=dict)
-
-
-# --- the server under test -------------------------------------------------------------------
+# --- the servers under test ------------------------------------------------------------------
 
 
 _LISTENING = re.compile(rb"listening on (http://\S+)")
@@ -207,234 +216,332 @@ def _tail(path: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-class ServerCpu:
-    """CPU seconds the server process has used, to tell its cost per request from the client's
-    and from waiting on the disk."""
+class CpuMeter:
+    """CPU seconds used so far by a backend's processes (the API server and, for PostgreSQL,
+    the postmaster with its backends), to tell where a request's time goes on a machine where
+    client, server and database share the same few cores."""
 
-    def __init__(self, pid: int) -> None:
-        self._proc = psutil.Process(pid)
+    def __init__(self, server_pid: int, store_pid: int | None) -> None:
+        self._server = psutil.Process(server_pid)
+        self._store = psutil.Process(store_pid) if store_pid else None
 
-    def seconds(self) -> float:
-        t = self._proc.cpu_times()
-        return t.user + t.system
+    def _store_seconds(self) -> float | None:
+        if self._store is None:
+            return None
+        t = self._store.cpu_times()
+        # Backends that already exited were reaped by the postmaster: their time is in children_*.
+        total = t.user + t.system + t.children_user + t.children_system
+        for child in self._store.children():
+            with contextlib.suppress(psutil.Error):
+                c = child.cpu_times()
+                total += c.user + c.system
+        return total
+
+    def sample(self) -> tuple[float, float | None]:
+        server = self._server.cpu_times()
+        return server.user + server.system, self._store_seconds()
+
+
+@dataclass
+class Target:
+    """One backend under test: its server, a client of its own and what was measured on it."""
+
+    backend: str
+    store: str
+    url: str
+    server_pid: int
+    store_pid: int | None
+    client: Client = field(init=False)
+    cpu: CpuMeter = field(init=False)
+    figures: dict[str, float | None] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    errors: int = 0
+    # CPU time of the benchmark's own thread spent inside timed calls: the client's share of a
+    # request, exact while one request runs at a time.
+    client_cpu: float = 0.0
+    _seq: int = 0
+
+    def __post_init__(self) -> None:
+        self.client = Client(HttpTransport(self.url), read_retries=1)
+        self.cpu = CpuMeter(self.server_pid, self.store_pid)
+
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def fail(self, what: str, exc: BaseException) -> None:
+        self.errors += 1
+        if self.errors <= 5:
+            self.notes.append(f"{what} failed: {type(exc).__name__}: {exc}")
+
+    async def timed(self, call: Callable[[], Awaitable[Any]], into: list[float], missing_ok: bool = False) -> Any:
+        c0, t = time.thread_time(), perf()
+        try:
+            out = await call()
+        except NotFound as exc:
+            if not missing_ok:
+                self.fail("a request for an object the benchmark wrote", exc)
+            return None
+        except Exception as exc:
+            self.fail("a request", exc)
+            return None
+        into.append(perf() - t)
+        self.client_cpu += time.thread_time() - c0
+        return out
+
+
+class CpuWindow:
+    """Per-request CPU of client, API server and PostgreSQL over one sequential phase."""
+
+    def __init__(self, t: Target) -> None:
+        self.t = t
+        self.client0 = t.client_cpu
+        self.server0, self.store0 = t.cpu.sample()
+
+    def per_op_ms(self, ops: int, prefix: str) -> dict[str, float | None]:
+        ops = max(ops, 1)
+        server, store = self.t.cpu.sample()
+        return {
+            f"{prefix}_client_cpu": (self.t.client_cpu - self.client0) * 1000 / ops,
+            f"{prefix}_server_cpu": (server - self.server0) * 1000 / ops,
+            f"{prefix}_store_cpu": None if store is None or self.store0 is None
+            else (store - self.store0) * 1000 / ops,
+        }
 
 
 # --- the phases ------------------------------------------------------------------------------
 
 
-class Phases:
-    def __init__(self, client: Client, cpu: ServerCpu, args: argparse.Namespace, rng: random.Random) -> None:
-        self.client = client
-        self.cpu = cpu
-        self.args = args
-        self.rng = rng
-        self.names = [f"train-{i:05d}" for i in range(args.objects)]
-        self.figures: dict[str, float | None] = {}
-        self.notes: list[str] = []
-        self.errors = 0
-        self._seq = 0
+async def warm_up(t: Target) -> None:
+    # The first requests pay for the connection, lazy imports and caches on both sides.
+    c = t.client
+    await c.create(make_pod("warmup", 0))
+    for _ in range(20):
+        await c.get("pods", "warmup", NAMESPACE)
+        await c.patch("pods", "warmup", annotation_patch(t.next_seq()), NAMESPACE)
+    await c.list("pods", NAMESPACE)
+    await c.delete("pods", "warmup", NAMESPACE)
 
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
 
-    async def _timed(self, call: Callable[[], Awaitable[Any]], into: list[float], missing_ok: bool = False) -> Any:
-        t = perf()
-        try:
-            out = await call()
-        except NotFound:
-            if missing_ok:
-                return None
-            self.errors += 1
-            self.notes.append("an object the benchmark wrote was not found")
-            return None
-        except Exception as exc:
-            self.errors += 1
-            if self.errors <= 5:
-                self.notes.append(f"request failed: {type(exc).__name__}: {exc}")
-            return None
-        into.append(perf() - t)
-        return out
+async def create(targets: list[Target], args: argparse.Namespace) -> None:
+    lat: dict[str, list[float]] = {t.backend: [] for t in targets}
+    windows = [CpuWindow(t) for t in targets]
+    for i, name in enumerate(pod_names(args.objects)):
+        for t in targets:
+            await t.timed(lambda t=t, name=name, i=i: t.client.create(make_pod(name, i)), lat[t.backend])
+    for t, w in zip(targets, windows, strict=True):
+        ms = lat[t.backend]
+        # Requests alternate between backends, so a backend's own time is the sum of its
+        # latencies, not the wall time.
+        t.figures.update(create_p50=pct(ms, 50), create_p99=pct(ms, 99),
+                         create_rate=len(ms) / sum(ms) if ms else None,
+                         **w.per_op_ms(len(ms), "create"))
 
-    async def warm_up(self) -> None:
-        # The first requests pay for the connection, lazy imports and caches on both sides.
-        c = self.client
-        await c.create(make_pod("warmup", 0))
-        for _ in range(20):
-            await c.get("pods", "warmup", NAMESPACE)
-            await c.patch("pods", "warmup", annotation_patch(self._next_seq()), NAMESPACE)
-        await c.list("pods", NAMESPACE)
-        await c.delete("pods", "warmup", NAMESPACE)
 
-    async def create(self) -> None:
-        lat: list[float] = []
-        cpu0, t0 = self.cpu.seconds(), perf()
-        for i, name in enumerate(self.names):
-            await self._timed(lambda name=name, i=i: self.client.create(make_pod(name, i)), lat)
-        elapsed, cpu = perf() - t0, self.cpu.seconds() - cpu0
-        self.figures.update(create_p50=pct(lat, 50), create_p99=pct(lat, 99),
-                            create_rate=len(lat) / elapsed,
-                            create_server_cpu=cpu * 1000 / max(len(lat), 1))
+async def get(targets: list[Target], args: argparse.Namespace, rng: random.Random) -> None:
+    names = pod_names(args.objects)
+    lat: dict[str, list[float]] = {t.backend: [] for t in targets}
+    windows = [CpuWindow(t) for t in targets]
+    for _ in range(args.objects):
+        name = rng.choice(names)
+        for t in targets:
+            await t.timed(lambda t=t, name=name: t.client.get("pods", name, NAMESPACE), lat[t.backend])
+    for t, w in zip(targets, windows, strict=True):
+        ms = lat[t.backend]
+        t.figures.update(get_p50=pct(ms, 50), get_p99=pct(ms, 99), **w.per_op_ms(len(ms), "get"))
 
-    async def get(self) -> None:
-        lat: list[float] = []
-        cpu0 = self.cpu.seconds()
-        for _ in range(self.args.objects):
-            name = self.rng.choice(self.names)
-            await self._timed(lambda name=name: self.client.get("pods", name, NAMESPACE), lat)
-        cpu = self.cpu.seconds() - cpu0
-        self.figures.update(get_p50=pct(lat, 50), get_p99=pct(lat, 99),
-                            get_server_cpu=cpu * 1000 / max(len(lat), 1))
 
-    async def list(self) -> None:
-        typed: list[float] = []
-        raw: list[float] = []
-        table: list[float] = []
-        c = self.client
+async def list_all(targets: list[Target], args: argparse.Namespace) -> None:
+    kinds = ("typed", "raw", "table")
+    lat = {(t.backend, k): [] for t in targets for k in kinds}
+    counts: dict[str, set[int]] = {t.backend: set() for t in targets}
+    windows = [CpuWindow(t) for t in targets]
 
-        async def as_table() -> int:
-            resp = await c.raw_request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods",
-                                       headers={"accept": TABLE_ACCEPT})
+    def call(t: Target, kind: str) -> Callable[[], Awaitable[int]]:
+        async def typed() -> int:
+            return len(await t.client.list("pods", NAMESPACE))
+
+        async def raw() -> int:
+            return len(await t.client.list("pods", NAMESPACE, raw=True))
+
+        async def table() -> int:
+            resp = await t.client.raw_request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods",
+                                              headers={"accept": TABLE_ACCEPT})
             return len(json.loads(resp.body).get("rows") or [])
 
-        counts = set()
-        # Interleaved, so a burst of load from elsewhere on the machine spreads over all three.
-        for _ in range(self.args.lists):
-            out = await self._timed(lambda: c.list("pods", NAMESPACE), typed)
-            counts.add(len(out) if out is not None else -1)
-            out = await self._timed(lambda: c.list("pods", NAMESPACE, raw=True), raw)
-            counts.add(len(out) if out is not None else -1)
-            counts.add(await self._timed(as_table, table))
-        if counts != {self.args.objects}:
-            self.notes.append(f"lists returned {sorted(counts, key=str)} items, expected {self.args.objects}")
-        self.figures.update(list_p50=pct(typed, 50), list_p99=pct(typed, 99),
-                            list_raw_p50=pct(raw, 50), list_raw_p99=pct(raw, 99),
-                            list_table_p50=pct(table, 50), list_table_p99=pct(table, 99))
+        return {"typed": typed, "raw": raw, "table": table}[kind]
 
-    async def concurrent_writes(self) -> None:
-        lat: list[float] = []
-        writers = self.args.writers
-        deadline = perf() + self.args.concurrent_duration
+    for _ in range(args.lists):
+        for kind in kinds:
+            for t in targets:
+                n = await t.timed(call(t, kind), lat[t.backend, kind])
+                counts[t.backend].add(-1 if n is None else n)
+    for t, w in zip(targets, windows, strict=True):
+        if counts[t.backend] != {args.objects}:
+            t.notes.append(f"lists returned {sorted(counts[t.backend])} items, expected {args.objects}")
+        cpu = w.per_op_ms(args.lists * len(kinds), "list")
+        t.figures.update(list_p50=pct(lat[t.backend, "typed"], 50), list_p99=pct(lat[t.backend, "typed"], 99),
+                         list_raw_p50=pct(lat[t.backend, "raw"], 50), list_raw_p99=pct(lat[t.backend, "raw"], 99),
+                         list_table_p50=pct(lat[t.backend, "table"], 50),
+                         list_table_p99=pct(lat[t.backend, "table"], 99),
+                         list_server_cpu=cpu["list_server_cpu"], list_store_cpu=cpu["list_store_cpu"])
 
-        async def writer(w: int) -> int:
-            mine = self.names[w::writers]
-            done = 0
+
+class ConcurrentWrites:
+    """`writers` tasks, each patching its own share of the pods back to back."""
+
+    def __init__(self, t: Target, args: argparse.Namespace) -> None:
+        self.t = t
+        self.args = args
+        self.lat: list[float] = []
+        self.elapsed = 0.0
+        self.done = [0] * args.writers
+
+    async def run_slice(self, seconds: float) -> None:
+        t, names, writers = self.t, pod_names(self.args.objects), self.args.writers
+        deadline = perf() + seconds
+
+        async def writer(w: int) -> None:
+            mine = names[w::writers]
             while perf() < deadline:
-                name = mine[done % len(mine)]
-                patch = annotation_patch(self._next_seq())
-                await self._timed(lambda n=name, p=patch: self.client.patch("pods", n, p, NAMESPACE), lat)
-                done += 1
-            return done
+                patch = annotation_patch(t.next_seq())
+                name = mine[self.done[w] % len(mine)]
+                await t.timed(lambda n=name, p=patch: t.client.patch("pods", n, p, NAMESPACE), self.lat)
+                self.done[w] += 1
 
         t0 = perf()
         await asyncio.gather(*(writer(w) for w in range(writers)))
-        elapsed = perf() - t0
-        self.figures.update(concurrent_rate=len(lat) / elapsed,
-                            concurrent_p50=pct(lat, 50), concurrent_p99=pct(lat, 99))
+        self.elapsed += perf() - t0
 
-    async def churn(self) -> None:
-        """Open-loop churn at a fixed rate (updates, creates, deletes of pods) with a watch
-        open: how long from sending a write until its event reaches the watcher, and what a
-        reader sees meanwhile."""
-        c, rng, args = self.client, self.rng, self.args
-        live = list(self.names)
-        created = 0
-        sent: dict[int, float] = {}
-        arrived: dict[int, float] = {}
-        arrival = asyncio.Event()
+    def finish(self) -> None:
+        self.t.figures.update(concurrent_rate=len(self.lat) / self.elapsed if self.elapsed else None,
+                              concurrent_p50=pct(self.lat, 50), concurrent_p99=pct(self.lat, 99))
 
+
+class Churn:
+    """Open-loop churn at a fixed rate (updates, creates, deletes of pods) with a watch open:
+    how long from sending a write until its event reaches the watcher, and what a reader sees
+    meanwhile."""
+
+    def __init__(self, t: Target, args: argparse.Namespace) -> None:
+        self.t = t
+        self.args = args
+        # Same seed everywhere: every backend gets the same sequence of operations.
+        self.rng = random.Random(args.seed)
+        self.live = pod_names(args.objects)
+        self.created = 0
+        self.sent: dict[int, float] = {}
+        self.arrived: dict[int, float] = {}
+        self.arrival = asyncio.Event()
+        self.write_lat: list[float] = []
+        self.get_lat: list[float] = []
+        self.elapsed = 0.0
+        self._watch: asyncio.Task[None] | None = None
+
+    async def open_watch(self) -> None:
+        c = self.t.client
         start_rv = (await c.list("pods", NAMESPACE, limit=1)).resource_version
 
         async def watcher() -> None:
             async for ev in c.watch("pods", NAMESPACE, resource_version=start_rv):
                 if ev.type != "BOOKMARK":
-                    arrived[int(ev.resource_version)] = perf()
-                    arrival.set()
+                    self.arrived[int(ev.resource_version)] = perf()
+                    self.arrival.set()
 
-        watch_task = asyncio.create_task(watcher())
-        try:
-            # The watch is open (and caught up) once the event of a write made now arrives.
-            marker = await c.patch("pods", live[0], annotation_patch(self._next_seq()), NAMESPACE)
-            marker_rv = int(marker.metadata.resource_version)
-            await _wait_for(lambda: marker_rv in arrived, arrival, within=30, what="the watch to open")
+        self._watch = asyncio.create_task(watcher())
+        # The watch is open, and caught up, once the event of a write made now arrives.
+        marker = await c.patch("pods", self.live[0], annotation_patch(self.t.next_seq()), NAMESPACE)
+        marker_rv = _rv(marker)
+        await _wait_for(lambda: marker_rv in self.arrived, self.arrival, within=30, what="the watch to open")
 
-            write_lat: list[float] = []
-            get_lat: list[float] = []
-            stop_probe = asyncio.Event()
-
-            async def write(kind: str, name: str, body: Any) -> None:
-                t = perf()
-                try:
-                    if kind == "create":
-                        out = await c.create(body)
-                    elif kind == "delete":
-                        out = await c.delete("pods", name, NAMESPACE)
-                    else:
-                        out = await c.patch("pods", name, body, NAMESPACE)
-                except NotFound:
-                    # An update raced a delete of the same pod; not a failure of the server.
-                    return
-                except Exception as exc:
-                    self.errors += 1
-                    if self.errors <= 5:
-                        self.notes.append(f"churn {kind} failed: {type(exc).__name__}: {exc}")
-                    return
-                write_lat.append(perf() - t)
-                rv = _rv(out)
-                if rv:
-                    sent[rv] = t
-                else:
-                    self.notes.append(f"churn {kind} answer carried no resourceVersion")
-
-            async def probe() -> None:
-                period = 1 / args.probe_rate
-                while not stop_probe.is_set():
-                    name = rng.choice(live)
-                    # A pod deleted by the churn since it was picked is an answer, not an error.
-                    await self._timed(lambda name=name: c.get("pods", name, NAMESPACE), get_lat, missing_ok=True)
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(stop_probe.wait(), period)
-
-            probe_task = asyncio.create_task(probe())
-            writes: list[asyncio.Task[None]] = []
-            total = int(args.churn_rate * args.duration)
-            t0 = perf()
-            for k in range(total):
-                delay = t0 + k / args.churn_rate - perf()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                roll = rng.random()
-                if roll < 0.1 or len(live) < 2:
-                    name = f"churn-{created:05d}"
-                    created += 1
-                    live.append(name)
-                    task = write("create", name, make_pod(name, args.objects + created))
-                elif roll < 0.2:
-                    name = live.pop(rng.randrange(len(live)))
-                    task = write("delete", name, None)
-                else:
-                    task = write("update", rng.choice(live), annotation_patch(self._next_seq()))
-                writes.append(asyncio.create_task(task))
-            await asyncio.gather(*writes)
-            elapsed = perf() - t0
-            stop_probe.set()
-            await probe_task
-            with contextlib.suppress(TimeoutError):
-                await _wait_for(lambda: all(rv in arrived for rv in sent), arrival, within=10, what="")
-        finally:
-            watch_task.cancel()
+    async def close_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watch_task
+                await self._watch
 
-        delivery = [arrived[rv] - t for rv, t in sent.items() if rv in arrived]
-        missed = sum(1 for rv in sent if rv not in arrived)
+    async def _write(self, kind: str, name: str, body: Any) -> None:
+        c, t0 = self.t.client, perf()
+        try:
+            if kind == "create":
+                out = await c.create(body)
+            elif kind == "delete":
+                out = await c.delete("pods", name, NAMESPACE)
+            else:
+                out = await c.patch("pods", name, body, NAMESPACE)
+        except NotFound:
+            # An update raced a delete of the same pod: an answer, not a failure.
+            return
+        except Exception as exc:
+            self.t.fail(f"churn {kind}", exc)
+            return
+        self.write_lat.append(perf() - t0)
+        rv = _rv(out)
+        if rv:
+            self.sent[rv] = t0
+        else:
+            self.t.notes.append(f"churn {kind} answer carried no resourceVersion")
+
+    async def _probe(self, stop: asyncio.Event) -> None:
+        c, period = self.t.client, 1 / self.args.probe_rate
+        while not stop.is_set():
+            name = self.rng.choice(self.live)
+            # A pod deleted by the churn since it was picked is an answer, not an error.
+            await self.t.timed(lambda name=name: c.get("pods", name, NAMESPACE), self.get_lat, missing_ok=True)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), period)
+
+    async def run_slice(self, seconds: float) -> None:
+        rate, rng, live = self.args.churn_rate, self.rng, self.live
+        stop = asyncio.Event()
+        probe = asyncio.create_task(self._probe(stop))
+        writes: list[asyncio.Task[None]] = []
+        t0 = perf()
+        for k in range(round(rate * seconds)):
+            delay = t0 + k / rate - perf()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            roll = rng.random()
+            if roll < 0.1 or len(live) < 2:
+                name = f"churn-{self.created:05d}"
+                self.created += 1
+                live.append(name)
+                job = self._write("create", name, make_pod(name, self.args.objects + self.created))
+            elif roll < 0.2:
+                job = self._write("delete", live.pop(rng.randrange(len(live))), None)
+            else:
+                job = self._write("update", rng.choice(live), annotation_patch(self.t.next_seq()))
+            writes.append(asyncio.create_task(job))
+        # The slice lasts its full length even when the last write went out early.
+        delay = t0 + seconds - perf()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await asyncio.gather(*writes)
+        self.elapsed += perf() - t0
+        stop.set()
+        await probe
+        # Let the watch catch up before the next slice, so a late event is counted here and
+        # does not load another backend's slice.
+        with contextlib.suppress(TimeoutError):
+            await _wait_for(lambda: all(rv in self.arrived for rv in self.sent), self.arrival, within=10, what="")
+
+    def finish(self) -> None:
+        delivery = [self.arrived[rv] - sent_at for rv, sent_at in self.sent.items() if rv in self.arrived]
+        missed = sum(1 for rv in self.sent if rv not in self.arrived)
         if missed:
-            self.notes.append(f"{missed} of {len(sent)} churn writes never showed up on the watch")
-        self.figures.update(churn_rate=len(write_lat) / elapsed,
-                            churn_write_p50=pct(write_lat, 50), churn_write_p99=pct(write_lat, 99),
-                            watch_p50=pct(delivery, 50), watch_p99=pct(delivery, 99),
-                            churn_get_p50=pct(get_lat, 50), churn_get_p99=pct(get_lat, 99),
-                            watch_missed=float(missed))
+            self.t.notes.append(f"{missed} of {len(self.sent)} churn writes never showed up on the watch")
+        self.t.figures.update(
+            churn_rate=len(self.write_lat) / self.elapsed if self.elapsed else None,
+            churn_write_p50=pct(self.write_lat, 50), churn_write_p99=pct(self.write_lat, 99),
+            watch_p50=pct(delivery, 50), watch_p99=pct(delivery, 99),
+            churn_get_p50=pct(self.get_lat, 50), churn_get_p99=pct(self.get_lat, 99),
+            watch_missed=float(missed))
+
+
+def slices(total: float, length: float) -> list[float]:
+    """`total` seconds cut into slices of about `length` (at least one)."""
+    n = max(1, round(total / length))
+    return [total / n] * n
 
 
 def _rv(obj: Any) -> int:
@@ -453,51 +560,82 @@ async def _wait_for(cond: Callable[[], bool], event: asyncio.Event, within: floa
     while not cond():
         left = deadline - perf()
         if left <= 0:
-            if what:
-                raise TimeoutError(f"timed out waiting for {what}")
-            raise TimeoutError
+            raise TimeoutError(f"timed out waiting for {what}" if what else None)
         event.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), min(left, 0.5))
 
 
-async def measure(url: str, server_pid: int, args: argparse.Namespace) -> Result:
-    client = Client(HttpTransport(url), read_retries=1)
-    phases = Phases(client, ServerCpu(server_pid), args, random.Random(args.seed))
+async def measure(targets: list[Target], args: argparse.Namespace) -> None:
+    async def step(label: str, run: Callable[[], Awaitable[None]]) -> None:
+        t0 = perf()
+        await run()
+        print(f"  {label:<46} {perf() - t0:6.1f} s", flush=True)
+
+    async def concurrent() -> None:
+        phases = [ConcurrentWrites(t, args) for t in targets]
+        for length in slices(args.concurrent_duration, args.slice):
+            for p in phases:
+                await p.run_slice(length)
+        for p in phases:
+            p.finish()
+
+    async def churn() -> None:
+        phases = [Churn(t, args) for t in targets]
+        try:
+            for p in phases:
+                await p.open_watch()
+            for length in slices(args.duration, args.slice):
+                for p in phases:
+                    await p.run_slice(length)
+        finally:
+            for p in phases:
+                await p.close_watch()
+        for p in phases:
+            p.finish()
+
     try:
-        await phases.warm_up()
-        for name in ("create", "get", "list", "concurrent_writes", "churn"):
-            t = perf()
-            await getattr(phases, name)()
-            print(f"    {name:<18} {perf() - t:6.1f} s", flush=True)
+        for t in targets:
+            await warm_up(t)
+        each = "+".join(t.backend for t in targets)
+        await step(f"create ({each}, request by request)", lambda: create(targets, args))
+        await step(f"get ({each}, request by request)", lambda: get(targets, args, random.Random(args.seed)))
+        await step(f"list ({each}, request by request)", lambda: list_all(targets, args))
+        await step(f"concurrent writes ({each}, in turns)", concurrent)
+        await step(f"churn + watch ({each}, in turns)", churn)
     finally:
-        await client.close()
-    phases.figures["errors"] = float(phases.errors)
-    return Result(figures=phases.figures, notes=phases.notes)
+        for t in targets:
+            await t.client.close()
+    for t in targets:
+        t.figures["errors"] = float(t.errors)
 
 
-def run_backend(backend: str, args: argparse.Namespace, workdir: Path) -> Result:
-    with contextlib.ExitStack() as stack:
+def start_targets(stack: contextlib.ExitStack, backends: list[str], args: argparse.Namespace,
+                  workdir: Path, skipped: dict[str, str]) -> list[Target]:
+    targets = []
+    for backend in backends:
         state_dir = Path(tempfile.mkdtemp(prefix=f"gpufleet-bench-{backend}-", dir=workdir))
         stack.callback(shutil.rmtree, state_dir, True)
-        facts: dict[str, str] = {}
+        store_pid = None
         if backend == "sqlite":
             store_url = f"sqlite:///{state_dir / 'state.db'}"
-            facts["store"] = f"SQLite {sqlite3.sqlite_version}, WAL, synchronous=FULL (store default)"
-        elif backend == "postgres":
-            pg: PostgresServer = stack.enter_context(throwaway_postgres(durable=not args.pg_no_fsync))
-            store_url = pg.create_database("bench")
-            s = pg.show("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
-            facts["store"] = (f"PostgreSQL {s['server_version'].split()[0]}, fsync={s['fsync']}, "
-                              f"synchronous_commit={s['synchronous_commit']}, "
-                              f"full_page_writes={s['full_page_writes']}, shared_buffers={s['shared_buffers']}")
+            store = f"SQLite {sqlite3.sqlite_version}, WAL, synchronous=FULL (the store's default)"
         else:
-            raise SystemExit(f"unknown backend {backend!r}: use sqlite and/or postgres")
-        print(f"  {backend}: {facts['store']}", flush=True)
+            try:
+                pg = stack.enter_context(throwaway_postgres(durable=not args.pg_no_fsync))
+            except PostgresUnavailable as exc:
+                skipped[backend] = str(exc).splitlines()[0]
+                print(f"  {backend}: skipped: {skipped[backend]}", flush=True)
+                continue
+            store_url, store_pid = pg.create_database("bench"), pg.pid
+            s = pg.show("server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers")
+            store = (f"PostgreSQL {s['server_version'].split()[0]}, fsync={s['fsync']}, "
+                     f"synchronous_commit={s['synchronous_commit']}, "
+                     f"full_page_writes={s['full_page_writes']}, shared_buffers={s['shared_buffers']}")
         url, pid = stack.enter_context(api_server(store_url, state_dir))
-        result = asyncio.run(measure(url, pid, args))
-        result.facts = facts
-        return result
+        print(f"  {backend:<8} {store}; API server at {url}", flush=True)
+        targets.append(Target(backend=backend, store=store, url=url, server_pid=pid, store_pid=store_pid))
+    return targets
 
 
 # --- the report ------------------------------------------------------------------------------
@@ -506,29 +644,27 @@ def run_backend(backend: str, args: argparse.Namespace, workdir: Path) -> Result
 def _fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
-    if unit == "":
-        return f"{value:.0f}"
-    if unit == "/s":
+    if unit in ("", "/s"):
         return f"{value:.0f}"
     return f"{value:.2f}" if value < 100 else f"{value:.0f}"
 
 
-def render_table(results: dict[str, Result], args: argparse.Namespace) -> str:
-    backends = list(results)
-    show_ratio = "sqlite" in results and "postgres" in results
-    rows = [["metric", "unit", *backends] + (["pg/sqlite"] if show_ratio else [])]
+def render_table(targets: list[Target], args: argparse.Namespace) -> str:
+    by = {t.backend: t for t in targets}
+    show_ratio = "sqlite" in by and "postgres" in by
+    rows = [["metric", "unit", *by] + (["pg/sqlite"] if show_ratio else [])]
     for m in METRICS:
-        label = m.label.format(writers=args.writers, objects=args.objects)
-        row = [label, m.unit or "count"]
-        row += [_fmt(results[b].figures.get(m.key), m.unit) for b in backends]
+        row = [m.label.format(writers=args.writers, objects=args.objects), m.unit or "count"]
+        row += [_fmt(t.figures.get(m.key), m.unit) for t in targets]
         if show_ratio:
-            a, b = results["sqlite"].figures.get(m.key), results["postgres"].figures.get(m.key)
+            a, b = by["sqlite"].figures.get(m.key), by["postgres"].figures.get(m.key)
             row.append(f"{b / a:.2f}" if a and b is not None and m.unit else "")
         rows.append(row)
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for n, r in enumerate(rows):
-        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])] + [c.rjust(w) for c, w in zip(r[2:], widths[2:], strict=True)]
+        cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])]
+        cells += [c.rjust(w) for c, w in zip(r[2:], widths[2:], strict=True)]
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
@@ -589,12 +725,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrent-duration", type=float, default=5, help="seconds of concurrent writes")
     p.add_argument("--lists", type=int, default=30, help="lists of each kind (typed, JSON, Table)")
     p.add_argument("--probe-rate", type=float, default=40, help="gets per second during churn")
+    p.add_argument("--slice", type=float, default=2.5,
+                   help="seconds a loaded phase runs on one backend before the next takes its turn")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()),
                    help="where the databases live (a tmpfs here would hide the cost of flushing)")
     p.add_argument("--pg-no-fsync", action="store_true",
-                   help="run PostgreSQL without durability (as the tests do); off by default")
+                   help="run PostgreSQL without durability, as the tests do")
     args = p.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = [b for b in args.backends if b not in BACKENDS]
+    if unknown or not args.backends:
+        p.error(f"--backends: choose among {', '.join(BACKENDS)}")
     if args.objects < args.writers:
         p.error("--objects must be at least --writers")
     return args
@@ -608,7 +750,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM unwinds like Ctrl-C, so the servers and temporary directories go too.
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     workdir = args.workdir.resolve()
     facts = machine_facts(workdir)
     print("gpufleet API benchmark")
@@ -616,25 +757,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {k:<22} {v}")
     params = {"objects": args.objects, "churn_rate": args.churn_rate, "duration_s": args.duration,
               "writers": args.writers, "concurrent_duration_s": args.concurrent_duration,
-              "lists": args.lists, "probe_rate": args.probe_rate, "seed": args.seed}
+              "lists": args.lists, "probe_rate": args.probe_rate, "slice_s": args.slice, "seed": args.seed}
     print("  parameters             " + ", ".join(f"{k}={v}" for k, v in params.items()))
-    print("  client                 gpufleet.client.Client over HttpTransport (HTTP/1.1 keep-alive), "
+    print("  client                 gpufleet.client.Client over HttpTransport (httpx, HTTP/1.1 keep-alive), "
           "typed models unless noted")
-    print("  server                 `gpufleet server --no-controllers` in its own process, 127.0.0.1\n",
+    print("  server                 `gpufleet server --no-controllers`, one process per backend, 127.0.0.1\n",
           flush=True)
 
-    results: dict[str, Result] = {}
     skipped: dict[str, str] = {}
     try:
-        for backend in backends:
-            t = perf()
-            try:
-                results[backend] = run_backend(backend, args, workdir)
-            except PostgresUnavailable as exc:
-                skipped[backend] = str(exc).splitlines()[0]
-                print(f"  {backend}: skipped: {skipped[backend]}", flush=True)
-                continue
-            print(f"  {backend}: done in {perf() - t:.0f} s\n", flush=True)
+        with contextlib.ExitStack() as stack:
+            targets = start_targets(stack, args.backends, args, workdir, skipped)
+            if not targets:
+                print("nothing to measure", file=sys.stderr)
+                return 1
+            asyncio.run(measure(targets, args))
     except KeyboardInterrupt:
         # Requests cut off mid-connect leave coroutines that warn at exit; they mean nothing here.
         warnings.filterwarnings("ignore", category=RuntimeWarning)
@@ -642,23 +779,25 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
     facts["load average at end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
-    print(render_table(results, args))
     print()
-    for backend, r in results.items():
-        print(f"{backend}: {r.facts['store']}")
-        for note in r.notes:
+    print(render_table(targets, args))
+    print()
+    for t in targets:
+        print(f"{t.backend}: {t.store}")
+        for note in t.notes:
             print(f"  note: {note}")
     for backend, why in skipped.items():
         print(f"{backend}: skipped ({why})")
     print(f"load average at end: {facts['load average at end']}")
-    print("ratio = postgres / sqlite: above 1 means PostgreSQL takes longer (ms) or does more (/s).")
+    if len(targets) > 1:
+        print("ratio = postgres / sqlite: above 1 means PostgreSQL takes longer (ms), costs more (ms/op) "
+              "or does more (/s).")
 
     if args.json:
         doc = {
             "machine": facts,
             "parameters": params,
-            "backends": {b: {"store": r.facts.get("store"), "figures": r.figures, "notes": r.notes}
-                         for b, r in results.items()},
+            "backends": {t.backend: {"store": t.store, "figures": t.figures, "notes": t.notes} for t in targets},
             "units": {m.key: m.unit or "count" for m in METRICS},
             "skipped": skipped,
         }
