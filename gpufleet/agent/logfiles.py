@@ -135,30 +135,27 @@ def _select(lines: list[LogLine], opts: LogOptions) -> list[LogLine]:
     return lines
 
 
+def _read_from(path: Path, offset: int) -> tuple[bytes, float | None]:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(), os.fstat(f.fileno()).st_mtime
+    except OSError:
+        return b"", None
+
+
 async def follow_log(path: Path, opts: LogOptions, running: Callable[[], bool]) -> AsyncIterator[bytes]:
     """The tail of the file, then what is appended to it, until ``running()`` turns false and
     the rest has been read."""
-    offset = 0
-    mtime = None
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-            offset = len(data)
-            mtime = os.fstat(f.fileno()).st_mtime
-    except OSError:
-        data = b""
+    data, mtime = _read_from(path, 0)
+    offset = len(data)
     lines, rest = _split(data, mtime)
     first = _render(_select(lines, opts), opts)
     if first:
         yield first
     while True:
         alive = running()
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                more = f.read()
-        except OSError:
-            more = b""
+        more, _ = _read_from(path, offset)
         offset += len(more)
         if more:
             new_lines, rest = _split(rest + more, None)

@@ -34,6 +34,19 @@ class NodeSettings:
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[dict[str, str]] = field(default_factory=list)
     max_pods: int = MAX_PODS
+    # What the machine is (nodeInfo) and its disk, read once: neither changes while it runs.
+    info: dict[str, str] = field(default_factory=dict)
+    ephemeral_storage_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.info:
+            self.info = system_info(self.runtime_version)
+        if self.ephemeral_storage_bytes is None:
+            try:
+                st = os.statvfs("/")
+                self.ephemeral_storage_bytes = st.f_blocks * st.f_frsize
+            except OSError:
+                self.ephemeral_storage_bytes = 0
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -114,12 +127,9 @@ def resources(settings: NodeSettings, gpus: Sequence[Any]) -> tuple[dict[str, st
     allocatable = dict(capacity)
     capacity[GPU_RESOURCE] = str(len(gpus))
     allocatable[GPU_RESOURCE] = str(sum(1 for g in gpus if getattr(g, "health", "Healthy") == "Healthy"))
-    try:
-        st = os.statvfs("/")
-        capacity["ephemeral-storage"] = f"{st.f_blocks * st.f_frsize // 1024}Ki"
-        allocatable["ephemeral-storage"] = capacity["ephemeral-storage"]
-    except OSError:
-        pass
+    if settings.ephemeral_storage_bytes:
+        capacity["ephemeral-storage"] = allocatable["ephemeral-storage"] = \
+            f"{settings.ephemeral_storage_bytes // 1024}Ki"
     return capacity, allocatable
 
 
@@ -156,13 +166,13 @@ def node_status(settings: NodeSettings, gpus: Sequence[Any], existing: Mapping[s
         "addresses": [{"type": "InternalIP", "address": settings.address},
                       {"type": "Hostname", "address": settings.name}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": settings.port}},
-        "nodeInfo": system_info(settings.runtime_version),
+        "nodeInfo": dict(settings.info),
     })
     return status
 
 
 def node_labels(settings: NodeSettings, gpu_labels: Mapping[str, str]) -> dict[str, str]:
-    info = system_info(settings.runtime_version)
+    info = settings.info
     labels = {
         "kubernetes.io/hostname": settings.name,
         "kubernetes.io/os": info["operatingSystem"],

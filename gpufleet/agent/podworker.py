@@ -216,23 +216,24 @@ class PodWorker:
                 if self.removed:
                     await self._kill_all(self._grace(), "the pod was removed from the node")
                     return
-                wake_at: float | None = None
-                if (self.pod.get("metadata") or {}).get("deletionTimestamp"):
-                    wake_at = await self._terminate()
-                    if self.removed:
-                        continue
-                else:
-                    wake_at = await self._sync()
-                retry = await self._write_status()
-                wake_at = _earliest(wake_at, retry)
+                try:
+                    wake_at = await self._pass()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    # A bug must not orphan the pod's containers: report it and try again.
+                    log.exception("pod worker %s: sync failed", self.key)
+                    wake_at = self.ctx.clock.monotonic() + 1.0
                 await self._sleep(wake_at)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("pod worker %s failed", self.key)
-            raise
         finally:
             self._cleanup()
+
+    async def _pass(self) -> float | None:
+        if (self.pod.get("metadata") or {}).get("deletionTimestamp"):
+            wake_at = await self._terminate()
+        else:
+            wake_at = await self._sync()
+        return _earliest(wake_at, await self._write_status())
 
     async def _sleep(self, deadline: float | None) -> None:
         now = self.ctx.clock.monotonic()
@@ -378,6 +379,9 @@ class PodWorker:
         if phase in ("Succeeded", "Failed"):
             self._finish(phase)
             return None
+        deadline = self._active_deadline_in()
+        if deadline is not None:
+            deadlines.append(now + deadline)
         return min(deadlines) if deadlines else None
 
     def _finish(self, phase: str) -> None:
@@ -389,15 +393,20 @@ class PodWorker:
             rec.ready = False
         self._release()
 
-    def _active_deadline_passed(self) -> bool:
+    def _active_deadline_in(self) -> float | None:
+        """Seconds until spec.activeDeadlineSeconds runs out (None without one)."""
         deadline = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
         if not deadline or not self.start_time:
-            return False
+            return None
         try:
             started = parse_rfc3339(self.start_time)
         except ValueError:
-            return False
-        return self.ctx.clock.now() - started >= float(deadline)
+            return None
+        return started + float(deadline) - self.ctx.clock.now()
+
+    def _active_deadline_passed(self) -> bool:
+        left = self._active_deadline_in()
+        return left is not None and left <= 0
 
     async def _start_when_due(self, rec: ContainerRecord, now: float) -> float | None:
         """Start the container now, or say when it may be (CrashLoopBackOff until then)."""
@@ -483,7 +492,9 @@ class PodWorker:
             rec.last_state = {"terminated": rec.last_exit} if rec.last_exit else {}
         rec.ran = True
         rec.handle = handle
-        rec.container_id = f"{ctx.runtime.name}://{handle.id}"
+        # Host processes are known by their pid; other runtimes by their container id.
+        ident = handle.pid if ctx.runtime.name == "process" and handle.pid else handle.id
+        rec.container_id = f"{ctx.runtime.name}://{ident}"
         rec.running = True
         rec.stopping = False
         rec.started_mono = now_mono
@@ -576,8 +587,8 @@ class PodWorker:
     async def _probe(self, rec: ContainerRecord, handle: ContainerHandle, kind: str, probe: dict[str, Any]) -> None:
         ctx = self.ctx
 
-        async def run_exec(command: list[str], timeout: float) -> tuple[int, str]:
-            return await ctx.runtime.exec(handle, command, timeout)
+        async def run_exec(command: list[str], limit_s: float) -> tuple[int, str]:
+            return await ctx.runtime.exec(handle, command, limit_s)
 
         action = make_action(probe, host=ctx.address, resolve_port=lambda p: self._resolve_port(rec, p),
                              run_exec=run_exec, http=ctx.http)
@@ -878,7 +889,7 @@ class PodWorker:
         except NotFound:
             return None
         except ApiError as exc:
-            if exc.code == 422 and "test" in (exc.message or "").lower():
+            if exc.code == 422 and "/metadata/uid" in (exc.message or ""):
                 log.info("%s: the pod was replaced; leaving it to its new worker", self.key)
                 self.removed = True
                 self.wake()
@@ -892,7 +903,8 @@ class PodWorker:
         return None
 
     def _write_failed(self, exc: Exception) -> float:
-        log.info("%s: writing status failed (%s); retrying in %.1fs", self.key, exc, self.write_backoff)
+        log.log(logging.INFO if isinstance(exc, TransportError) else logging.WARNING,
+                "%s: writing status failed (%s); retrying in %.1fs", self.key, exc, self.write_backoff)
         self.write_retry_at = self.ctx.clock.monotonic() + self.write_backoff
         self.write_backoff = min(self.write_backoff * 2, 10.0)
         return self.write_retry_at

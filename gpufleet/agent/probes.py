@@ -87,9 +87,9 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
     if probe.get("exec"):
         command = [str(a) for a in probe["exec"].get("command") or []]
 
-        async def exec_action(timeout: float) -> tuple[bool, str]:
+        async def exec_action(limit_s: float) -> tuple[bool, str]:
             try:
-                code, output = await run_exec(command, timeout)
+                code, output = await run_exec(command, limit_s)
             except TimeoutError:
                 return False, f"command {command!r} timed out"
             return code == 0, output.strip() or f"command {command!r} exited with {code}"
@@ -98,7 +98,7 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
     if probe.get("httpGet"):
         spec = probe["httpGet"]
 
-        async def http_action(timeout: float) -> tuple[bool, str]:
+        async def http_action(limit_s: float) -> tuple[bool, str]:
             port = resolve_port(spec.get("port"))
             if port is None:
                 return False, f"unknown port {spec.get('port')!r}"
@@ -111,7 +111,7 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
             headers = {h["name"]: h.get("value", "") for h in spec.get("httpHeaders") or [] if h.get("name")}
             headers.setdefault("user-agent", "kube-probe/1.32")
             try:
-                resp = await http.get(url, headers=headers, timeout=timeout)
+                resp = await http.get(url, headers=headers, timeout=limit_s)
             except httpx.TimeoutException:
                 return False, f'Get "{url}": context deadline exceeded (Client.Timeout exceeded while awaiting headers)'
             except httpx.HTTPError as exc:
@@ -124,13 +124,13 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
     if probe.get("tcpSocket"):
         spec = probe["tcpSocket"]
 
-        async def tcp_action(timeout: float) -> tuple[bool, str]:
+        async def tcp_action(limit_s: float) -> tuple[bool, str]:
             port = resolve_port(spec.get("port"))
             if port is None:
                 return False, f"unknown port {spec.get('port')!r}"
             target = spec.get("host") or host
             try:
-                _, writer = await asyncio.wait_for(asyncio.open_connection(target, port), timeout)
+                _, writer = await asyncio.wait_for(asyncio.open_connection(target, port), limit_s)
             except (OSError, TimeoutError) as exc:
                 why = "i/o timeout" if isinstance(exc, TimeoutError) else "connect: connection refused"
                 return False, f"dial tcp {target}:{port}: {why}"

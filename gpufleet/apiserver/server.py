@@ -256,6 +256,20 @@ class ApiServer:
             doc = discovery.api_resource_list(self.registry, parts[1], parts[2])
             if doc:
                 return _json_response(200, doc)
+            for d in self.extra_discovery:
+                if d["metadata"]["name"] != parts[1]:
+                    continue
+                for v in d["versions"]:
+                    if v["version"] == parts[2]:
+                        resources = [
+                            {"name": r["resource"], "singularName": r.get("singularResource", ""),
+                             "namespaced": r.get("scope") == "Namespaced", "kind": r["responseKind"]["kind"],
+                             "verbs": r.get("verbs", [])}
+                            for r in v.get("resources", [])
+                        ]
+                        return _json_response(200, {"kind": "APIResourceList", "apiVersion": "v1",
+                                                    "groupVersion": f"{parts[1]}/{parts[2]}",
+                                                    "resources": resources})
         if path == "/openapi/v3":
             return _json_response(200, openapi.openapi_v3_index(self.registry))
         if parts[:2] == ["openapi", "v3"] and len(parts) >= 4:
@@ -344,6 +358,10 @@ class ApiServer:
         ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
         if not req.body:
             raise bad_request("the request body is empty: send the object as JSON")
+        if ctype == "application/vnd.kubernetes.protobuf":
+            from gpufleet.apiserver.protobuf import decode_k8s_protobuf
+
+            return decode_k8s_protobuf(req.body, REGISTRY)
         if "protobuf" in ctype:
             raise ApiException(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.apiserver.app import HttpServer
+from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import write_kubeconfig
@@ -32,6 +33,7 @@ class ControlPlane:
     api: ApiServer | None = None
     http: HttpServer | None = None
     client: Client | None = None
+    node_proxy: NodeProxy | None = None
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
 
@@ -43,7 +45,10 @@ class ControlPlane:
     async def start(self) -> None:
         self.store = open_store(self.store_url, clock=self.clock)
         await self.store.start()
-        self.api = ApiServer(self.store, clock=self.clock)
+        # Logs and metrics.k8s.io come from the node agents, through the node proxy.
+        self.node_proxy = NodeProxy(self.store, clock=self.clock)
+        self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider)
+        self.node_proxy.install(self.api)
         await self.api.start()
         self.http = HttpServer(self.api, host=self.host, port=self.port)
         await self.http.start()
@@ -61,5 +66,7 @@ class ControlPlane:
             await s.stop()
         if self.http is not None:
             await self.http.stop()
+        if self.node_proxy is not None:
+            await self.node_proxy.close()
         if self.store is not None:
             await self.store.close()

@@ -39,6 +39,10 @@ def make_spec(tmp_path: Path, command: list[str], args: list[str] | None = None,
     )
 
 
+def raw_lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
 @pytest.fixture
 async def rt(tmp_path):
     runtime = ProcessRuntime(tmp_path / "state")
@@ -46,8 +50,8 @@ async def rt(tmp_path):
     await runtime.close()
 
 
-async def wait_for_line(path: str, text: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
+async def wait_for_line(path: str, text: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         if any(text in m for m in read_cri_messages(path)):
             return
@@ -80,7 +84,9 @@ async def test_env_gpus_and_inherited_path(rt, tmp_path):
 
 async def test_a_container_without_gpus_sees_none(rt, tmp_path):
     out = tmp_path / "env.json"
-    spec = make_spec(tmp_path, [PY, "-c", f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"])
+    spec = make_spec(
+        tmp_path, [PY, "-c", f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"]
+    )
     await rt.wait(await rt.start(spec))
     env = json.loads(out.read_text())
     assert env["CUDA_VISIBLE_DEVICES"] == ""
@@ -101,7 +107,9 @@ async def test_exit_codes_and_state_after_exit(rt, tmp_path):
 
 async def test_state_right_after_the_process_died(rt, tmp_path):
     h = await rt.start(make_spec(tmp_path, ["sh", "-c", "exit 7"]))
-    while psutil.pid_exists(h.pid) and psutil.Process(h.pid).status() != psutil.STATUS_ZOMBIE:
+    for _ in range(500):
+        if not psutil.pid_exists(h.pid) or psutil.Process(h.pid).status() == psutil.STATUS_ZOMBIE:
+            break
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)
     st = await rt.state(h)
@@ -120,8 +128,9 @@ async def test_command_is_required(rt, tmp_path):
 
 
 async def test_missing_executable_cannot_start(rt, tmp_path):
-    with pytest.raises(RuntimeError_, match="not found"):
+    with pytest.raises(RuntimeError_, match="not found") as e:
         await rt.start(make_spec(tmp_path, ["no-such-program-gpufleet"]))
+    assert e.value.reason == "RunContainerError"
 
 
 async def test_working_dir_is_created_and_used(rt, tmp_path):
@@ -141,7 +150,7 @@ async def test_log_file_is_cri_and_keeps_both_streams(rt, tmp_path):
         if len(read_cri_messages(spec.log_path)) == 3:
             break
         await asyncio.sleep(0.02)
-    raw = Path(spec.log_path).read_text().splitlines()
+    raw = raw_lines(spec.log_path)
     assert len(raw) == 3
     for line in raw:
         ts, stream, tag, _ = line.split(" ", 3)
@@ -161,7 +170,9 @@ async def test_restarts_append_to_their_own_log(rt, tmp_path):
 
 
 async def test_stop_sigterm_within_grace(rt, tmp_path):
-    spec = make_spec(tmp_path, ["sh", "-c", "trap 'echo bye; exit 0' TERM; echo ready; while true; do sleep 0.05; done"])
+    spec = make_spec(
+        tmp_path, ["sh", "-c", "trap 'echo bye; exit 0' TERM; echo ready; while true; do sleep 0.05; done"]
+    )
     h = await rt.start(spec)
     await wait_for_line(spec.log_path, "ready")
     t0 = time.monotonic()
@@ -262,7 +273,8 @@ async def test_unknown_handle(rt):
 
 def _cgroup_v1_writable() -> bool:
     return all(os.access(f"/sys/fs/cgroup/{c}", os.W_OK) for c in ("cpu", "memory")) and all(
-        os.path.exists(f"/sys/fs/cgroup/{c}/{f}") for c, f in (("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes"))
+        os.path.exists(f"/sys/fs/cgroup/{c}/{f}")
+        for c, f in (("cpu", "cpu.cfs_quota_us"), ("memory", "memory.limit_in_bytes"))
     )
 
 
@@ -294,8 +306,14 @@ async def test_limits_are_written_and_cgroups_removed(rt, tmp_path):
         assert (dirs["cpu"] / "cpu.cfs_period_us").read_text().strip() == "100000"
         assert int((dirs["memory"] / "memory.limit_in_bytes").read_text()) == 256 * 1024 * 1024
     for d in dirs.values():
-        assert str(h.pid) in (d / "cgroup.procs").read_text().split()
         assert f"gpufleet/{spec.pod_uid}/main/0" in str(d)
+        # The process joins its cgroups itself, before it execs the program.
+        for _ in range(100):
+            if str(h.pid) in (d / "cgroup.procs").read_text().split():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError(f"{h.pid} never joined {d}")
     code, out = await rt.exec(h, ["sh", "-c", "cat /proc/self/cgroup"], timeout=10)
     assert code == 0 and spec.pod_uid in out
     await rt.stop(h, 1)

@@ -79,6 +79,12 @@ class RuntimeError_(Exception):
     """A container could not be started (bad image, command not found...). The agent reports
     it as a waiting/terminated container with this message instead of crashing."""
 
+    def __init__(self, message: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        # Kubernetes' waiting reason when the runtime knows it (ErrImagePull,
+        # RunContainerError...); empty lets the agent choose.
+        self.reason = reason
+
 
 class Runtime(Protocol):
     name: str
@@ -94,7 +100,7 @@ class Runtime(Protocol):
     async def stop(self, handle: ContainerHandle, grace_seconds: float) -> ContainerState:
         """SIGTERM (the whole process group), wait up to grace_seconds, then SIGKILL."""
 
-    async def exec(self, handle: ContainerHandle, command: list[str], timeout: float) -> tuple[int, str]:
+    async def exec(self, handle: ContainerHandle, command: list[str], timeout: float) -> tuple[int, str]:  # noqa: ASYNC109
         """Run a command in the container's context (exec probes); (exit code, output)."""
 
     async def stats(self, handle: ContainerHandle) -> ContainerStats | None: ...

@@ -47,6 +47,35 @@ _KILL_SETTLE_S = 10.0
 _CLOSE_GRACE_S = 2.0
 
 
+class _ExitProtocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Tells when the process itself exits. asyncio's Process.wait() (before 3.12) also
+    waits for its output pipes to close, which a background child holding them open can
+    delay forever."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _spawn(program: list[str], **kw) -> tuple[asyncio.subprocess.Process, _ExitProtocol]:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _ExitProtocol(2**16, loop),
+        *program,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=kw.pop("stderr", asyncio.subprocess.PIPE),
+        start_new_session=True,
+        **kw,
+    )
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol
+
+
 @dataclass(eq=False)
 class _Proc:
     handle: ContainerHandle
@@ -54,6 +83,7 @@ class _Proc:
     env: dict[str, str]
     cwd: str
     proc: asyncio.subprocess.Process
+    exited: asyncio.Future[None]
     cgroup: Cgroup | None
     oom_base: int
     started_at: float
@@ -126,7 +156,7 @@ class ProcessRuntime:
         # since a host process has no entrypoint to pass them to.
         argv = [*spec.command, *spec.args] if spec.command else list(spec.args)
         if not argv:
-            raise RuntimeError_("the process runtime needs a command")
+            raise RuntimeError_("the process runtime needs a command", "CreateContainerError")
 
         sandbox = self._sandbox(spec)
         cwd = spec.working_dir or str(sandbox)
@@ -135,7 +165,9 @@ class ProcessRuntime:
         try:
             os.makedirs(cwd, exist_ok=True)
         except OSError as e:
-            raise RuntimeError_(f"cannot create the working directory {cwd}: {e.strerror or e}") from e
+            raise RuntimeError_(
+                f"cannot create the working directory {cwd}: {e.strerror or e}", "CreateContainerError"
+            ) from e
 
         env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
         env.update(spec.env)
@@ -145,29 +177,25 @@ class ProcessRuntime:
 
         exe = self._resolve(argv[0], env, cwd)
         if exe is None:
-            raise RuntimeError_(f'executable file "{argv[0]}" not found (PATH={env.get("PATH", "")})')
+            raise RuntimeError_(
+                f'executable file "{argv[0]}" not found (PATH={env.get("PATH", "")})', "RunContainerError"
+            )
 
         cgroup = self._cgroup_for(spec)
         program = [exe, *argv[1:]]
         if cgroup is not None:
             program = ["/bin/sh", "-c", _JOIN_CGROUPS, "gpufleet-start", *cgroup.procs_files, "--", *program]
 
-        writer = CRILogWriter(self._log_path(spec), self.clock.now)
+        writer: CRILogWriter | None = None
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *program,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
+            writer = CRILogWriter(self._log_path(spec), self.clock.now)
+            proc, protocol = await _spawn(program, cwd=cwd, env=env)
         except OSError as e:
-            writer.close()
+            if writer is not None:
+                writer.close()
             if cgroup is not None:
                 cgroup.remove()
-            raise RuntimeError_(f"cannot start {argv[0]}: {e.strerror or e}") from e
+            raise RuntimeError_(f"cannot start {argv[0]}: {e.strerror or e}", "RunContainerError") from e
 
         self._seq += 1
         handle = ContainerHandle(
@@ -179,6 +207,7 @@ class ProcessRuntime:
             env=env,
             cwd=cwd,
             proc=proc,
+            exited=protocol.exited,
             cgroup=cgroup,
             oom_base=cgroup.oom_kills() if cgroup is not None else 0,
             started_at=self.clock.now(),
@@ -204,10 +233,14 @@ class ProcessRuntime:
         except OSError as e:
             # Running without the limits the pod asked for would hide the problem until a
             # neighbour suffers; fail the start and let the agent retry and report it.
-            raise RuntimeError_(f"cannot set up the container's cgroup: {e.strerror or e}") from e
+            raise RuntimeError_(
+                f"cannot set up the container's cgroup: {e.strerror or e}", "CreateContainerError"
+            ) from e
 
     async def _wait_exit(self, rec: _Proc) -> None:
-        rc = await rec.proc.wait()
+        await rec.exited
+        rc = rec.proc.returncode
+        assert rc is not None
         finished = self.clock.now()
         code = exit_code(rc)
         oom = rec.cgroup is not None and rec.cgroup.oom_kills() > rec.oom_base
@@ -234,9 +267,12 @@ class ProcessRuntime:
     def _signal(self, rec: _Proc, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(rec.pgid, sig)
-        if rec.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                rec.proc.send_signal(sig)
+        # The main process may have left its group. Not Process.send_signal: it polls
+        # (waitpid) first and can reap the child under the child watcher, which then
+        # reports exit code 255 instead of the real one.
+        if not rec.exited.done():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(rec.proc.pid, sig)
 
     def _kill_all(self, rec: _Proc) -> None:
         self._signal(rec, signal.SIGKILL)
@@ -251,7 +287,7 @@ class ProcessRuntime:
         rec = self._procs.get(handle.id)
         if rec is None:
             return ContainerState(state="unknown", message="no such container")
-        if rec.final is None and rec.proc.returncode is not None:
+        if rec.final is None and rec.exited.done():
             # The process is gone; the waiter is about to record how it ended.
             await rec.done.wait()
         if rec.final is not None:
@@ -310,15 +346,7 @@ class ProcessRuntime:
                 *program,
             ]
         try:
-            p = await asyncio.create_subprocess_exec(
-                *program,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                cwd=rec.cwd,
-                env=rec.env,
-                start_new_session=True,
-            )
+            p, _ = await _spawn(program, cwd=rec.cwd, env=rec.env, stderr=asyncio.subprocess.STDOUT)
         except OSError as e:
             return 126, f"cannot run {command[0]}: {e.strerror or e}"
         out = asyncio.ensure_future(p.communicate())

@@ -1,0 +1,599 @@
+"""The node agent: gpufleet's kubelet.
+
+One per server. It registers the server as a Node with what it found (cpu, memory, GPUs),
+proves it is alive by renewing a Lease, runs the pods bound to it through a container
+runtime (one PodWorker each), and serves their logs and its usage over HTTP.
+
+It talks to the control plane only through the client, and keeps working when the control
+plane is away: containers keep running, writes are retried, and the informers list again
+when the API is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from gpufleet.agent import logfiles, node
+from gpufleet.agent import stats as stats_mod
+from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer
+from gpufleet.agent.podworker import PodWorker, WorkerContext
+from gpufleet.agent.resources import GPUTable, PortTable
+from gpufleet.agent.runtime.base import Runtime
+from gpufleet.client import (
+    AlreadyExists,
+    ApiError,
+    Client,
+    EventRecorder,
+    Informer,
+    NotFound,
+    TransportError,
+)
+from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpufleet-agent"
+
+
+@dataclass
+class AgentConfig:
+    node_name: str
+    state_dir: Path
+    address: str = "127.0.0.1"
+    # The agent's HTTP port (logs, stats, metrics); 0 picks a free one.
+    port: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)
+    # What the node offers; None measures the machine.
+    cpus: float | None = None
+    memory_bytes: int | None = None
+    heartbeat_interval: float = 2.0
+    lease_duration_seconds: int = 10
+    # Node status is written when it changes, and at least this often.
+    node_status_report_interval: float = 30.0
+    backoff_initial: float = 10.0
+    backoff_cap: float = 300.0
+    backoff_reset: float = 600.0
+    # Multiplies every probe delay and period (tests run probes in fractions of a second).
+    probe_period_scale: float = 1.0
+    # Longest wait between attempts to reach an unreachable API server.
+    api_retry_max: float = 5.0
+    # Stop the runtime's containers when the agent stops.
+    close_runtime: bool = True
+
+
+class NodeAgent:
+    def __init__(self, client: Client, runtime: Runtime, devices: Any, config: AgentConfig,
+                 clock: Clock = REAL_CLOCK) -> None:
+        self.client = client
+        self.runtime = runtime
+        self.devices = devices
+        self.config = config
+        self.clock = clock
+        self.name = config.node_name
+        self.state_dir = Path(config.state_dir)
+        self.recorder = EventRecorder(client, COMPONENT, host=self.name, clock=clock)
+        self.gpu_table = GPUTable()
+        self.port_table = PortTable(config.address)
+        self.workers: dict[str, PodWorker] = {}
+        self._uid_by_key: dict[str, str] = {}
+        self._finished: OrderedDict[str, None] = OrderedDict()
+        self._gpus: list[Any] = []
+        self._http: AgentHttpServer | None = None
+        self._probe_http: httpx.AsyncClient | None = None
+        self._pods: Informer | None = None
+        self._node_informer: Informer | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._registered = asyncio.Event()
+        self._need_register = True
+        self._node_uid: str | None = None
+        self._last_status: dict[str, Any] | None = None
+        self._last_status_at = -1e18
+        self._last_meta: dict[str, Any] | None = None
+        self._lease_exists = False
+        self._started_at = clock.now()
+        self._stats_cache: tuple[float, stats_mod.NodeSample] | None = None
+        self._stats_lock = asyncio.Lock()
+        self.settings: node.NodeSettings | None = None
+        self._ctx: WorkerContext | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        return self._http.port if self._http is not None else self.config.port
+
+    @property
+    def gpus(self) -> list[Any]:
+        """The node's GPUs as last fingerprinted."""
+        return list(self._gpus)
+
+    @property
+    def runtime_version(self) -> str:
+        version = getattr(self.runtime, "version", "") or ""
+        return f"{self.runtime.name}://{version}"
+
+    async def start(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._http = AgentHttpServer(self, self.config.address, self.config.port)
+        await self._http.start()
+        self._gpus = await self._fingerprint()
+        vm = psutil.virtual_memory()
+        self.settings = node.NodeSettings(
+            name=self.name,
+            address=self.config.address,
+            port=self._http.port,
+            cpus=self.config.cpus if self.config.cpus is not None else float(psutil.cpu_count() or 1),
+            memory_bytes=self.config.memory_bytes if self.config.memory_bytes is not None else vm.total,
+            runtime_version=self.runtime_version,
+            labels=dict(self.config.labels),
+            taints=list(self.config.taints),
+        )
+        self._probe_http = httpx.AsyncClient(trust_env=False, follow_redirects=False, verify=False)
+        self._ctx = WorkerContext(
+            client=self.client,
+            runtime=self.runtime,
+            recorder=self.recorder,
+            clock=self.clock,
+            node_name=self.name,
+            address=self.config.address,
+            state_dir=self.state_dir,
+            gpu_table=self.gpu_table,
+            port_table=self.port_table,
+            get_object=self._get_object,
+            gpus=lambda: list(self._gpus),
+            reserve=self._reserve,
+            node_allocatable=self._allocatable,
+            describe_uid=self._describe_uid,
+            http=self._probe_http,
+            host_network=self.runtime.name != "podman",
+            backoff_initial=self.config.backoff_initial,
+            backoff_cap=self.config.backoff_cap,
+            backoff_reset=self.config.backoff_reset,
+            probe_period_scale=self.config.probe_period_scale,
+            on_change=self._invalidate_stats,
+        )
+        informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True}
+        self._node_informer = Informer(self.client, "nodes", field_selector=f"metadata.name={self.name}",
+                                       **informer_opts)
+        self._node_informer.add_event_handler(on_delete=self._on_node_deleted)
+        self._pods = Informer(self.client, "pods", field_selector=f"spec.nodeName={self.name}", **informer_opts)
+        self._pods.add_event_handler(on_add=self._on_pod, on_update=lambda old, new: self._on_pod(new),
+                                     on_delete=self._on_pod_deleted)
+        self._tasks.append(asyncio.create_task(self._node_loop(), name=f"agent:{self.name}:node"))
+        await self._node_informer.start()
+        await self._pods.start()
+        log.info("agent %s: serving on %s:%d with the %s runtime and %d GPU(s)", self.name,
+                 self.config.address, self._http.port, self.runtime.name, len(self._gpus))
+
+    async def wait_registered(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        try:
+            await asyncio.wait_for(self._registered.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        for inf in (self._pods, self._node_informer):
+            if inf is not None:
+                await inf.stop()
+        await asyncio.gather(*(w.cancel() for w in list(self.workers.values())), return_exceptions=True)
+        self.workers.clear()
+        if self.config.close_runtime:
+            with contextlib.suppress(Exception):
+                await self.runtime.close()
+        # Events still in flight are best effort: an unreachable API must not hold up shutdown.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.recorder.flush(), 2.0)
+        if self._http is not None:
+            await self._http.stop()
+        if self._probe_http is not None:
+            await self._probe_http.aclose()
+        close = getattr(self.devices, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+
+    # -- devices ------------------------------------------------------------------------
+
+    async def _call_devices(self, method: str, *args: Any) -> Any:
+        fn = getattr(self.devices, method)
+        # NVML calls block for milliseconds; keep them off the event loop.
+        if getattr(self.devices, "name", "") == "nvml":
+            result = await asyncio.to_thread(fn, *args)
+        else:
+            result = fn(*args)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _fingerprint(self) -> list[Any]:
+        try:
+            return list(await self._call_devices("fingerprint"))
+        except Exception:
+            log.exception("agent %s: fingerprinting GPUs failed", self.name)
+            return list(self._gpus)
+
+    async def _reserve(self, indices: list[int]) -> dict[str, str]:
+        return dict(await self._call_devices("reserve", list(indices)))
+
+    def _gpu_labels(self) -> dict[str, str]:
+        from gpufleet.agent.devices import node_gpu_labels
+
+        return dict(node_gpu_labels(self._gpus))
+
+    def _gpu_annotation(self) -> str:
+        from gpufleet.agent.devices import node_gpu_annotation
+
+        return node_gpu_annotation(self._gpus)
+
+    def _allocatable(self) -> dict[str, Any]:
+        if self.settings is None:
+            return {}
+        return node.resources(self.settings, self._gpus)[1]
+
+    def _describe_uid(self, uid: str) -> str:
+        w = self.workers.get(uid)
+        return w.key if w is not None else uid
+
+    async def _get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return await self.client.get(kind, name, namespace, raw=True)
+        except NotFound:
+            return None
+
+    # -- registration and heartbeat -------------------------------------------------------
+
+    def _on_node_deleted(self, obj: Any) -> None:
+        log.warning("agent %s: the Node object was deleted; registering again", self.name)
+        self._need_register = True
+        self._lease_exists = False
+        self._last_status = None
+        self._last_meta = None
+
+    async def _node_loop(self) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                if self._need_register:
+                    await self._register()
+                await self._renew_lease()
+                await self._sync_node()
+                self._registered.set()
+                backoff = 0.2
+                await self.clock.sleep(self.config.heartbeat_interval)
+            except asyncio.CancelledError:
+                raise
+            except NotFound:
+                self._need_register = True
+                continue
+            except (TransportError, ApiError) as exc:
+                log.warning("agent %s: cannot reach the API (%s); retrying in %.1fs", self.name, exc, backoff)
+                await self.clock.sleep(backoff)
+                backoff = min(backoff * 2, self.config.api_retry_max, self.config.heartbeat_interval)
+            except Exception:
+                log.exception("agent %s: heartbeat failed", self.name)
+                await self.clock.sleep(self.config.heartbeat_interval)
+
+    async def _register(self) -> None:
+        assert self.settings is not None
+        self._gpus = await self._fingerprint()
+        now = self.clock.now()
+        try:
+            current = await self.client.get("nodes", self.name, raw=True)
+        except NotFound:
+            current = None
+        if current is None:
+            body = node.new_node(self.settings, self._gpus, self._gpu_labels(), self._gpu_annotation(), now)
+            try:
+                created = await self.client.create(body, raw=True)
+            except AlreadyExists:
+                return  # registered by an earlier attempt that timed out; the next pass updates it
+            self._node_uid = created["metadata"].get("uid")
+            self._last_status = created.get("status")
+            self._last_status_at = self.clock.monotonic()
+            self._last_meta = self._wanted_meta()
+            log.info("agent %s: registered the node", self.name)
+        else:
+            self._node_uid = current["metadata"].get("uid")
+            self._last_meta = None
+            self._last_status = None
+            await self._sync_node(current)
+            log.info("agent %s: the node was already registered; updated it", self.name)
+        self._need_register = False
+
+    def _wanted_meta(self) -> dict[str, Any]:
+        assert self.settings is not None
+        return {"labels": node.node_labels(self.settings, self._gpu_labels()),
+                "annotations": {node.GPUS_ANNOTATION: self._gpu_annotation()}}
+
+    async def _sync_node(self, current: dict[str, Any] | None = None) -> None:
+        """Labels and GPU annotation when they changed, status when it changed or is due."""
+        assert self.settings is not None
+        self._gpus = await self._fingerprint()
+        meta = self._wanted_meta()
+        if meta != self._last_meta:
+            await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
+            self._last_meta = meta
+        cached = current or (self._node_informer.get(self.name) if self._node_informer else None)
+        existing = (cached or {}).get("status") or self._last_status or {}
+        status = node.node_status(self.settings, self._gpus, existing, self.clock.now())
+        # Conditions other components own (NetworkUnavailable, ...) stay as they are.
+        mine = {c["type"] for c in status["conditions"]}
+        status["conditions"] += [c for c in existing.get("conditions") or [] if c.get("type") not in mine]
+        due = self.clock.monotonic() - self._last_status_at >= self.config.node_status_report_interval
+        cached_ready = next((c.get("status") for c in existing.get("conditions") or []
+                             if c.get("type") == "Ready"), None)
+        changed = (self._last_status is None or node.comparable(status) != node.comparable(self._last_status)
+                   or cached_ready not in (None, "True"))
+        if not (changed or due):
+            return
+        await self.client.patch("nodes", self.name, {"status": status}, subresource="status", raw=True)
+        self._last_status = status
+        self._last_status_at = self.clock.monotonic()
+
+    async def _renew_lease(self) -> None:
+        now = self.clock.now()
+        lease = node.new_lease(self.name, self._node_uid, self.config.lease_duration_seconds, now)
+        if self._lease_exists:
+            try:
+                await self.client.patch("leases", self.name, {"spec": lease["spec"]}, node.LEASE_NAMESPACE,
+                                        raw=True)
+                return
+            except NotFound:
+                self._lease_exists = False
+        try:
+            await self.client.create(lease, node.LEASE_NAMESPACE, raw=True)
+        except AlreadyExists:
+            # Left by an earlier run, maybe owned by a Node object that was since replaced.
+            patch = {"spec": lease["spec"]}
+            if "ownerReferences" in lease["metadata"]:
+                patch["metadata"] = {"ownerReferences": lease["metadata"]["ownerReferences"]}
+            await self.client.patch("leases", self.name, patch, node.LEASE_NAMESPACE, raw=True)
+        self._lease_exists = True
+
+    # -- pods -----------------------------------------------------------------------------
+
+    def _on_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid", "")
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if (pod.get("spec") or {}).get("nodeName") != self.name:
+            self._on_pod_deleted(pod)
+            return
+        previous = self._uid_by_key.get(key)
+        if previous and previous != uid:
+            old = self.workers.get(previous)
+            if old is not None:
+                old.remove()
+        self._uid_by_key[key] = uid
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.update(pod)
+            return
+        if uid in self._finished:
+            return
+        assert self._ctx is not None
+        worker = PodWorker(self._ctx, pod)
+        self.workers[uid] = worker
+        worker.start()
+        assert worker._task is not None
+        worker._task.add_done_callback(lambda _t, uid=uid: self._worker_done(uid))
+
+    def _on_pod_deleted(self, pod: dict[str, Any]) -> None:
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid", "")
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.remove()
+        if self._uid_by_key.get(key) == uid:
+            del self._uid_by_key[key]
+
+    def _worker_done(self, uid: str) -> None:
+        worker = self.workers.pop(uid, None)
+        if worker is not None and (worker.removed or worker.deleted):
+            self._finished[uid] = None
+            while len(self._finished) > 10_000:
+                self._finished.popitem(last=False)
+        self._invalidate_stats()
+
+    def worker_for(self, namespace: str, name: str) -> PodWorker | None:
+        uid = self._uid_by_key.get(f"{namespace}/{name}")
+        return self.workers.get(uid) if uid else None
+
+    # -- logs -----------------------------------------------------------------------------
+
+    async def container_logs(self, namespace: str, pod: str, container: str,
+                             params: Mapping[str, str]) -> LogAnswer:
+        worker = self.worker_for(namespace, pod)
+        pod_dir: Path | None = None
+        if worker is not None:
+            pod_dir = logfiles.pod_log_dir(self.state_dir, namespace, pod, worker.uid)
+            names = [r.name for r in worker.records if not r.init]
+            all_names = [r.name for r in worker.records]
+        else:
+            pod_dir = self._newest_pod_dir(namespace, pod)
+            if pod_dir is None:
+                return LogAnswer(404, "NotFound", f'pods "{pod}" not found')
+            names = all_names = sorted(p.name for p in pod_dir.iterdir() if p.is_dir())
+        if not container:
+            if len(names) != 1:
+                return LogAnswer(400, "BadRequest", f"a container name must be specified for pod {pod}, "
+                                                    f"choose one of: [{' '.join(names)}]")
+            container = names[0]
+        if container not in all_names:
+            return LogAnswer(400, "BadRequest", f"container {container} is not valid for pod {pod}")
+        cdir = pod_dir / container
+        found = logfiles.attempts(cdir)
+        previous = _truthy(params.get("previous"))
+        rec = worker.record_for(container) if worker is not None else None
+        if previous:
+            if len(found) < 2:
+                return LogAnswer(400, "BadRequest",
+                                 f'previous terminated container "{container}" in pod "{pod}" not found')
+            attempt = found[-2]
+        else:
+            if not found:
+                reason = ((rec.state.get("waiting") or {}).get("reason") if rec is not None else "") or \
+                    "ContainerCreating"
+                return LogAnswer(400, "BadRequest",
+                                 f'container "{container}" in pod "{pod}" is waiting to start: {reason}')
+            attempt = found[-1]
+        try:
+            opts = logfiles.LogOptions(
+                tail_lines=int(params["tailLines"]) if params.get("tailLines") else None,
+                timestamps=_truthy(params.get("timestamps")),
+                limit_bytes=int(params["limitBytes"]) if params.get("limitBytes") else None,
+            )
+            if params.get("sinceSeconds"):
+                opts.since_time = self.clock.now() - float(params["sinceSeconds"])
+            elif params.get("sinceTime"):
+                opts.since_time = parse_rfc3339(params["sinceTime"])
+        except ValueError as exc:
+            return LogAnswer(400, "BadRequest", f"invalid log options: {exc}")
+        path = cdir / f"{attempt}.log"
+        if _truthy(params.get("follow")) and not previous:
+            def running() -> bool:
+                return (rec is not None and rec.running and rec.handle is not None
+                        and _attempt_of(rec) == attempt and worker is not None and not worker.done)
+
+            return LogAnswer(stream=_limited(logfiles.follow_log(path, opts, running), opts.limit_bytes))
+        body = logfiles.read_log(path, opts)
+        if opts.limit_bytes is not None:
+            body = body[: opts.limit_bytes]
+        return LogAnswer(body=body)
+
+    def _newest_pod_dir(self, namespace: str, pod: str) -> Path | None:
+        base = self.state_dir / "pods"
+        prefix = f"{namespace}_{pod}_"
+        try:
+            dirs = [base / n for n in os.listdir(base) if n.startswith(prefix)]
+        except OSError:
+            return None
+        dirs = [d for d in dirs if d.is_dir()]
+        if not dirs:
+            return None
+        return max(dirs, key=lambda d: d.stat().st_mtime)
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def _invalidate_stats(self) -> None:
+        self._stats_cache = None
+
+    async def sample(self, max_age: float = 1.0) -> stats_mod.NodeSample:
+        async with self._stats_lock:
+            now = self.clock.monotonic()
+            if self._stats_cache is not None and now - self._stats_cache[0] < max_age:
+                return self._stats_cache[1]
+            result = await self._collect()
+            self._stats_cache = (now, result)
+            return result
+
+    async def _collect(self) -> stats_mod.NodeSample:
+        pods: list[stats_mod.PodSample] = []
+        gpu_owner: dict[int, tuple[str, str]] = {}
+        for worker in list(self.workers.values()):
+            containers = []
+            for rec in worker.records:
+                if not rec.running or rec.handle is None:
+                    continue
+                try:
+                    st = await self.runtime.stats(rec.handle)
+                except Exception:
+                    st = None
+                containers.append(stats_mod.ContainerSample(
+                    name=rec.name,
+                    start_time=(rec.state.get("running") or {}).get("startedAt"),
+                    cpu_millis=st.cpu_millis if st else 0.0,
+                    memory_bytes=st.memory_bytes if st else 0,
+                    restart_count=rec.restart_count,
+                    gpus=list(rec.gpus),
+                ))
+                for i in rec.gpus:
+                    gpu_owner.setdefault(i, (worker.key, rec.name))
+            if containers:
+                pods.append(stats_mod.PodSample(worker.name, worker.namespace, worker.uid, worker.start_time,
+                                                containers))
+        try:
+            gpu_stats = await self._call_devices("stats")
+        except Exception:
+            log.exception("agent %s: reading GPU stats failed", self.name)
+            gpu_stats = {}
+        gpus = []
+        for g in self._gpus:
+            st = gpu_stats.get(g.index)
+            owner = gpu_owner.get(g.index, ("", ""))
+            gpus.append(stats_mod.GPUSample(
+                index=g.index, uuid=g.uuid, model=g.model, health=getattr(g, "health", "Healthy"),
+                group=getattr(g, "group", ""),
+                utilization_pct=st.utilization_pct if st else 0.0,
+                memory_used_mib=st.memory_used_mib if st else 0,
+                memory_total_mib=st.memory_total_mib if st else getattr(g, "memory_mib", 0),
+                temperature_c=st.temperature_c if st else None,
+                power_w=st.power_w if st else None,
+                pod=owner[0], container=owner[1],
+            ))
+        if self.runtime.name == "simulated":
+            # A simulated node is busy with what its pods pretend to use, not with this machine's load.
+            cpu = sum(c.cpu_millis for p in pods for c in p.containers)
+            used = sum(c.memory_bytes for p in pods for c in p.containers)
+            total = self.settings.memory_bytes if self.settings else used
+        else:
+            cpu = psutil.cpu_percent(interval=None) / 100.0 * (psutil.cpu_count() or 1) * 1000
+            vm = psutil.virtual_memory()
+            used, total = vm.total - vm.available, vm.total
+        return stats_mod.NodeSample(
+            node_name=self.name, time=self.clock.now(), start_time=self._started_at, cpu_millis=cpu,
+            memory_used_bytes=used, memory_total_bytes=total, memory_available_bytes=max(total - used, 0),
+            pods=pods, gpus=gpus,
+        )
+
+    async def stats_summary(self) -> dict[str, Any]:
+        return stats_mod.summary(await self.sample())
+
+    async def metrics_text(self) -> bytes:
+        return stats_mod.prometheus_text(await self.sample())
+
+
+def _truthy(value: str | None) -> bool:
+    return value is not None and value.lower() in ("true", "1", "yes")
+
+
+def _attempt_of(rec: Any) -> int:
+    return rec.restart_count
+
+
+async def _limited(stream: Any, limit: int | None) -> Any:
+    sent = 0
+    try:
+        async for chunk in stream:
+            if limit is not None:
+                chunk = chunk[: max(limit - sent, 0)]
+            if chunk:
+                sent += len(chunk)
+                yield chunk
+            if limit is not None and sent >= limit:
+                return
+    finally:
+        with contextlib.suppress(Exception):
+            await stream.aclose()
+

@@ -1,0 +1,112 @@
+"""The agent's own HTTP endpoint, as the kubelet's port 10250: container logs (proxied to
+users by the API server's pods/log), a stats summary (read by metrics.k8s.io), Prometheus
+metrics and a health check."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+log = logging.getLogger(__name__)
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class LogAnswer:
+    """Either an error (code, reason, message) or the log body / stream."""
+
+    code: int = 200
+    reason: str = ""
+    message: str = ""
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+
+
+class AgentEndpoints(Protocol):
+    async def container_logs(self, namespace: str, pod: str, container: str,
+                             params: Mapping[str, str]) -> LogAnswer: ...
+
+    async def stats_summary(self) -> dict[str, Any]: ...
+
+    async def metrics_text(self) -> bytes: ...
+
+
+def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def build_app(endpoints: AgentEndpoints) -> Starlette:
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def container_logs(request: Request) -> Response:
+        p = request.path_params
+        answer = await endpoints.container_logs(p["namespace"], p["pod"], p.get("container", ""),
+                                                dict(request.query_params))
+        if answer.code >= 400:
+            return JSONResponse(status_body(answer.code, answer.reason, answer.message), status_code=answer.code)
+        if answer.stream is not None:
+            return StreamingResponse(answer.stream, media_type="text/plain")
+        return Response(answer.body, media_type="text/plain")
+
+    async def summary(request: Request) -> Response:
+        return Response(orjson.dumps(await endpoints.stats_summary()), media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        return Response(await endpoints.metrics_text(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    return Starlette(routes=[
+        Route("/healthz", healthz),
+        Route("/containerLogs/{namespace}/{pod}/{container}", container_logs),
+        Route("/containerLogs/{namespace}/{pod}", container_logs),
+        Route("/stats/summary", summary),
+        Route("/metrics", metrics),
+        Route("/metrics/resource", metrics),
+    ])
+
+
+class AgentHttpServer:
+    """uvicorn as a task of the agent's event loop."""
+
+    def __init__(self, endpoints: AgentEndpoints, host: str, port: int) -> None:
+        self.config = uvicorn.Config(build_app(endpoints), host=host, port=port, log_level="warning",
+                                     access_log=False, lifespan="off", timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(self.config)
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
+        self._task = asyncio.create_task(self.server.serve(), name="agent-http")
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the agent's HTTP server stopped while starting")
+            await asyncio.sleep(0.01)
+
+    @property
+    def port(self) -> int:
+        for s in self.server.servers:
+            for sock in s.sockets:
+                return sock.getsockname()[1]
+        return self.config.port
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(self._task, timeout=3)
+            except (TimeoutError, asyncio.CancelledError):
+                self._task.cancel()
+

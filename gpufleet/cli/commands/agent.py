@@ -1,0 +1,101 @@
+"""`gpufleet agent`: the node agent for one server, joining a control plane over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def agent(
+        server: Annotated[str | None, typer.Option(
+            "--server", help="API server URL (default: the kubeconfig's).")] = None,
+        token_file: Annotated[Path | None, typer.Option(
+            "--token-file", help="File holding the bearer token to join with.")] = None,
+        kubeconfig: Annotated[Path | None, typer.Option(
+            "--kubeconfig", help="Kubeconfig to reach the API server with (when --server is not given).")] = None,
+        name: Annotated[str | None, typer.Option("--name", help="Node name (default: the host name).")] = None,
+        gpus: Annotated[int | None, typer.Option(
+            "--gpus", help="Declare this many GPUs instead of asking NVML (0: none).")] = None,
+        gpu_model: Annotated[str | None, typer.Option("--gpu-model", help="Model of the declared GPUs.")] = None,
+        gpu_memory: Annotated[int | None, typer.Option(
+            "--gpu-memory", help="Memory of each declared GPU, in MiB.")] = None,
+        gpu_inventory: Annotated[Path | None, typer.Option(
+            "--gpu-inventory", help="YAML file declaring the GPUs one by one.")] = None,
+        runtime: Annotated[str, typer.Option(
+            "--runtime", help="How containers run: process, podman or simulated.")] = "process",
+        state_dir: Annotated[Path, typer.Option(
+            "--state-dir", help="Where logs and runtime state live.")] = Path("~/.gpufleet/agent"),
+        address: Annotated[str, typer.Option(
+            "--address", help="Address the agent serves on and reports as the node's InternalIP.")] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port", help="Port for logs, stats and metrics (0: any).")] = 0,
+        labels: Annotated[str | None, typer.Option(
+            "--labels", help="Node labels, k=v,... (e.g. gpufleet.io/rack=r1).")] = None,
+        taints: Annotated[str | None, typer.Option(
+            "--taints", help="Node taints, k=v:NoSchedule,...")] = None,
+        cpus: Annotated[float | None, typer.Option("--cpus", help="CPUs to offer (default: all).")] = None,
+        memory: Annotated[str | None, typer.Option("--memory", help="Memory to offer, e.g. 16Gi.")] = None,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    ) -> None:
+        """Run the node agent: register this server as a Node and run the pods bound to it."""
+        from gpufleet.agent.agent import AgentConfig
+        from gpufleet.agent.node import hostname, parse_labels, parse_taints
+        from gpufleet.api.quantity import to_int_bytes
+
+        logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        if gpu_inventory is not None and gpus is not None:
+            raise typer.BadParameter("give --gpus or --gpu-inventory, not both", param_hint="--gpu-inventory")
+        try:
+            node_labels = parse_labels(labels)
+            node_taints = parse_taints(taints)
+            memory_bytes = to_int_bytes(memory) if memory else None
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        node_name = name or hostname()
+        config = AgentConfig(node_name=node_name, state_dir=state_dir.expanduser().resolve(), address=address,
+                             port=port, labels=node_labels, taints=node_taints, cpus=cpus, memory_bytes=memory_bytes)
+        token = token_file.expanduser().read_text().strip() if token_file else None
+        code = asyncio.run(_run(config, server, token, kubeconfig, runtime,
+                                dict(gpus=gpus, gpu_model=gpu_model, gpu_memory_mib=gpu_memory,
+                                     inventory=gpu_inventory)))
+        raise typer.Exit(code)
+
+
+async def _run(config, server: str | None, token: str | None, kubeconfig: Path | None, runtime_kind: str,
+               gpu_options: dict) -> int:
+    from gpufleet.agent.agent import NodeAgent
+    from gpufleet.agent.factory import build_devices, build_runtime
+    from gpufleet.client import Client, HttpTransport
+    from gpufleet.client.kubeconfig import load_kubeconfig, transport_from_config
+
+    if server:
+        transport = HttpTransport(server, token=token)
+    else:
+        transport = transport_from_config(load_kubeconfig(kubeconfig))
+    client = Client(transport)
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    agent = NodeAgent(client, build_runtime(runtime_kind, config.state_dir),
+                      build_devices(config.node_name, **gpu_options), config)
+    await serve_agent(agent)
+    await client.close()
+    return 0
+
+
+async def serve_agent(agent) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await agent.start()
+    print(f"agent {agent.name} serving on {agent.config.address}:{agent.port}", flush=True)
+    await stop.wait()
+    await agent.stop()
