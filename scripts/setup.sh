@@ -5,6 +5,9 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
+command -v podman >/dev/null 2>&1 || need_apt+=(podman)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+[ -x /bin/busybox ] || need_apt+=(busybox-static)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null

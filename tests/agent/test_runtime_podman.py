@@ -161,10 +161,19 @@ def busybox_image(tmp_path_factory) -> str:
     with tarfile.open(tar_path, "w") as tar:
         for entry in sorted(root.iterdir()):
             tar.add(entry, arcname=entry.name)
+    old = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", IMAGE],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     proc = subprocess.run(
         ["podman", "import", str(tar_path), IMAGE], capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 0, f"podman import failed: {proc.stderr}"
+    if old and old not in proc.stdout:
+        # The previous import lost its name to this one: do not pile up untagged images.
+        subprocess.run(["podman", "rmi", old], capture_output=True, check=False)
     return IMAGE
 
 
