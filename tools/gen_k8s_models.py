@@ -5,16 +5,24 @@ OpenAPI metadata we need (`openapi_types`, `attribute_map`). We read that metada
 of importing the client at runtime: the client is a test-only dependency, its models are slow
 to import and carry client-side behaviour we do not want inside the API server.
 
-Usage:  python tools/gen_k8s_models.py [--check] [--output PATH]
+It also writes gpufleet/api/k8s_descriptions.json.gz: the client's description of every
+generated class ("ClassName") and field ("ClassName.jsonName"), which the API server merges
+into its OpenAPI schemas for `kubectl explain`. They live outside k8s.py because that module is
+imported by everything, and a thousand docstrings would slow every import for the one request
+that needs them.
 
-`--check` exits non-zero when the checked-in module differs from what would be generated,
+Usage:  python tools/gen_k8s_models.py [--check] [--output PATH] [--descriptions-output PATH]
+
+`--check` exits non-zero when a checked-in file differs from what would be generated,
 so CI can catch a hand edit or a client upgrade that was not regenerated.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import inspect
+import json
 import keyword
 import re
 import subprocess
@@ -25,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_OUTPUT = REPO / "gpufleet" / "api" / "k8s.py"
+DEFAULT_DESCRIPTIONS = REPO / "gpufleet" / "api" / "k8s_descriptions.json.gz"
 
 # Root client type -> (apiVersion, kind). The client does not expose group/version per model
 # in a usable form, so the table is written out; it must agree with gpufleet/api/registry.py.
@@ -128,6 +137,7 @@ class FieldSpec:
     json_name: str
     annotation: str
     required: bool
+    description: str = ""
 
 
 @dataclass
@@ -139,6 +149,7 @@ class ClassSpec:
     deps: set[str]  # client names of referenced model types
     api_version: str | None = None
     kind: str | None = None
+    description: str = ""  # the whole description, where `doc` keeps its first sentence
 
 
 def short_name(client_name: str) -> str:
@@ -198,12 +209,33 @@ def safe_py_name(attr: str, reserved: set[str]) -> str:
     return name
 
 
-def class_doc(cls: type) -> str:
+def class_description(cls: type) -> str:
     doc = inspect.getdoc(cls) or ""
     # The client appends boilerplate about openapi_types/attribute_map; keep the description.
     doc = doc.split("Attributes:")[0].split("NOTE: This class is auto generated")[0].strip()
     if doc.startswith("NOTE:") or "Do not edit the class manually" in doc:
         return ""
+    return doc
+
+
+def field_description(cls: type, attr: str) -> str:
+    # Pydantic-based clients keep it on the field; python-legacy ones in the getter's docstring,
+    # between the "Gets the ..." line and ":return:".
+    fields = getattr(cls, "model_fields", None)
+    if isinstance(fields, dict) and attr in fields:
+        return (fields[attr].description or "").strip()
+    prop = inspect.getattr_static(cls, attr, None)
+    if not isinstance(prop, property) or prop.fget is None:
+        return ""
+    doc = inspect.getdoc(prop.fget) or ""
+    body = doc.split(":return:")[0].split("\n\n", 1)
+    if len(body) < 2:
+        return ""
+    return body[1].replace("# noqa: E501", "").strip()
+
+
+def class_doc(cls: type) -> str:
+    doc = class_description(cls)
     # A sentence ends at a period followed by a capital, and not at "e.g." or "i.e.".
     first = re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=\.)\s+(?=[A-Z])", " ".join(doc.split()), maxsplit=1)[0]
     return first
@@ -299,6 +331,7 @@ def build_specs(models, notes: list[str]) -> list[ClassSpec]:
                     json_name=cls.attribute_map[attr],
                     annotation=annotation_for(t, names, quantity),
                     required=not (is_object and attr in NEVER_REQUIRED_ON_OBJECTS) and is_required(cls, attr),
+                    description=field_description(cls, attr),
                 )
             )
         for qcls, qattr in QUANTITY_FIELDS:
@@ -307,7 +340,9 @@ def build_specs(models, notes: list[str]) -> list[ClassSpec]:
         deps = set()
         for t in cls.openapi_types.values():
             deps |= referenced_models(t)
-        spec = ClassSpec(client_name, names[client_name], class_doc(cls), fields, deps)
+        spec = ClassSpec(
+            client_name, names[client_name], class_doc(cls), fields, deps, description=class_description(cls)
+        )
         base = client_name[: -len("List")] if client_name.endswith("List") else None
         if client_name in ROOTS:
             spec.api_version, spec.kind = ROOTS[client_name]
@@ -443,11 +478,43 @@ def render_class(s: ClassSpec) -> str:
     return "\n".join(lines)
 
 
-def generate(notes: list[str]) -> tuple[str, int]:
+def descriptions_of(specs: list[ClassSpec]) -> dict[str, str]:
+    """Maps "Class" and "Class.jsonName" to the client's description, for those that have one."""
+    out: dict[str, str] = {}
+    for s in specs:
+        if s.description:
+            out[s.name] = s.description
+        for f in s.fields:
+            if f.description:
+                out[f"{s.name}.{f.json_name}"] = f.description
+    return out
+
+
+def render_descriptions(descriptions: dict[str, str]) -> str:
+    # One entry per line, sorted: stable across runs, and readable with `zcat`.
+    return json.dumps(descriptions, indent=0, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_descriptions(path: Path, text: str) -> None:
+    # mtime=0 and no file name in the header keep the bytes the same from run to run.
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz:
+        gz.write(text.encode())
+
+
+def read_descriptions(path: Path) -> str:
+    try:
+        return gzip.decompress(path.read_bytes()).decode()
+    except (OSError, EOFError, UnicodeDecodeError):
+        return ""
+
+
+def generate(notes: list[str], descriptions: dict[str, str] | None = None) -> tuple[str, int]:
     import kubernetes
     import kubernetes.client.models as models
 
     specs = build_specs(models, notes)
+    if descriptions is not None:
+        descriptions.update(descriptions_of(specs))
     order, cyclic = topo_order(specs)
     # Without a cycle every annotation names a class defined above it, so annotations are
     # evaluated eagerly: string annotations would cost a compile() each at import time.
@@ -478,22 +545,35 @@ def ruff_format(source: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    p.add_argument("--check", action="store_true", help="fail if the output file is out of date")
+    p.add_argument("--descriptions-output", type=Path, default=DEFAULT_DESCRIPTIONS)
+    p.add_argument("--check", action="store_true", help="fail if an output file is out of date")
     args = p.parse_args(argv)
     notes: list[str] = []
-    source, count = generate(notes)
+    descriptions: dict[str, str] = {}
+    source, count = generate(notes, descriptions)
     source = ruff_format(source)
+    described = render_descriptions(descriptions)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     if args.check:
+        stale = []
         current = args.output.read_text() if args.output.exists() else ""
         if current != source:
-            print(f"{args.output} is out of date; run tools/gen_k8s_models.py", file=sys.stderr)
+            stale.append(args.output)
+        # Compared decompressed: another zlib may compress the same text to other bytes.
+        if read_descriptions(args.descriptions_output) != described:
+            stale.append(args.descriptions_output)
+        for path in stale:
+            print(f"{path} is out of date; run tools/gen_k8s_models.py", file=sys.stderr)
+        if stale:
             return 1
-        print(f"{args.output} is up to date ({count} classes)")
+        print(f"{args.output} is up to date ({count} classes, {len(descriptions)} descriptions)")
         return 0
     args.output.write_text(source)
-    print(f"wrote {args.output} ({count} classes)")
+    write_descriptions(args.descriptions_output, described)
+    print(
+        f"wrote {args.output} ({count} classes) and {args.descriptions_output} ({len(descriptions)} descriptions)"
+    )
     return 0
 
 

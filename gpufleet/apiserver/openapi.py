@@ -6,7 +6,9 @@ validates fields itself: it looks for a PATCH operation tagged with the kind's
 it finds one it sends `fieldValidation=Strict` and leaves validation to the server; when it
 finds none it validates on the client against the schemas, which we do not want to depend
 on. So the operations are what matters; the schemas under components are a bonus for
-`kubectl explain` and are left out when the typed models cannot be loaded.
+`kubectl explain` and are left out when the typed models cannot be loaded. Their descriptions
+come from gpufleet/api/k8s_descriptions.json.gz (written with the models by
+tools/gen_k8s_models.py), read the first time a document is built.
 
 PATCH operations deliberately declare no request body. kubectl 1.27+ computes an apply patch
 from the v3 schemas as soon as a PATCH lists `application/strategic-merge-patch+json`, and
@@ -17,10 +19,13 @@ JSON merge patch, as on a real cluster).
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import threading
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from gpufleet.api.registry import Registry, ResourceType
@@ -266,6 +271,42 @@ class _Converter:
         return prop
 
 
+@cache
+def _descriptions() -> dict[str, str]:
+    """Descriptions by "Class" and "Class.jsonName". Kept out of the models so that importing
+    them stays cheap; a missing or unreadable file only costs `kubectl explain` its text."""
+    try:
+        data = (resources.files("gpufleet.api") / "k8s_descriptions.json.gz").read_bytes()
+        texts = json.loads(gzip.decompress(data))
+    except (OSError, EOFError, ValueError):
+        return {}
+    return texts if isinstance(texts, dict) else {}
+
+
+def _describe(short: str, schema: dict[str, Any]) -> dict[str, Any]:
+    texts = _descriptions()
+    if not texts:
+        return schema
+    out = dict(schema)
+    # Replaces what pydantic took from the class docstring: k8s.py keeps only its first sentence.
+    if short in texts:
+        out["description"] = texts[short]
+    properties = out.get("properties")
+    if isinstance(properties, dict):
+        described: dict[str, Any] = {}
+        for name, prop in properties.items():
+            text = texts.get(f"{short}.{name}")
+            if text and isinstance(prop, dict):
+                if "$ref" in prop:
+                    # OpenAPI 3.0 ignores the siblings of a $ref; Kubernetes wraps it the same way.
+                    rest = {k: v for k, v in prop.items() if k != "$ref"}
+                    prop = {"allOf": [{"$ref": prop["$ref"]}], **rest}
+                prop = {**prop, "description": text}
+            described[name] = prop
+        out["properties"] = described
+    return out
+
+
 def _components(kinds: list[ResourceType], schemas: _Schemas) -> dict[str, Any]:
     conv = _Converter(schemas.names)
     out: dict[str, Any] = {}
@@ -279,7 +320,7 @@ def _components(kinds: list[ResourceType], schemas: _Schemas) -> dict[str, Any]:
             name = schemas.names.get(short, short)
             if name in out:
                 continue
-            out[name] = conv.convert(schema)
+            out[name] = _describe(short, conv.convert(schema))
         root = schemas.names.get(_ref_name(defs["__root__"]["$ref"]))
         if root in out:
             out[root] = {**out[root], "x-kubernetes-group-version-kind": [_gvk(rt)]}

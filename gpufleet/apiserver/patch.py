@@ -48,6 +48,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import re
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -196,7 +197,7 @@ def _describe_op(op: Mapping[str, Any]) -> str:
 def json_patch(target: Any, ops: Any) -> Any:
     """RFC 6902: apply ``ops`` (test/add/remove/replace/move/copy) in order, all or nothing."""
     if not isinstance(ops, list):
-        raise PatchError('a JSON patch must be a list of operations, e.g. [{"op": "add", ...}]')
+        raise PatchError('a JSON patch must be a list of operations, e.g. [{"op": "add", ...}]', status_code=400)
     if len(ops) > MAX_JSON_PATCH_OPERATIONS:
         raise PatchError(
             f"the JSON patch has {len(ops)} operations; at most {MAX_JSON_PATCH_OPERATIONS} are allowed"
@@ -205,7 +206,7 @@ def json_patch(target: Any, ops: Any) -> Any:
         document = _copy_json(target)
     for index, op in enumerate(ops):
         if not isinstance(op, Mapping):
-            raise PatchError(f"JSON patch operation {index} must be an object with 'op' and 'path'")
+            raise PatchError(f"JSON patch operation {index} must be an object with 'op' and 'path'", status_code=400)
         # Operations are applied one at a time so that an error can name the one that failed.
         # The operation is copied so the values it adds are not shared with the caller's list.
         try:
@@ -616,12 +617,45 @@ def _body_text(body: bytes | bytearray | memoryview | str) -> str:
     raise PatchError(f"the patch body must be bytes, not {type(body).__name__}", status_code=400)
 
 
+# A \uXXXX escape naming half of a UTF-16 surrogate pair.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _encodable(text: str) -> str:
+    """``text`` if UTF-8 can hold it. JSON and YAML escapes can name half of a surrogate pair
+    (``"\\ud800"``); such a string can be neither stored nor echoed back in a response."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PatchError(
+            f"the patch body holds a string with an unpaired surrogate: {ascii(text[:64])}", status_code=400
+        ) from None
+    return text
+
+
+def _check_strings(document: Any) -> None:
+    stack = [document]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            _encodable(value)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                _encodable(key)
+                stack.append(item)
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
 def _decode_json(body: bytes | bytearray | memoryview | str) -> Any:
     text = _body_text(body)
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        document = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, RecursionError) as exc:
         raise PatchError(f"the patch body is not valid JSON: {exc}", status_code=400) from None
+    if _SURROGATE_ESCAPE.search(text):
+        _check_strings(document)
+    return document
 
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -640,7 +674,7 @@ _ApplyYamlLoader.yaml_implicit_resolvers = {
 
 def _yaml_key(key: Any) -> str:
     if isinstance(key, str):
-        return key
+        return _encodable(key)
     if isinstance(key, bool):
         return "true" if key else "false"
     if key is None:
@@ -660,7 +694,9 @@ def _yaml_to_json(value: Any, budget: list[int]) -> Any:
         return {_yaml_key(k): _yaml_to_json(v, budget) for k, v in value.items()}
     if isinstance(value, list):
         return [_yaml_to_json(v, budget) for v in value]
-    if value is None or isinstance(value, bool | int | str):
+    if isinstance(value, str):
+        return _encodable(value)
+    if value is None or isinstance(value, bool | int):
         return value
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -680,7 +716,11 @@ def _decode_yaml(body: bytes | bytearray | memoryview | str) -> Any:
         document = yaml.load(text, Loader=_ApplyYamlLoader)
     except Exception as exc:  # the YAML library raises several types for malformed input
         raise PatchError(f"the apply body is not valid YAML or JSON: {exc}", status_code=400) from None
-    return _yaml_to_json(document, [MAX_YAML_NODES])
+    try:
+        return _yaml_to_json(document, [MAX_YAML_NODES])
+    except RecursionError:
+        # A YAML alias can make a structure contain itself; JSON cannot express that.
+        raise PatchError("the YAML body is nested too deeply or refers to itself", status_code=400) from None
 
 
 def _require_object(value: Any, what: str) -> Mapping[str, Any]:
@@ -720,3 +760,8 @@ def apply_patch(target: Mapping[str, Any], body: bytes | str, content_type: str,
         f"the patch content type {content_type!r} is not supported; use one of: "
         + ", ".join(PATCH_CONTENT_TYPES)
     )
+
+
+# The bounded, surrogate-safe decoders, for request bodies other than patches too.
+decode_json = _decode_json
+decode_yaml = _decode_yaml

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import ipaddress
+import json
 import logging
 import secrets
 import uuid
@@ -16,7 +17,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
-import yaml
 from pydantic import ValidationError
 
 from gpufleet.api import defaults as api_defaults
@@ -41,7 +41,7 @@ from gpufleet.apiserver.errors import (
     method_not_allowed,
     not_found,
 )
-from gpufleet.apiserver.patch import PatchError, apply_patch
+from gpufleet.apiserver.patch import PatchError, apply_patch, decode_json, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
@@ -50,6 +50,9 @@ from gpufleet.utils.http import RawRequest, RawResponse
 log = logging.getLogger("gpufleet.apiserver")
 
 JSON = "application/json"
+_PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
+                "application/strategic-merge-patch+json", "application/apply-patch+yaml")
+_MAX_PAGE = 5000
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 # Kinds whose status a create may set (the agent registers its Node with what it found).
 _STATUS_ON_CREATE = {"Node", "Event", "Lease"}
@@ -67,7 +70,11 @@ def _truthy(v: str | None) -> bool:
 
 
 def _dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj)
+    try:
+        return orjson.dumps(obj)
+    except TypeError:
+        # orjson refuses lone surrogates; an error about such input must still be rendered.
+        return json.dumps(obj, ensure_ascii=True, default=str).encode()
 
 
 def _json_response(status: int, obj: Any, headers: dict[str, str] | None = None) -> RawResponse:
@@ -113,6 +120,11 @@ def _rv(obj: dict[str, Any]) -> int:
         return 0
 
 
+def _key_of(obj: dict[str, Any]) -> tuple[str, str]:
+    m = obj.get("metadata", {})
+    return (m.get("namespace", "") or "", m.get("name", ""))
+
+
 def _strip_for_compare(obj: dict[str, Any]) -> dict[str, Any]:
     out = dict(obj)
     m = dict(out.get("metadata") or {})
@@ -120,6 +132,37 @@ def _strip_for_compare(obj: dict[str, Any]) -> dict[str, Any]:
     m.pop("managedFields", None)
     out["metadata"] = m
     return out
+
+
+def check_delete_options(opts: Any) -> dict[str, Any]:
+    """DeleteOptions as Kubernetes types them; anything else is a 400 naming the field."""
+    if opts is None:
+        return {}
+    if not isinstance(opts, dict):
+        raise bad_request("DeleteOptions must be a JSON object")
+    gp = opts.get("gracePeriodSeconds")
+    if gp is not None and (not isinstance(gp, int) or isinstance(gp, bool)):
+        raise bad_request(f"gracePeriodSeconds: Invalid value: {gp!r}: must be an integer number of seconds")
+    if gp is not None and gp < 0:
+        opts["gracePeriodSeconds"] = 1  # Kubernetes treats a negative grace period as 1 second
+    if opts.get("propagationPolicy") not in (None, "Foreground", "Background", "Orphan"):
+        raise bad_request(
+            f'propagationPolicy: Unsupported value: "{opts["propagationPolicy"]}": '
+            'supported values: "Foreground", "Background", "Orphan"'
+        )
+    pre = opts.get("preconditions")
+    if pre is not None:
+        if not isinstance(pre, dict):
+            raise bad_request("preconditions: must be an object with uid and/or resourceVersion")
+        for key in ("uid", "resourceVersion"):
+            if pre.get(key) is not None and not isinstance(pre[key], str):
+                raise bad_request(f"preconditions.{key}: Invalid value: {pre[key]!r}: must be a string")
+    if "orphanDependents" in opts and opts["orphanDependents"] is not None:
+        if not isinstance(opts["orphanDependents"], bool):
+            raise bad_request("orphanDependents: must be true or false")
+        if "propagationPolicy" not in opts:
+            opts["propagationPolicy"] = "Orphan" if opts["orphanDependents"] else "Background"
+    return opts
 
 
 class ApiServer:
@@ -362,13 +405,13 @@ class ApiServer:
             from gpufleet.apiserver.protobuf import decode_k8s_protobuf
 
             return decode_k8s_protobuf(req.body, REGISTRY)
-        if "protobuf" in ctype:
+        if "protobuf" in ctype or ctype in _PATCH_TYPES:
             raise ApiException(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
         try:
             if "yaml" in ctype:
-                return yaml.safe_load(req.body)
-            return orjson.loads(req.body)
-        except (orjson.JSONDecodeError, yaml.YAMLError) as e:
+                return decode_yaml(req.body)
+            return decode_json(req.body)
+        except PatchError as e:
             raise bad_request(f"the body of the request could not be decoded as {ctype or 'JSON'}: {e}") from None
 
     def _delete_options(self, req: RawRequest) -> dict[str, Any]:
@@ -389,12 +432,7 @@ class ApiServer:
         pp = req.param("propagationPolicy")
         if pp is not None:
             opts["propagationPolicy"] = pp
-        if opts.get("propagationPolicy") not in (None, "Foreground", "Background", "Orphan"):
-            raise bad_request(
-                f'propagationPolicy: Unsupported value: "{opts["propagationPolicy"]}": '
-                'supported values: "Foreground", "Background", "Orphan"'
-            )
-        return opts
+        return check_delete_options(opts)
 
     def _render_object(self, req: RawRequest, rt: ResourceType, obj: dict[str, Any]) -> RawResponse:
         if self._wants_table(req):
@@ -516,6 +554,17 @@ class ApiServer:
                 else f"the kind in the data ({kind}) does not match the expected kind ({rt.kind})"
             )
         body["apiVersion"], body["kind"] = rt.api_version, rt.kind
+        meta = body.get("metadata")
+        if meta is not None:
+            if not isinstance(meta, dict):
+                raise bad_request("metadata: Invalid value: must be an object (ObjectMeta)",
+                                  [{"reason": "FieldValueTypeInvalid", "field": "metadata",
+                                    "message": "must be an object"}])
+            for key in ("name", "generateName", "namespace", "uid", "resourceVersion"):
+                if meta.get(key) is not None and not isinstance(meta[key], str):
+                    raise bad_request(f"metadata.{key}: Invalid value: {meta[key]!r}: must be a string",
+                                      [{"reason": "FieldValueTypeInvalid", "field": f"metadata.{key}",
+                                        "message": "must be a string"}])
         return body
 
     def _reset_status(self, rt: ResourceType, obj: dict[str, Any]) -> None:
@@ -656,6 +705,13 @@ class ApiServer:
                                                     dry_run=dry_run)
                 raise not_found(rt, name) from None
         expected = meta.get("resourceVersion")
+        if expected is not None and not isinstance(expected, str):
+            raise bad_request(f"metadata.resourceVersion: Invalid value: {expected!r}: must be a string "
+                              "holding the resourceVersion you read")
+        body_uid = meta.get("uid")
+        if body_uid and body_uid != current.get("metadata", {}).get("uid"):
+            raise conflict(rt, name, f"Precondition failed: UID in precondition: {body_uid}, UID in object meta: "
+                                     f"{current.get('metadata', {}).get('uid')}")
         if expected:
             try:
                 expected_rev = int(expected)
@@ -775,8 +831,8 @@ class ApiServer:
                     raise not_found(rt, name)
                 # Server-side apply creates what is missing.
                 try:
-                    applied = yaml.safe_load(req.body)
-                except yaml.YAMLError as e:
+                    applied = decode_yaml(req.body)
+                except PatchError as e:
                     raise bad_request(f"the apply patch could not be decoded: {e}") from None
                 if not isinstance(applied, dict):
                     raise bad_request("the apply patch must be an object")
@@ -788,11 +844,11 @@ class ApiServer:
             try:
                 patched = apply_patch(base, req.body, ctype, rt.kind)
             except PatchError as e:
-                raise ApiException(
-                    422 if ctype == "application/json-patch+json" else 400,
-                    "Invalid" if ctype == "application/json-patch+json" else "BadRequest",
-                    str(e),
-                ) from None
+                if e.status_code == 400:
+                    raise bad_request(str(e)) from None
+                if e.status_code == 415:
+                    raise ApiException(415, "UnsupportedMediaType", str(e)) from None
+                raise invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "patch", "message": str(e)}]) from None
             if not isinstance(patched, dict):
                 raise bad_request("the patched object is not a JSON object")
             # A patch pins a revision only when it names one itself; otherwise the revision it
@@ -839,10 +895,13 @@ class ApiServer:
             grace = options.get("gracePeriodSeconds")
             policy = options.get("propagationPolicy")
             finalizers = list(meta.get("finalizers") or [])
-            if policy == "Foreground" and "foregroundDeletion" not in finalizers:
-                finalizers.append("foregroundDeletion")
-            elif policy == "Orphan" and "orphan" not in finalizers:
-                finalizers.append("orphan")
+            if policy is not None:
+                # The latest propagation policy wins, as in Kubernetes' deletion finalizers.
+                finalizers = [f for f in finalizers if f not in ("orphan", "foregroundDeletion")]
+                if policy == "Foreground":
+                    finalizers.append("foregroundDeletion")
+                elif policy == "Orphan":
+                    finalizers.append("orphan")
             graceful = False
             if rt.kind == "Pod" and (current.get("spec") or {}).get("nodeName"):
                 phase = (current.get("status") or {}).get("phase")
@@ -958,6 +1017,8 @@ class ApiServer:
         if continue_token:
             try:
                 tok = orjson.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                if not (isinstance(tok["ns"], str) and isinstance(tok["name"], str) and isinstance(tok["rv"], int)):
+                    raise ValueError("continue token fields have the wrong types")
                 after, list_rev = (tok["ns"], tok["name"]), int(tok["rv"])
             except Exception:
                 raise bad_request("continue: Invalid value: the continue token is malformed; start the list "
@@ -972,9 +1033,18 @@ class ApiServer:
                 items = [obj] if obj is not None and self._matches(obj, label_sel, field_sel) else []
                 return items, await self.store.revision(), None
         items: list[dict[str, Any]] = []
-        page = max(limit or 0, 500)
+        if continue_token and list_rev is not None and list_rev < await self.store.revision():
+            # Later pages show the world as of the first page, as Kubernetes' do.
+            snapshot = await self._list_at(rt, ns, list_rev)
+            pages = [store_base.ListResult([o for o in snapshot if _key_of(o) > after], list_rev)]
+        else:
+            pages = None
+        page = min(max(limit or 0, 500), _MAX_PAGE)
         while True:
-            result = await self.store.list(rt.key, ns or None, limit=page, after=after)
+            if pages is not None:
+                result = pages.pop()
+            else:
+                result = await self.store.list(rt.key, ns or None, limit=page, after=after)
             if list_rev is None:
                 list_rev = result.revision
             for obj in result.items:
@@ -993,6 +1063,26 @@ class ApiServer:
                 return items, list_rev, None
             after = result.next_key
 
+    async def _list_at(self, rt: ResourceType, ns: str, revision: int) -> list[dict[str, Any]]:
+        """The objects as they were at ``revision``: today's list with later history undone."""
+        current = await self.store.list(rt.key, ns or None)
+        try:
+            events = await self.store.history(rt.key, ns or None, revision, current.revision)
+        except store_base.Expired:
+            raise ApiException(
+                410, "Expired",
+                "The provided continue parameter is too old to display a consistent list result. "
+                "You can start a new list without the continue parameter.",
+            ) from None
+        state = {_key_of(o): o for o in current.items}
+        for ev in reversed(events):
+            key = (ev.namespace, ev.name)
+            if ev.type == "ADDED":
+                state.pop(key, None)
+            else:
+                state[key] = ev.prev if ev.prev is not None else ev.object
+        return [state[k] for k in sorted(state)]
+
     async def _list(self, req: RawRequest, rt: ResourceType, ns: str) -> RawResponse:
         label_sel, field_sel = self._selectors(req, rt)
         limit_s = req.param("limit")
@@ -1000,6 +1090,10 @@ class ApiServer:
             limit = int(limit_s) if limit_s else None
         except ValueError:
             raise bad_request(f"limit: Invalid value: {limit_s!r}: must be an integer") from None
+        if limit is not None and limit > 2**63 - 1:
+            raise bad_request(f"limit: Invalid value: {limit_s!r}: must fit in a 64-bit integer")
+        if limit is not None and limit <= 0:
+            limit = None  # Kubernetes: a non-positive limit means no limit
         items, rev, token = await self.list_objects(rt, ns, label_sel, field_sel, limit, req.param("continue"))
         if self._wants_table(req):
             return _json_response(200, tables.to_table(
@@ -1026,15 +1120,17 @@ class ApiServer:
         as_table = self._wants_table(req)
         initial: list[dict[str, Any]] = []
         send_initial = _truthy(req.param("sendInitialEvents"))
-        if not rv_param or rv_param == "0" or send_initial:
-            initial, start_rev, _ = await self.list_objects(rt, ns, label_sel, field_sel)
-            if rv_param and rv_param != "0" and send_initial:
-                start_rev = max(start_rev, int(rv_param))
-        else:
+        requested_rev = 0
+        if rv_param:
             try:
-                start_rev = int(rv_param)
+                requested_rev = int(rv_param)
             except ValueError:
                 raise bad_request(f'resourceVersion: Invalid value: "{rv_param}": must be an integer') from None
+        if not requested_rev or send_initial:
+            initial, start_rev, _ = await self.list_objects(rt, ns, label_sel, field_sel)
+            start_rev = max(start_rev, requested_rev)
+        else:
+            start_rev = requested_rev
         try:
             watch = await self.store.watch(rt.key, ns or None, start_rev)
         except store_base.Expired as e:
@@ -1128,7 +1224,9 @@ class ApiServer:
 
     async def _apply_scale(self, rt: ResourceType, ns: str, name: str, scale: dict[str, Any],
                            current: dict[str, Any], user: UserInfo, dry_run: bool) -> dict[str, Any]:
-        replicas = (scale.get("spec") or {}).get("replicas")
+        if not isinstance(scale.get("spec"), dict) or not isinstance(scale.get("metadata") or {}, dict):
+            raise bad_request("a Scale needs spec.replicas and, if given, an object for metadata")
+        replicas = scale["spec"].get("replicas")
         if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 0:
             raise invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "spec.replicas",
                                       "message": f"Invalid value: {replicas!r}: must be greater than or equal to 0"}])
@@ -1159,13 +1257,24 @@ class ApiServer:
         if not isinstance(binding, dict) or not isinstance(binding.get("target"), dict):
             raise bad_request("a Binding needs target.name: the node to bind the pod to")
         node = binding["target"].get("name")
+        if node is not None and not isinstance(node, str):
+            raise bad_request(f"target.name: Invalid value: {node!r}: must be a node name")
         if not node:
             raise invalid(rt, name, [{"reason": "FieldValueRequired", "field": "target.name",
                                       "message": "Required value"}])
+        kind = binding["target"].get("kind")
+        if kind not in (None, "", "Node"):
+            raise invalid(rt, name, [{"reason": "FieldValueNotSupported", "field": "target.kind",
+                                      "message": f'Unsupported value: {json.dumps(kind)}: supported values: "Node"'}])
+        bmeta = binding.get("metadata")
+        if bmeta is not None and not isinstance(bmeta, dict):
+            raise bad_request("metadata: must be an object")
         for _ in range(10):
             pod = await self.get_object(rt, ns, name)
             meta = pod["metadata"]
             uid = (binding.get("metadata") or {}).get("uid")
+            if uid is not None and not isinstance(uid, str):
+                raise bad_request(f"metadata.uid: Invalid value: {uid!r}: must be a string")
             if uid and uid != meta.get("uid"):
                 raise conflict(rt, name, "the pod was replaced since the binding was made")
             if meta.get("deletionTimestamp"):
@@ -1188,7 +1297,7 @@ class ApiServer:
         raise conflict(rt, name)
 
     async def evict_pod(self, rt: ResourceType, ns: str, name: str, eviction: Any, user: UserInfo) -> dict[str, Any]:
-        options = (eviction or {}).get("deleteOptions") or {} if isinstance(eviction, dict) else {}
+        options = check_delete_options(eviction.get("deleteOptions") if isinstance(eviction, dict) else None)
         await self.delete_object(rt, ns, name, options, user=user)
         return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
 

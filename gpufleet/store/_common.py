@@ -389,6 +389,28 @@ class HousekeepingMixin:
                 await self._housekeeping_task
             self._housekeeping_task = None
 
+    async def _read_replay(
+        self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int
+    ) -> tuple[int, list[WatchEvent]]:  # pragma: no cover - provided by the backend
+        raise NotImplementedError
+
+    async def history(
+        self, resource: str | None, namespace: str | None, after: int, upto: int
+    ) -> list[WatchEvent]:
+        """The events with after < revision <= upto, in order; Expired when compaction has
+        dropped any of them. Lets the API server serve a list as of an older revision."""
+        out: list[WatchEvent] = []
+        cursor = after
+        while cursor < upto:
+            compacted, page = await self._read_replay(resource, namespace, cursor, upto, 500)
+            if after < compacted:
+                raise Expired(after, compacted + 1)
+            out.extend(page)
+            if len(page) < 500:
+                break
+            cursor = page[-1].revision
+        return out
+
     async def compact_history(self) -> None:
         """Compact all but the last ``history`` revisions (what housekeeping runs)."""
         target = await self.revision() - self._history

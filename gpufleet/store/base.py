@@ -136,6 +136,11 @@ class Store(Protocol):
         ``resource``/``namespace`` None mean all. Raises Expired when from_revision is older
         than the history kept (from_revision < oldest kept revision - 1)."""
 
+    async def history(
+        self, resource: str | None, namespace: str | None, after: int, upto: int
+    ) -> list[WatchEvent]:
+        """Events with after < revision <= upto, in order. Raises Expired when compacted."""
+
     async def compact(self, revision: int) -> None:
         """Drop history at or below ``revision``."""
 

@@ -2,8 +2,9 @@
 unchanged.
 
 Hypothesis sends malformed manifests, random bytes, random patches of every content type,
-PUTs with random resourceVersions, DELETEs with random options and lists with random query
-strings at a server seeded with a Deployment, a Pod, a Service, a ConfigMap and a Namespace.
+PUTs with random resourceVersions, DELETEs with random options, random Bindings and Evictions
+and lists with random query strings at a server seeded with a Deployment, a Pod, a Service, a
+ConfigMap and a Namespace.
 After every request:
 
 - no 5xx;
@@ -24,6 +25,8 @@ import asyncio
 import base64
 import json
 import logging
+import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +53,7 @@ from apiserver_helpers import (
     pod,
     service,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.api.registry import REGISTRY
@@ -58,10 +61,15 @@ from gpufleet.api.validation import validate_create
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.store.base import open_store
 
-EXAMPLES = 200
+# A longer hunt: GPUFLEET_FUZZ_EXAMPLES=5000 pytest tests/apiserver/test_fuzz.py
+EXAMPLES = int(os.environ.get("GPUFLEET_FUZZ_EXAMPLES", "200"))
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
+    # No shrinking: with a store shared by the examples a failure rarely replays alike, and
+    # shrinking one could take minutes. The assertion message carries the failing request.
+    phases=(Phase.explicit, Phase.reuse, Phase.generate),
+    report_multiple_bugs=False,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 
@@ -142,24 +150,15 @@ def _deep(depth: int, kind: int) -> str:
     return '{"a":' * depth + "1" + "}" * depth
 
 
+_DEEP_MARKER = re.compile(f'"{DEEP}([0-9]+)"')
+
+
 def to_json(value: Any, ensure_ascii: bool = False) -> bytes:
     """JSON text of a generated value; a DEEP marker string becomes nesting that deep (too deep
     for any recursive encoder to build)."""
     text = json.dumps(value, ensure_ascii=ensure_ascii)
-    out = []
-    i = 0
-    marker = f'"{DEEP}'
-    while True:
-        j = text.find(marker, i)
-        if j < 0:
-            out.append(text[i:])
-            break
-        k = text.index('"', j + 1)
-        depth = int(text[j + len(marker):k])
-        out.append(text[i:j])
-        out.append(_deep(depth, depth % 2))
-        i = k + 1
-    return "".join(out).encode("utf-8", "surrogatepass")
+    text = _DEEP_MARKER.sub(lambda m: _deep(int(m.group(1)), int(m.group(1)) % 2), text)
+    return text.encode("utf-8", "surrogatepass")
 
 
 # ----------------------------------------------------------------------------- mutations
@@ -340,13 +339,20 @@ class Harness:
         self.run(self._check(build))
 
     async def _check(self, build: Callable[[Harness], Any]) -> None:
-        before = await self.snapshot()
+        await self.snapshot()
         sent: Sent = await build(self)
+        # After build: it may prepare the target (bind a pod) before the request under test.
+        before = await self.snapshot(reseed=False)
         headers = {}
         if sent.content_type is not None:
             headers["content-type"] = sent.content_type
-        reply = await self.api.call(sent.method, sent.path, sent.body, query=sent.query, content_type=None,
-                                    headers=headers, accept=sent.accept)
+        try:
+            reply = await self.api.call(sent.method, sent.path, sent.body, query=sent.query, content_type=None,
+                                        headers=headers, accept=sent.accept)
+        except Exception as e:
+            # ApiServer.handle must answer every request; an exception escaping it is a dropped
+            # connection over HTTP and a crash of the in-process client.
+            raise AssertionError(f"{sent!r} made ApiServer.handle raise {type(e).__name__}: {e}") from e
         try:
             await self._verify(sent, reply, before)
         finally:
@@ -479,7 +485,7 @@ def test_malformed_creates_are_rejected_cleanly(harness: Harness) -> None:
 
 def test_malformed_updates_are_rejected_cleanly(harness: Harness) -> None:
     rvs = st.one_of(st.just("keep"), st.just("drop"), st.just("stale"), st.integers(-5, 10**20).map(str),
-                    st.text(max_size=8), st.integers(0, 50), st.none())
+                    st.text(max_size=8), st.integers(0, 50), st.none(), st.sampled_from([{"a": 1}, [1], 1.5, True]))
 
     @FUZZ_SETTINGS
     @given(key=seed_keys, data=st.data(), rv=rvs)
@@ -650,6 +656,40 @@ def test_random_list_queries_are_rejected_cleanly(harness: Harness) -> None:
             # Table rendering runs on every listed object: the same queries exercise it too.
             accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json" if table else None
             return Sent("GET", path, b"", None, list(query), None, accept)
+
+        harness.check(build)
+
+    run()
+
+
+def test_random_bindings_and_evictions_are_rejected_cleanly(harness: Harness) -> None:
+    seed = SEEDS["pod"]
+    bindings = st.fixed_dictionaries(
+        {},
+        optional={
+            "apiVersion": st.sampled_from(["v1", "bogus"]),
+            "kind": st.sampled_from(["Binding", "Eviction", ""]),
+            "metadata": st.one_of(st.fixed_dictionaries({}, optional={"name": json_values, "uid": json_values}),
+                                  json_values),
+            "target": st.one_of(st.fixed_dictionaries({}, optional={"name": json_values, "kind": json_values,
+                                                                    "apiVersion": json_values}),
+                                json_values),
+            "deleteOptions": st.one_of(st.fixed_dictionaries({}, optional={
+                "gracePeriodSeconds": json_values, "preconditions": json_values,
+                "propagationPolicy": json_values}), json_values),
+        },
+    )
+
+    @FUZZ_SETTINGS
+    @given(body=st.one_of(bindings, json_values), sub=st.sampled_from(["binding", "eviction"]))
+    def run(body: Any, sub: str) -> None:
+        async def build(h: Harness) -> Sent:
+            current = await h.current("pod")
+            if (current.get("spec") or {}).get("nodeName") or current["metadata"].get("deletionTimestamp"):
+                # Start each example from an unbound, live pod: only those can be bound.
+                await h.store.delete("pods", "default", seed.name)
+                await h.snapshot()
+            return Sent("POST", f"{seed.url}/{sub}", to_json(body), JSON, [], "pod")
 
         harness.check(build)
 

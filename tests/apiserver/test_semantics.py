@@ -9,6 +9,7 @@ and clients branch on the code (409 -> re-read and retry, 410 -> relist).
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import uuid
 
@@ -311,8 +312,16 @@ async def test_continued_pages_are_a_snapshot_of_the_first(api: Api) -> None:
 
 
 async def test_malformed_continue_and_limit_are_400(api: Api) -> None:
+    await api.create(CONFIGMAPS, configmap("a"))
     assert_status(await api.get(CONFIGMAPS, query={"continue": "!!garbage!!"}), 400, "BadRequest")
     assert_status(await api.get(CONFIGMAPS, query={"limit": "ten"}), 400, "BadRequest")
+    # limit is an int64 on the wire.
+    assert_status(await api.get(CONFIGMAPS, query={"limit": "99999999999999999999"}), 400, "BadRequest")
+    # A token that decodes but holds the wrong types is as malformed as one that does not decode.
+    for token in ({"rv": 1, "ns": {"a": 1}, "name": "x"}, {"rv": 1, "ns": "default", "name": [1]},
+                  {"rv": "x", "ns": "default", "name": "a"}, [1, 2]):
+        q = {"limit": "1", "continue": base64.urlsafe_b64encode(orjson.dumps(token)).decode()}
+        assert_status(await api.get(CONFIGMAPS, query=q), 400, "BadRequest")
 
 
 async def test_list_resource_version(api: Api) -> None:
@@ -359,6 +368,17 @@ async def test_update_without_resource_version_succeeds(api: Api) -> None:
     assert r.json["spec"]["replicas"] == 5
     assert rv(r.json) > rv(obj)
     assert r.json["metadata"]["uid"] == obj["metadata"]["uid"]
+
+
+async def test_update_with_a_malformed_resource_version_is_400(api: Api) -> None:
+    obj = await api.create(CONFIGMAPS, configmap("c"))
+    for bad in ({"a": 1}, [1], "abc", 1.5):
+        body = clone(obj)
+        body["metadata"]["resourceVersion"] = bad
+        assert_status(await api.put(f"{CONFIGMAPS}/c", body), 400, "BadRequest")
+        r = await api.patch(f"{CONFIGMAPS}/c", {"metadata": {"resourceVersion": bad}, "data": {"k": "x"}})
+        assert_status(r, 400, "BadRequest")
+    assert await api.must_get(f"{CONFIGMAPS}/c") == obj
 
 
 async def test_update_missing_object_is_404_and_name_mismatch_400(api: Api) -> None:
@@ -579,7 +599,15 @@ async def test_strategic_merge_patch_on_service_merges_ports_by_port(api: Api) -
     r = await api.patch(f"{SERVICES}/web", {"spec": {"ports": [{"port": 443, "targetPort": 8443,
                                                                  "name": "https"}]}}, STRATEGIC)
     assert r.status == 200, r
-    assert [(p["name"], p["port"]) for p in r.json["spec"]["ports"]] == [("http", 80), ("https", 443)]
+    # Without $setElementOrder, apimachinery puts the patch's new items before the live ones
+    # (mergeSortedSlice cannot place an item the live list lacks).
+    assert [(p["name"], p["port"]) for p in r.json["spec"]["ports"]] == [("https", 443), ("http", 80)]
+    r = await api.patch(f"{SERVICES}/web", {"spec": {
+        "$setElementOrder/ports": [{"port": 80}, {"port": 443}],
+        "ports": [{"port": 443, "targetPort": 9443}]}}, STRATEGIC)
+    assert r.status == 200, r
+    assert [(p["name"], p["port"], p["targetPort"]) for p in r.json["spec"]["ports"]] == [
+        ("http", 80, 8080), ("https", 443, 9443)]
 
 
 async def test_strategic_merge_patch_on_pod_status_merges_conditions_by_type(api: Api) -> None:
@@ -775,6 +803,37 @@ async def test_bound_pod_is_deleted_gracefully(api: Api) -> None:
     assert_status(await api.get(f"{PODS}/p"), 404, "NotFound", name="p")
 
 
+async def test_malformed_delete_options_are_400(api: Api) -> None:
+    await api.create(PODS, pod("p"))
+    await api.post(f"{PODS}/p/binding", binding("p", "node-1"))
+    obj = await api.must_get(f"{PODS}/p")
+    for opts in ({"gracePeriodSeconds": "30"}, {"gracePeriodSeconds": [1]}, {"preconditions": 5},
+                 {"preconditions": {"uid": 7}}, {"propagationPolicy": ["Foreground"]}):
+        assert_status(await api.delete(f"{PODS}/p", opts), 400, "BadRequest")
+    r = await api.post(f"{PODS}/p/eviction", {"apiVersion": "policy/v1", "kind": "Eviction",
+                                              "metadata": {"name": "p"}, "deleteOptions": 1.5})
+    assert_status(r, 400, "BadRequest")
+    assert await api.must_get(f"{PODS}/p") == obj
+
+
+async def test_a_later_propagation_policy_replaces_the_earlier_one(api: Api) -> None:
+    # The garbage collector's two finalizers exclude each other (validation rejects both);
+    # apimachinery's deletionFinalizersForGarbageCollection drops one when a DELETE asks for
+    # the other.
+    await api.create(CONFIGMAPS, configmap("c", finalizers=["example.com/hold"]))
+    r = await api.delete(f"{CONFIGMAPS}/c", {"propagationPolicy": "Orphan"})
+    assert r.status == 202, r
+    assert r.json["metadata"]["finalizers"] == ["example.com/hold", "orphan"]
+    r = await api.delete(f"{CONFIGMAPS}/c", {"propagationPolicy": "Foreground"})
+    assert r.status == 202, r
+    assert r.json["metadata"]["finalizers"] == ["example.com/hold", "foregroundDeletion"]
+    # No policy keeps what the object already asks for.
+    r = await api.delete(f"{CONFIGMAPS}/c")
+    assert r.json["metadata"]["finalizers"] == ["example.com/hold", "foregroundDeletion"]
+    r = await api.delete(f"{CONFIGMAPS}/c", {"propagationPolicy": "Background"})
+    assert r.json["metadata"]["finalizers"] == ["example.com/hold"]
+
+
 async def test_delete_preconditions(api: Api) -> None:
     obj = await api.create(CONFIGMAPS, configmap("c"))
     r = await api.delete(f"{CONFIGMAPS}/c", {"preconditions": {"uid": str(uuid.uuid4())}})
@@ -786,6 +845,19 @@ async def test_delete_preconditions(api: Api) -> None:
                                                               "resourceVersion": obj["metadata"]["resourceVersion"]}})
     assert r.status == 200, r
     assert (await api.get(f"{CONFIGMAPS}/c")).status == 404
+
+
+async def test_binding_is_validated(api: Api) -> None:
+    await api.create(PODS, pod("p"))
+    obj = await api.must_get(f"{PODS}/p")
+    for target in ({"name": 123}, {"name": {"a": 1}}, {"name": True}):
+        assert_status(await api.post(f"{PODS}/p/binding", {"target": target}), 400, "BadRequest")
+    r = await api.post(f"{PODS}/p/binding", {"target": {"kind": "Service", "name": "node-1"}})
+    assert_status(r, 422, "Invalid", fields=["target.kind"])
+    r = await api.post(f"{PODS}/p/binding", {"target": {"name": ""}})
+    assert_status(r, 422, "Invalid", fields=["target.name"])
+    assert await api.must_get(f"{PODS}/p") == obj
+    assert_status(await api.post(f"{PODS}/ghost/binding", binding("ghost", "n")), 404, "NotFound", name="ghost")
 
 
 async def test_delete_collection_with_label_selector(api: Api) -> None:
@@ -1034,6 +1106,21 @@ async def test_table_for_deployments_and_paging(api: Api) -> None:
     assert t["metadata"].get("continue")
     r = await api.get(DEPLOYMENTS, accept=TABLE_ACCEPT, query={"limit": "2", "continue": t["metadata"]["continue"]})
     assert [row["cells"][0] for row in r.json["rows"]] == ["d2"]
+
+
+async def test_table_watch_sends_one_row_tables(api: Api) -> None:
+    start = (await api.get(PODS, accept=TABLE_ACCEPT)).json["metadata"]["resourceVersion"]
+    w = await api.watch(PODS, {"resourceVersion": start}, accept=TABLE_ACCEPT)
+    try:
+        await api.create(PODS, pod("web-0"))
+        ev = await w.next()
+        assert ev["type"] == "ADDED"
+        t = ev["object"]
+        assert t["kind"] == "Table" and len(t["rows"]) == 1
+        assert t["rows"][0]["cells"][0] == "web-0"
+        assert t["rows"][0]["object"]["metadata"]["name"] == "web-0"
+    finally:
+        await w.close()
 
 
 # ============================================================================ discovery

@@ -52,7 +52,6 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """`gpufleet up` on a free port with a fresh SQLite state dir, for one test module."""
-    kubectl_binary()
     root = tmp_path_factory.mktemp("gpufleet-e2e")
     state_dir = root / "state"
     log_path = root / "server.log"
@@ -61,7 +60,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state_dir), "--port", "0"],
-            stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
@@ -71,16 +74,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         while url is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                pytest.fail(f"gpufleet up printed no URL within {START_TIMEOUT}s\n{log_path.read_text()}",
-                            pytrace=False)
+                pytest.fail(
+                    f"gpufleet up printed no URL within {START_TIMEOUT}s\n{log_path.read_text()}",
+                    pytrace=False,
+                )
             try:
                 line = lines.get(timeout=remaining)
             except queue.Empty:
                 continue
             if line is None:
                 proc.wait()
-                pytest.fail(f"gpufleet up exited with {proc.returncode} before serving\n{log_path.read_text()}",
-                            pytrace=False)
+                pytest.fail(
+                    f"gpufleet up exited with {proc.returncode} before serving\n{log_path.read_text()}",
+                    pytrace=False,
+                )
             m = _LISTENING.search(line)
             if m:
                 url = m.group(1)
@@ -110,8 +117,7 @@ def kubectl_factory(cluster: Cluster) -> Iterator[Callable[[str], Kubectl]]:
 
 
 @pytest.fixture(scope="module")
-def kubectl(kubectl_factory) -> Kubectl:
+def kubectl(request: pytest.FixtureRequest) -> Kubectl:
     """The machine's default kubectl (the dispatcher, which picks 1.32 from /version)."""
-    return kubectl_factory(kubectl_binary())
-
-
+    binary = kubectl_binary()  # before the server starts: a missing kubectl fails at once
+    return request.getfixturevalue("kubectl_factory")(binary)

@@ -4,7 +4,6 @@ A module of its own (not conftest.py) so test modules can import it by a name no
 package uses.
 """
 
-
 from __future__ import annotations
 
 import contextlib
@@ -86,7 +85,11 @@ class Kubectl:
         argv = [self.binary, *args]
         try:
             proc = subprocess.run(
-                argv, input=input, capture_output=True, text=True, env=self.env,
+                argv,
+                input=input,
+                capture_output=True,
+                text=True,
+                env=self.env,
                 timeout=timeout or self.timeout,
             )
         except subprocess.TimeoutExpired as e:
@@ -97,7 +100,11 @@ class Kubectl:
 
     def popen(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [self.binary, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+            [self.binary, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
         )
 
 
@@ -139,7 +146,7 @@ def table(text: str) -> list[dict[str, str]]:
         cells = {}
         for i, name in enumerate(names):
             end = starts[i + 1] if i + 1 < len(names) else None
-            cells[name] = ln[starts[i]:end].strip()
+            cells[name] = ln[starts[i] : end].strip()
         rows.append(cells)
     return rows
 
@@ -150,8 +157,14 @@ def write(tmp_path: Path, name: str, text: str) -> str:
     return str(p)
 
 
-def deployment_yaml(name: str, *, image: str = "nginx:1.25", replicas: int = 2, namespace: str | None = None,
-                    extra_spec: str = "") -> str:
+def deployment_yaml(
+    name: str,
+    *,
+    image: str = "nginx:1.25",
+    replicas: int = 2,
+    namespace: str | None = None,
+    extra_spec: str = "",
+) -> str:
     ns = f"\n  namespace: {namespace}" if namespace else ""
     return f"""apiVersion: apps/v1
 kind: Deployment
@@ -227,4 +240,3 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.2, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-

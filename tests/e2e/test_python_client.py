@@ -60,8 +60,11 @@ def deployment_body(name: str, replicas: int = 1, image: str = "nginx:1.25") -> 
             "selector": {"matchLabels": {"app": name}},
             "template": {
                 "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "main", "image": image,
-                                         "ports": [{"containerPort": 8080, "name": "http"}]}]},
+                "spec": {
+                    "containers": [
+                        {"name": "main", "image": image, "ports": [{"containerPort": 8080, "name": "http"}]}
+                    ]
+                },
             },
         },
     }
@@ -83,9 +86,9 @@ def test_pod_crud(core: client.CoreV1Api) -> None:
     listed = core.list_namespaced_pod("default")
     assert "py-pod" in {p.metadata.name for p in listed.items}
     assert listed.metadata.resource_version
-    assert [p.metadata.name for p in core.list_namespaced_pod("default", label_selector="app=py-pod").items] == [
-        "py-pod"
-    ]
+    assert [
+        p.metadata.name for p in core.list_namespaced_pod("default", label_selector="app=py-pod").items
+    ] == ["py-pod"]
 
     deleted = core.delete_namespaced_pod("py-pod", "default")
     assert isinstance(deleted, client.V1Pod)
@@ -94,7 +97,11 @@ def test_pod_crud(core: client.CoreV1Api) -> None:
         core.read_namespaced_pod("py-pod", "default")
     assert missing.value.status == 404
     status = json.loads(missing.value.body)
-    assert (status["kind"], status["reason"], status["message"]) == ("Status", "NotFound", 'pods "py-pod" not found')
+    assert (status["kind"], status["reason"], status["message"]) == (
+        "Status",
+        "NotFound",
+        'pods "py-pod" not found',
+    )
 
 
 def test_deployment_create_list_patch_scale(apps: client.AppsV1Api) -> None:
@@ -104,7 +111,9 @@ def test_deployment_create_list_patch_scale(apps: client.AppsV1Api) -> None:
 
     # A dict body goes out as a strategic merge patch: containers merge by name.
     patched = apps.patch_namespaced_deployment(
-        "py-web", "default", {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "nginx:1.26"}]}}}}
+        "py-web",
+        "default",
+        {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "nginx:1.26"}]}}}},
     )
     (container,) = patched.spec.template.spec.containers
     assert container.image == "nginx:1.26"
@@ -164,8 +173,11 @@ def test_watch_sees_existing_then_changes(core: client.CoreV1Api) -> None:
     started = time.monotonic()
     changer.start()
     try:
-        _collect(w.stream(core.list_namespaced_pod, "default", timeout_seconds=WATCH_TIMEOUT),
-                 lambda evs: evs[-1][:2] == ("DELETED", "py-w1"), events)
+        _collect(
+            w.stream(core.list_namespaced_pod, "default", timeout_seconds=WATCH_TIMEOUT),
+            lambda evs: evs[-1][:2] == ("DELETED", "py-w1"),
+            events,
+        )
     finally:
         w.stop()
         changer.join()
@@ -190,8 +202,13 @@ def test_watch_resumes_from_a_resource_version(core: client.CoreV1Api) -> None:
     events: list[tuple[str, str, str]] = []
     w = watch.Watch()
     try:
-        _collect(w.stream(core.list_namespaced_pod, "default", resource_version=since, timeout_seconds=WATCH_TIMEOUT),
-                 lambda evs: len(evs) >= 2, events)
+        _collect(
+            w.stream(
+                core.list_namespaced_pod, "default", resource_version=since, timeout_seconds=WATCH_TIMEOUT
+            ),
+            lambda evs: len(evs) >= 2,
+            events,
+        )
     finally:
         w.stop()
     # Only what happened after `since`: no replay of the pods that already existed.
@@ -215,13 +232,17 @@ def test_watch_query_flag_is_case_insensitive(cluster: Cluster, core: client.Cor
 def test_merge_patch_content_type(apps: client.AppsV1Api) -> None:
     apps.create_namespaced_deployment("default", deployment_body("py-merge"))
     patched = apps.patch_namespaced_deployment(
-        "py-merge", "default", {"metadata": {"labels": {"team": "vision", "app": None}}},
+        "py-merge",
+        "default",
+        {"metadata": {"labels": {"team": "vision", "app": None}}},
         _content_type="application/merge-patch+json",
     )
     assert patched.metadata.labels == {"team": "vision"}
     # RFC 7386 replaces lists whole: the ports go with the old container entry.
     patched = apps.patch_namespaced_deployment(
-        "py-merge", "default", {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "nginx:2"}]}}}},
+        "py-merge",
+        "default",
+        {"spec": {"template": {"spec": {"containers": [{"name": "main", "image": "nginx:2"}]}}}},
         _content_type="application/merge-patch+json",
     )
     (container,) = patched.spec.template.spec.containers
@@ -246,11 +267,15 @@ def test_apply_patch_content_type(apps: client.AppsV1Api) -> None:
 
 def test_writes_record_managed_fields(apps: client.AppsV1Api) -> None:
     applied = apps.patch_namespaced_deployment(
-        "py-owned", "default", deployment_body("py-owned"), _content_type="application/apply-patch+yaml",
+        "py-owned",
+        "default",
+        deployment_body("py-owned"),
+        _content_type="application/apply-patch+yaml",
         field_manager="e2e-tests",
     )
-    apps.patch_namespaced_deployment("py-owned", "default", {"metadata": {"labels": {"extra": "1"}}},
-                                     field_manager="e2e-patcher")
+    apps.patch_namespaced_deployment(
+        "py-owned", "default", {"metadata": {"labels": {"extra": "1"}}}, field_manager="e2e-patcher"
+    )
     live = apps.read_namespaced_deployment("py-owned", "default")
     managers = {(m.manager, m.operation) for m in live.metadata.managed_fields or []}
     assert {("e2e-tests", "Apply"), ("e2e-patcher", "Update")} <= managers, managers

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -237,6 +238,65 @@ def test_schemas_carry_patch_strategies() -> None:
     svc_ports = schemas["io.k8s.api.core.v1.ServiceSpec"]["properties"]["ports"]
     assert svc_ports["x-kubernetes-patch-merge-key"] == "port"
     assert "x-kubernetes-patch-merge-key" not in schemas["io.k8s.api.core.v1.Container"]["properties"]["args"]
+
+
+def test_schemas_carry_descriptions_for_kubectl_explain() -> None:
+    apps = openapi_v3_document(REGISTRY, "apps", "v1")
+    assert apps is not None
+    schemas = apps["components"]["schemas"]
+    replicas = schemas["io.k8s.api.apps.v1.DeploymentSpec"]["properties"]["replicas"]
+    assert replicas["type"] == "integer"
+    assert replicas["description"].startswith("Number of desired pods.")
+    assert schemas["io.k8s.api.apps.v1.Deployment"]["description"] == (
+        "Deployment enables declarative updates for Pods and ReplicaSets."
+    )
+    # The whole class description, not just the docstring's first sentence.
+    selector = schemas["io.k8s.apimachinery.pkg.apis.meta.v1.LabelSelector"]["description"]
+    assert (
+        selector.startswith("A label selector is") and "A null label selector matches no objects." in selector
+    )
+    meta = schemas["io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"]["properties"]
+    assert "unique within a namespace" in meta["name"]["description"]
+    core = openapi_v3_document(REGISTRY, "", "v1")
+    assert core is not None
+    image = core["components"]["schemas"]["io.k8s.api.core.v1.Container"]["properties"]["image"]
+    assert image["description"].startswith("Container image name.")
+
+
+def test_a_described_ref_is_wrapped_in_all_of(monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = {"Thing": "A thing. It does things.", "Thing.part": "The part.", "Thing.size": "How big."}
+    monkeypatch.setattr(openapi, "_descriptions", lambda: texts)
+    schema = {
+        "type": "object",
+        "description": "A thing.",  # pydantic's, from the one-sentence class docstring
+        "properties": {
+            "part": {"$ref": "#/components/schemas/x.Part"},
+            "size": {"type": "integer"},
+            "other": {"type": "string"},
+        },
+    }
+    out = openapi._describe("Thing", schema)
+    assert out["description"] == "A thing. It does things."
+    assert out["properties"]["part"] == {
+        "allOf": [{"$ref": "#/components/schemas/x.Part"}],
+        "description": "The part.",
+    }
+    assert out["properties"]["size"] == {"type": "integer", "description": "How big."}
+    assert out["properties"]["other"] == {"type": "string"}
+    assert schema["description"] == "A thing." and "description" not in schema["properties"]["size"]
+
+
+def test_without_descriptions_the_schemas_are_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(openapi, "_descriptions", dict)
+    schema = {"type": "object", "properties": {"replicas": {"type": "integer"}}}
+    assert openapi._describe("DeploymentSpec", schema) == schema
+
+
+def test_descriptions_are_not_loaded_by_the_models() -> None:
+    # k8s.py is imported by everything; the descriptions must cost nothing there.
+    source = (Path(openapi.__file__).parents[1] / "api" / "k8s.py").read_text()
+    assert "k8s_descriptions" not in source
+    assert "description=" not in source
 
 
 def test_operations_point_at_the_kind_schema() -> None:

@@ -625,7 +625,7 @@ spec:
         (b'{"a": NaN}', MERGE_PATCH, 400),
         (b'{"a": 1e999}', MERGE_PATCH, 400),
         (b'{"a": Infinity}', STRATEGIC_MERGE_PATCH, 400),
-        (b'{"a": 1}', JSON_PATCH, 422),
+        (b'{"a": 1}', JSON_PATCH, 400),
         (b'[{"op": "test", "path": "/spec/replicas", "value": 9}]', JSON_PATCH, 422),
         (b'[{"op": "remove", "path": ""}]', JSON_PATCH, 422),
         (b"- a\n- b", APPLY_PATCH, 400),
