@@ -1168,7 +1168,10 @@ class ApiServer:
                     if remaining <= 0:
                         return
                     try:
-                        ev = await asyncio.wait_for(it.__anext__(), timeout=min(remaining, 30.0))
+                        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                        # races with an event, and the stream would never end.
+                        async with asyncio.timeout(min(remaining, 30.0)):
+                            ev = await it.__anext__()
                     except TimeoutError:
                         if bookmarks:
                             yield encode("BOOKMARK", {"kind": rt.kind, "apiVersion": rt.api_version,

@@ -2,34 +2,154 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib
+import logging
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from gpufleet.client.api import Client
+from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
+log = logging.getLogger(__name__)
+
+# name -> class, imported on use so a manager running a few controllers loads only those.
+_CLASSES = {
+    "namespace": "gpufleet.controllers.namespace:NamespaceController",
+    "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
+    "deployment": "gpufleet.controllers.deployment:DeploymentController",
+    "job": "gpufleet.controllers.job:JobController",
+    "nodelifecycle": "gpufleet.controllers.nodelifecycle:NodeLifecycleController",
+    "endpoints": "gpufleet.controllers.endpoints:EndpointsController",
+    "garbagecollector": "gpufleet.controllers.garbagecollector:GarbageCollector",
+}
+ALL_CONTROLLERS = tuple(_CLASSES)
+
+
+def _controller_class(name: str) -> type:
+    module, _, attr = _CLASSES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass(frozen=True)
+class ControllerOptions:
+    # A node whose Lease (or Ready heartbeat) has not moved for this long is unreachable.
+    # Kubernetes waits 40-50 s; a GPU fleet wants its training gangs restarted sooner.
+    node_monitor_grace_period: float = 8.0
+    # How long a pod without its own toleration for node.kubernetes.io/unreachable or
+    # not-ready stays on such a node (Kubernetes' admission default is 300 s).
+    default_eviction_seconds: float = 2.0
+    # Back-off before a Job replaces a failed pod: base * 2**(failures-1), capped.
+    job_pod_failure_backoff: float = 1.0
+    job_pod_failure_backoff_max: float = 60.0
+    # How long the informers may take to fill before controllers start anyway.
+    sync_timeout: float = 30.0
+    workers: int = 2
+    # Which controllers run (names from ALL_CONTROLLERS).
+    enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
+
 
 class ControllerManager:
-    def __init__(self, client: Client, *, clock: Clock = REAL_CLOCK) -> None:
-        from gpufleet.controllers.namespace import NamespaceController
-
+    def __init__(
+        self,
+        client: Client,
+        *,
+        clock: Clock = REAL_CLOCK,
+        options: ControllerOptions | None = None,
+        **overrides: Any,
+    ) -> None:
+        opts = options or ControllerOptions()
+        if overrides:
+            known = {f.name for f in fields(ControllerOptions)}
+            unknown = set(overrides) - known
+            if unknown:
+                raise TypeError(f"unknown controller options: {', '.join(sorted(unknown))}")
+            opts = replace(opts, **overrides)
+        unknown_names = set(opts.enabled) - set(ALL_CONTROLLERS)
+        if unknown_names:
+            raise ValueError(f"unknown controllers: {', '.join(sorted(unknown_names))}")
         self.client = client
         self.clock = clock
+        self.options = opts
         self.informers = SharedInformerFactory(client)
-        self.controllers: list[Any] = [NamespaceController(client, self.informers)]
+
+        def recorder(component: str) -> EventRecorder:
+            return EventRecorder(client, component, clock=clock)
+
+        common = {"clock": clock, "workers": opts.workers}
+        kwargs: dict[str, dict[str, Any]] = {
+            "namespace": {},
+            "replicaset": {**common, "recorder": recorder("replicaset-controller")},
+            "deployment": {**common, "recorder": recorder("deployment-controller")},
+            "job": {
+                **common,
+                "recorder": recorder("job-controller"),
+                "pod_failure_backoff": opts.job_pod_failure_backoff,
+                "pod_failure_backoff_max": opts.job_pod_failure_backoff_max,
+            },
+            "nodelifecycle": {
+                **common,
+                "recorder": recorder("node-controller"),
+                "node_monitor_grace_period": opts.node_monitor_grace_period,
+                "default_eviction_seconds": opts.default_eviction_seconds,
+            },
+            "endpoints": common,
+            "garbagecollector": common,
+        }
+        self.controllers: list[Any] = [
+            _controller_class(name)(client, self.informers, **kwargs[name])
+            for name in ALL_CONTROLLERS
+            if name in opts.enabled
+        ]
+
+    def controller(self, name: str) -> Any:
+        """The running controller called ``name`` (one of ALL_CONTROLLERS)."""
+        cls = _controller_class(name)
+        for c in self.controllers:
+            if isinstance(c, cls):
+                return c
+        raise KeyError(name)
 
     async def start(self) -> None:
         await self.informers.start()
+        # Acting on half-filled caches would create pods that exist already or delete
+        # objects whose owners simply have not been listed yet.
+        if not await self.informers.wait_for_sync(self.options.sync_timeout):
+            log.warning("controller manager: informers not synced after %ss; starting anyway",
+                        self.options.sync_timeout)
         for c in self.controllers:
             await c.start()
 
     async def stop(self) -> None:
         for c in reversed(self.controllers):
             await c.stop()
-        await self.informers.stop()
+        await self._stop_informers()
+
+    async def _stop_informers(self) -> None:
+        # On Python 3.11 a cancellation that lands while the in-process watch stream's
+        # asyncio.wait_for is handing over an event is swallowed, and the informer task
+        # keeps watching; cancelling again until the tasks are done gets past that.
+        tasks = [t for informer in self.informers.informers() for t in getattr(informer, "_tasks", [])]
+        stopping = asyncio.ensure_future(self.informers.stop())
+        while True:
+            done, _ = await asyncio.wait({stopping}, timeout=0.5)
+            if done:
+                stopping.result()
+                return
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
 
 
-async def start_controllers(client: Client, *, clock: Clock = REAL_CLOCK) -> ControllerManager:
-    manager = ControllerManager(client, clock=clock)
+async def start_controllers(
+    client: Client,
+    *,
+    clock: Clock = REAL_CLOCK,
+    options: ControllerOptions | None = None,
+    **overrides: Any,
+) -> ControllerManager:
+    manager = ControllerManager(client, clock=clock, options=options, **overrides)
     await manager.start()
     return manager

@@ -1,0 +1,317 @@
+"""Garbage collection through ownerReferences, as Kubernetes' garbage collector does it.
+
+- An object all of whose owners are gone (no object with the owner's uid exists) is deleted,
+  with the propagation its own finalizers ask for (background by default).
+- Foreground deletion: an owner being deleted with the ``foregroundDeletion`` finalizer
+  first has its dependents deleted (a dependent with dependents of its own is itself deleted
+  in the foreground); once no dependent with ``blockOwnerDeletion`` is left, the finalizer is
+  removed and the API server lets the owner go.
+- Orphaning: an owner being deleted with the ``orphan`` finalizer has its reference removed
+  from every dependent, then the finalizer.
+- A dependent that still has a live owner only loses its references to the owners that are
+  gone or being deleted in the foreground.
+
+The graph is kept in memory from one shared informer per kind: every kind in the registry that
+can be listed, watched and deleted, except Events (numerous and never owned). Two indexes,
+uid -> object and owner uid -> dependent uids, make each decision a lookup. An owner not in
+the caches may simply not have been seen yet, so before treating it as gone the collector
+reads it from the API (and remembers owners confirmed absent).
+
+Not done: cycle detection between foreground deletions, and objects of kinds outside the
+registry (their owner references are left alone).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections import OrderedDict
+from typing import Any
+
+from gpufleet.api.registry import ResourceType
+from gpufleet.client import objects
+from gpufleet.client.api import Client, retry_on_conflict
+from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.errors import ApiError, Conflict, NotFound
+from gpufleet.client.informer import Informer, SharedInformerFactory
+from gpufleet.client.workqueue import WorkQueue
+from gpufleet.controllers._common import edit_owner_references
+from gpufleet.utils.clock import REAL_CLOCK, Clock
+
+log = logging.getLogger(__name__)
+
+FOREGROUND = "foregroundDeletion"
+ORPHAN = "orphan"
+IGNORED_KINDS = frozenset({"events", "events.events.k8s.io"})
+ABSENT_CACHE_SIZE = 1024
+
+
+def _refs(obj: Any) -> list[Any]:
+    return list(objects.meta(obj, "ownerReferences") or [])
+
+
+def _ref_uids(obj: Any) -> set[str]:
+    return {objects.field(r, "uid") for r in _refs(obj) if objects.field(r, "uid")}
+
+
+def _finalizers(obj: Any) -> list[str]:
+    return list(objects.meta(obj, "finalizers") or [])
+
+
+def _deleting(obj: Any) -> bool:
+    return objects.meta(obj, "deletionTimestamp") is not None
+
+
+class GarbageCollector:
+    name = "garbagecollector"
+
+    def __init__(
+        self,
+        client: Client,
+        informers: SharedInformerFactory,
+        *,
+        clock: Clock = REAL_CLOCK,
+        workers: int = 2,
+        ignored: frozenset[str] = IGNORED_KINDS,
+    ) -> None:
+        self.client = client
+        self.clock = clock
+        self.monitors: dict[str, Informer] = {}
+        self._types: dict[str, ResourceType] = {}
+        # uid -> (resource key, object key)
+        self._uids: dict[str, tuple[str, str]] = {}
+        # owner uid -> dependent uids (owners may not exist, or not be cached yet)
+        self._dependents: dict[str, set[str]] = {}
+        self._absent: OrderedDict[str, None] = OrderedDict()
+        for rt in client.registry.all():
+            if rt.key in ignored or not {"list", "watch", "delete"} <= set(rt.verbs):
+                continue
+            informer = informers.informer(rt)
+            self.monitors[rt.key] = informer
+            self._types[rt.key] = rt
+            informer.add_event_handler(
+                functools.partial(self._added, rt.key),
+                functools.partial(self._updated, rt.key),
+                functools.partial(self._deleted, rt.key),
+            )
+        self.queue = WorkQueue(self.name, clock=clock)
+        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
+
+    async def start(self) -> None:
+        await self.controller.start()
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+
+    # -- the graph ----------------------------------------------------------------------------
+
+    def _link(self, obj: Any) -> None:
+        uid = objects.uid_of(obj)
+        for owner in _ref_uids(obj):
+            self._dependents.setdefault(owner, set()).add(uid)
+
+    def _unlink(self, obj: Any) -> None:
+        uid = objects.uid_of(obj)
+        for owner in _ref_uids(obj):
+            deps = self._dependents.get(owner)
+            if deps is not None:
+                deps.discard(uid)
+                if not deps:
+                    del self._dependents[owner]
+
+    def _interesting(self, obj: Any) -> bool:
+        finalizers = _finalizers(obj)
+        return bool(_refs(obj)) or (_deleting(obj) and (FOREGROUND in finalizers or ORPHAN in finalizers))
+
+    def _added(self, rt_key: str, obj: Any) -> None:
+        uid = objects.uid_of(obj)
+        if not uid:
+            return
+        self._uids[uid] = (rt_key, objects.object_key(obj))
+        self._absent.pop(uid, None)
+        self._link(obj)
+        if self._interesting(obj):
+            self.queue.add(uid)
+
+    def _updated(self, rt_key: str, old: Any, new: Any) -> None:
+        uid = objects.uid_of(new)
+        if not uid:
+            return
+        self._uids[uid] = (rt_key, objects.object_key(new))
+        refs_changed = _refs(old) != _refs(new)
+        if refs_changed:
+            self._unlink(old)
+            self._link(new)
+        deletion_changed = _deleting(old) != _deleting(new) or _finalizers(old) != _finalizers(new)
+        if (refs_changed or deletion_changed) and self._interesting(new):
+            self.queue.add(uid)
+        if refs_changed:
+            # An owner waiting for its dependents may have just lost one.
+            for owner in _ref_uids(old) - _ref_uids(new):
+                self.queue.add(owner)
+
+    def _deleted(self, rt_key: str, obj: Any) -> None:
+        uid = objects.uid_of(obj)
+        if not uid:
+            return
+        if self._uids.get(uid, (None, None))[0] == rt_key:
+            del self._uids[uid]
+        self._unlink(obj)
+        # Its dependents may be orphans now; its owners may be waiting for it.
+        for dep in self._dependents.get(uid, ()):
+            self.queue.add(dep)
+        for owner in _ref_uids(obj):
+            self.queue.add(owner)
+
+    def _lookup(self, uid: str) -> tuple[ResourceType, Any] | None:
+        entry = self._uids.get(uid)
+        if entry is None:
+            return None
+        rt_key, key = entry
+        obj = self.monitors[rt_key].get(key)
+        if obj is None or objects.uid_of(obj) != uid:
+            return None
+        return self._types[rt_key], obj
+
+    def dependents_of(self, uid: str) -> list[tuple[ResourceType, Any]]:
+        out = []
+        for dep in sorted(self._dependents.get(uid, ())):
+            found = self._lookup(dep)
+            if found is not None:
+                out.append(found)
+        return out
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def _synced(self) -> bool:
+        return all(m.has_synced for m in self.monitors.values())
+
+    async def reconcile(self, uid: str) -> Requeue | None:
+        if not self._synced():
+            return Requeue(after=0.2)
+        found = self._lookup(uid)
+        if found is None:
+            return None
+        rt, obj = found
+        try:
+            if _deleting(obj):
+                finalizers = _finalizers(obj)
+                if ORPHAN in finalizers:
+                    await self._orphan_dependents(rt, obj)
+                elif FOREGROUND in finalizers:
+                    await self._delete_dependents_first(rt, obj)
+                return None
+            if _refs(obj):
+                await self._attempt_to_delete(rt, obj)
+        except NotFound:
+            return None
+        except ApiError as e:
+            log.info("garbage collector: %s %s: %s", rt.kind, objects.object_key(obj), e)
+            return Requeue()
+        return None
+
+    async def _owner_state(self, obj: Any, ref: Any) -> str | None:
+        """'solid', 'dangling' (gone), 'waiting' (being deleted in the foreground), or None
+        when the owner's kind is unknown here."""
+        owner_uid = objects.field(ref, "uid")
+        found = self._lookup(owner_uid)
+        if found is not None:
+            owner = found[1]
+            return "waiting" if _deleting(owner) and FOREGROUND in _finalizers(owner) else "solid"
+        if owner_uid in self._absent:
+            return "dangling"
+        rt = self.client.registry.by_api_version_kind(objects.field(ref, "apiVersion") or "",
+                                                      objects.field(ref, "kind") or "")
+        if rt is None:
+            return None
+        ns = (objects.namespace_of(obj) or None) if rt.namespaced else None
+        try:
+            live = await self.client.get(rt, objects.field(ref, "name"), ns, raw=True)
+        except NotFound:
+            live = None
+        meta = (live or {}).get("metadata") or {}
+        if live is None or meta.get("uid") != owner_uid:
+            self._absent[owner_uid] = None
+            while len(self._absent) > ABSENT_CACHE_SIZE:
+                self._absent.popitem(last=False)
+            return "dangling"
+        deleting = meta.get("deletionTimestamp") and FOREGROUND in (meta.get("finalizers") or [])
+        return "waiting" if deleting else "solid"
+
+    async def _attempt_to_delete(self, rt: ResourceType, obj: Any) -> None:
+        solid, dangling, waiting = [], [], []
+        for ref in _refs(obj):
+            state = await self._owner_state(obj, ref)
+            if state == "dangling":
+                dangling.append(objects.field(ref, "uid"))
+            elif state == "waiting":
+                waiting.append(objects.field(ref, "uid"))
+            else:
+                solid.append(objects.field(ref, "uid"))
+        if solid:
+            gone = set(dangling) | set(waiting)
+            if gone:
+                def edit(refs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+                    kept = [r for r in refs if r.get("uid") not in gone]
+                    return kept if len(kept) != len(refs) else None
+
+                await edit_owner_references(self.client, rt, obj, edit)
+            return
+        if waiting and self._dependents.get(objects.uid_of(obj)):
+            # Its own dependents must go before it does, since its owner waits for all of them.
+            await self._delete(rt, obj, "Foreground")
+            return
+        finalizers = _finalizers(obj)
+        policy = "Orphan" if ORPHAN in finalizers else "Foreground" if FOREGROUND in finalizers else "Background"
+        log.info("garbage collector: deleting %s %s (owners gone)", rt.kind, objects.object_key(obj))
+        await self._delete(rt, obj, policy)
+
+    async def _delete(self, rt: ResourceType, obj: Any, policy: str) -> None:
+        try:
+            await self.client.delete(rt, objects.name_of(obj), objects.namespace_of(obj) or None,
+                                     propagation_policy=policy, preconditions_uid=objects.uid_of(obj))
+        except (NotFound, Conflict):
+            # Gone already, or replaced by a new object of the same name: not ours to delete.
+            pass
+
+    async def _delete_dependents_first(self, rt: ResourceType, owner: Any) -> None:
+        uid = objects.uid_of(owner)
+        blocking = 0
+        for _, dep in self.dependents_of(uid):
+            ref = next((r for r in _refs(dep) if objects.field(r, "uid") == uid), None)
+            if ref is not None and objects.field(ref, "blockOwnerDeletion", False):
+                blocking += 1
+            if not _deleting(dep):
+                self.queue.add(objects.uid_of(dep))
+        if blocking == 0:
+            await self._remove_finalizer(rt, owner, FOREGROUND)
+
+    async def _orphan_dependents(self, rt: ResourceType, owner: Any) -> None:
+        uid = objects.uid_of(owner)
+        for dep_rt, dep in self.dependents_of(uid):
+            def edit(refs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+                kept = [r for r in refs if r.get("uid") != uid]
+                return kept if len(kept) != len(refs) else None
+
+            await edit_owner_references(self.client, dep_rt, dep, edit)
+        await self._remove_finalizer(rt, owner, ORPHAN)
+
+    async def _remove_finalizer(self, rt: ResourceType, obj: Any, finalizer: str) -> None:
+        uid = objects.uid_of(obj)
+        ns = objects.namespace_of(obj) or None
+
+        async def attempt() -> None:
+            try:
+                fresh = await self.client.get(rt, objects.name_of(obj), ns, raw=True)
+            except NotFound:
+                return
+            meta = fresh["metadata"]
+            if meta.get("uid") != uid or finalizer not in (meta.get("finalizers") or []):
+                return
+            meta["finalizers"] = [f for f in meta["finalizers"] if f != finalizer]
+            try:
+                await self.client.update(fresh, raw=True)
+            except NotFound:
+                return
+
+        await retry_on_conflict(attempt)
