@@ -28,6 +28,7 @@ class ControlPlane:
     port: int = 6443
     state_dir: Path | None = None
     run_controllers: bool = True
+    run_scheduler: bool | None = None  # default: with the controllers
     clock: Clock = REAL_CLOCK
     store: Store | None = None
     api: ApiServer | None = None
@@ -60,6 +61,12 @@ class ControlPlane:
             from gpufleet.controllers.manager import start_controllers
 
             self._stoppables.append(await start_controllers(self.client, clock=self.clock))
+        if self.run_scheduler if self.run_scheduler is not None else self.run_controllers:
+            from gpufleet.scheduler import Scheduler
+
+            scheduler = Scheduler(self.client, clock=self.clock)
+            await scheduler.start()
+            self._stoppables.append(scheduler)
 
     async def stop(self) -> None:
         for s in reversed(self._stoppables):

@@ -1,8 +1,8 @@
 """The scheduling framework: extension points, the Status they answer with, and the
 Framework that runs a profile's plugins over a Snapshot.
 
-One cycle for one pod: PreFilter -> Filter (per node, until enough feasible nodes are
-found) -> PostFilter (only when no node fits) -> PreScore -> Score (+ NormalizeScore,
+One cycle for one pod: PreFilter -> Filter (batches of nodes, until enough feasible nodes
+are found) -> PostFilter (only when no node fits) -> PreScore -> Score (+ NormalizeScore,
 times the plugin's weight) -> select the best node -> Reserve. The scheduler then assumes
 the pod in its cache, runs Permit, and binds asynchronously: PreBind -> Bind -> PostBind.
 Everything up to Reserve is a pure function of the pod and the snapshot; only the binding
@@ -11,7 +11,8 @@ plugins talk to the API.
 A plugin implements only the extension points it needs; each is a ``typing.Protocol``
 below. Contracts:
 - Filter and Score must not change the NodeInfo they are given (it belongs to the cycle's
-  snapshot and is shared by every plugin).
+  snapshot and is shared by every plugin), except to remember results in its ``memo``
+  under a key that captures everything else the result depends on.
 - A rejection is an expected answer (UNSCHEDULABLE, or UNSCHEDULABLE_AND_UNRESOLVABLE when
   evicting pods from the node would not help either); ERROR means a bug or a broken input
   and aborts the cycle.
@@ -20,7 +21,8 @@ below. Contracts:
   free 2") goes in ``Status.detail``.
 - Unreserve must be idempotent: it runs for every Reserve plugin when any later step fails,
   including plugins whose Reserve never ran for this pod.
-- A success status may be a shared constant (``OK``): never modify a returned status.
+- A status may be shared (the ``OK`` constant, or a rejection a plugin keeps on a node):
+  the framework only ever sets its ``plugin``, always to the plugin that returned it.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Code(enum.IntEnum):
 
 
 class Status:
-    __slots__ = ("code", "reasons", "plugin", "detail", "timeout", "error")
+    __slots__ = ("code", "reasons", "plugin", "_detail", "timeout", "error")
 
     def __init__(
         self,
@@ -70,27 +72,34 @@ class Status:
         reasons: Iterable[str] = (),
         plugin: str = "",
         *,
-        detail: str = "",
+        detail: str | Callable[[], str] = "",
         timeout: float | None = None,
         error: BaseException | None = None,
     ) -> None:
         self.code = code
         self.reasons = list(reasons)
         self.plugin = plugin
-        # What is particular to this node, for the per-node breakdown.
-        self.detail = detail
+        # What is particular to this node, for the per-node breakdown. A callable is
+        # rendered only when read: most rejections of a successful cycle are never shown.
+        self._detail = detail
         # Seconds a WAIT from Permit may last.
         self.timeout = timeout
         # The exception behind an ERROR (the scheduler decides on it whether to retry).
         self.error = error
 
     @classmethod
-    def unschedulable(cls, *reasons: str, detail: str = "", plugin: str = "") -> Status:
+    def unschedulable(cls, *reasons: str, detail: str | Callable[[], str] = "", plugin: str = "") -> Status:
         return cls(Code.UNSCHEDULABLE, reasons, plugin, detail=detail)
 
     @classmethod
-    def unresolvable(cls, *reasons: str, detail: str = "", plugin: str = "") -> Status:
+    def unresolvable(cls, *reasons: str, detail: str | Callable[[], str] = "", plugin: str = "") -> Status:
         return cls(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, reasons, plugin, detail=detail)
+
+    @property
+    def detail(self) -> str:
+        if callable(self._detail):
+            self._detail = self._detail()
+        return self._detail
 
     @classmethod
     def from_error(cls, error: BaseException, plugin: str = "") -> Status:
@@ -209,7 +218,13 @@ class PreFilterPlugin(Plugin, Protocol):
 @runtime_checkable
 class FilterPlugin(Plugin, Protocol):
     def filter(self, state: CycleState, pod_info: PodInfo, node_info: NodeInfo) -> Status:
-        """Can the pod run on this node? Must not change ``node_info``."""
+        """Can the pod run on this node? Must not change ``node_info``.
+
+        A plugin may also offer ``filter_nodes(state, pod_info, nodes) -> list``: exactly
+        the nodes ``filter`` accepts, in order. The framework prefers it (one call per batch
+        of nodes instead of one per node) and asks ``filter`` for the reasons only when no
+        node fits at all — or ``filter_statuses(state, pod_info, nodes) -> list[Status]``,
+        the same as ``filter`` on each node, if the plugin has it."""
 
 
 @runtime_checkable
@@ -232,8 +247,12 @@ class ScorePlugin(Plugin, Protocol):
     def score(self, state: CycleState, pod_info: PodInfo, node_info: NodeInfo) -> int:
         """A rank from MIN_NODE_SCORE to MAX_NODE_SCORE (after normalization, if the plugin
         has ``normalize_score(state, pod_info, scores)`` changing the list in place).
-        A plugin may also offer ``score_nodes(state, pod_info, nodes) -> list[int]``, which
-        the framework prefers: one call per cycle instead of one per node."""
+
+        Optional, for speed: ``score_nodes(state, pod_info, nodes) -> list[int]``, which the
+        framework prefers (one call per cycle instead of one per node); and
+        ``score_key(state, pod_info) -> hashable``, a plugin's promise that its score is a
+        function of the node and that key only, which lets the framework keep a node's
+        weighted total until the node changes."""
 
 
 @runtime_checkable
@@ -292,15 +311,47 @@ ALL_EVENTS = frozenset(
 # -- results ----------------------------------------------------------------------------
 
 
-@dataclass
 class ScheduleResult:
-    node: str
-    gpu_indices: tuple[int, ...] = ()
-    # Weighted total per scored node (empty when only one node was feasible).
-    scores: dict[str, int] = field(default_factory=dict)
-    evaluated_nodes: int = 0
-    feasible_nodes: int = 0
-    state: CycleState = field(default_factory=CycleState, repr=False, compare=False)
+    """Where the pod goes and which GPUs it gets. ``scores`` (weighted total per scored node,
+    empty when only one node was feasible) is built on first access: most callers never
+    look at it, and a dict of a few hundred nodes per cycle is measurable."""
+
+    __slots__ = ("node", "gpu_indices", "evaluated_nodes", "feasible_nodes", "state", "_scored", "_scores")
+
+    def __init__(
+        self,
+        node: str,
+        gpu_indices: tuple[int, ...] = (),
+        scores: dict[str, int] | None = None,
+        evaluated_nodes: int = 0,
+        feasible_nodes: int = 0,
+        state: CycleState | None = None,
+        *,
+        scored: tuple[list[NodeInfo], list[int]] | None = None,
+    ) -> None:
+        self.node = node
+        self.gpu_indices = gpu_indices
+        self.evaluated_nodes = evaluated_nodes
+        self.feasible_nodes = feasible_nodes
+        self.state = state if state is not None else CycleState()
+        self._scored = scored
+        self._scores = scores
+
+    @property
+    def scores(self) -> dict[str, int]:
+        if self._scores is None:
+            if self._scored is None:
+                self._scores = {}
+            else:
+                nodes, totals = self._scored
+                self._scores = {n.name: total for n, total in zip(nodes, totals, strict=True)}
+        return self._scores
+
+    def __repr__(self) -> str:
+        return (
+            f"ScheduleResult(node={self.node!r}, gpu_indices={self.gpu_indices}, "
+            f"evaluated_nodes={self.evaluated_nodes}, feasible_nodes={self.feasible_nodes})"
+        )
 
 
 @dataclass
@@ -309,6 +360,8 @@ class Diagnosis:
     pre_filter_msg: str = ""
     post_filter_msg: str = ""
     unschedulable_plugins: set[str] = field(default_factory=set)
+    # Where a PostFilter plugin (preemption) made room for the pod, to try there first.
+    nominated_node: str | None = None
 
 
 class FitError(Exception):
@@ -317,13 +370,21 @@ class FitError(Exception):
     nvidia.com/gpu." (counts per reason, sorted as strings, like Kubernetes)."""
 
     def __init__(self, pod_info: PodInfo, num_all_nodes: int, diagnosis: Diagnosis) -> None:
+        super().__init__(pod_info.key, num_all_nodes)
         self.pod_info = pod_info
         self.num_all_nodes = num_all_nodes
         self.diagnosis = diagnosis
-        super().__init__(self.message)
+        self._message: str | None = None
 
     @property
     def message(self) -> str:
+        # Rendered on first use: counting the reasons of thousands of nodes is wasted on
+        # a caller that only needs to know the pod did not fit.
+        if self._message is None:
+            self._message = self._render()
+        return self._message
+
+    def _render(self) -> str:
         if self.num_all_nodes == 0 and not self.diagnosis.pre_filter_msg:
             return "no nodes available to schedule pods"
         text = f"0/{self.num_all_nodes} nodes are available:"
@@ -339,8 +400,9 @@ class FitError(Exception):
         return text
 
     def node_breakdown(self, limit: int | None = None) -> list[str]:
-        """ "node-a: Insufficient nvidia.com/gpu (requested 4, free 2)", one line per rejected
-        node in name order; with a limit, a last line says how many were left out."""
+        """One line per rejected node, in name order, such as
+        'node-a: Insufficient nvidia.com/gpu (requested 4, free 2)'; with a limit, a last
+        line says how many were left out."""
         items = sorted(self.diagnosis.node_statuses.items())
         lines = [f"{name}: {status.describe()}" for name, status in items[: limit if limit else None]]
         if limit and len(items) > limit:
@@ -432,6 +494,29 @@ def _has(plugin: Any, protocol: type) -> bool:
     return isinstance(plugin, protocol)
 
 
+class _MemoToken:
+    __slots__ = ()
+
+
+def _total_memo_key(active: list[tuple[Any, int]], state: CycleState, pod_info: PodInfo) -> tuple | None:
+    """The key under which a node's weighted total may be memoized, or None when some
+    active scorer cannot say what its score depends on (or normalizes across nodes)."""
+    parts = []
+    for p, weight in active:
+        score_key = getattr(p, "score_key", None)
+        if score_key is None or getattr(p, "normalize_score", None) is not None:
+            return None
+        key = score_key(state, pod_info)
+        if key is None:
+            return None
+        parts.append((p.name, weight, key))
+    return ("total", *parts)
+
+
+# Fewest nodes filtered in one batch (when only a few more feasible nodes are wanted).
+_MIN_BATCH = 32
+
+
 class Framework:
     """A profile's plugins, instantiated and sorted by extension point."""
 
@@ -487,6 +572,7 @@ class Framework:
         self.binders = [p for p in plugins if _has(p, BindPlugin)]
         self.post_bind = [p for p in plugins if _has(p, PostBindPlugin)]
         self._next_start_index = 0
+        self._total_keys: dict[tuple, _MemoToken] = {}
         self.waiting_pods: dict[str, WaitingPod] = {}
 
     # -- queue ---------------------------------------------------------------------------
@@ -546,15 +632,18 @@ class Framework:
         if not feasible:
             return self._fit_error(state, pod_info, snapshot, diagnosis)
 
-        scores: dict[str, int] = {}
+        scored = None
         if len(feasible) == 1:
             chosen = feasible[0].name
         else:
             totals = self._score(state, pod_info, feasible)
             best = max(totals)
-            ties = [i for i, total in enumerate(totals) if total == best]
-            chosen = feasible[ties[0] if len(ties) == 1 else self.rng.choice(ties)].name
-            scores = {n.name: total for n, total in zip(feasible, totals, strict=True)}
+            if totals.count(best) == 1:
+                chosen = feasible[totals.index(best)].name
+            else:
+                ties = [i for i, total in enumerate(totals) if total == best]
+                chosen = feasible[self.rng.choice(ties)].name
+            scored = (feasible, totals)
 
         status = self.run_reserve(state, pod_info, chosen)
         if not status.is_success:
@@ -567,10 +656,10 @@ class Framework:
         return ScheduleResult(
             node=chosen,
             gpu_indices=tuple(state.read(GPU_INDICES_KEY, ())),
-            scores=scores,
             evaluated_nodes=evaluated,
             feasible_nodes=len(feasible),
             state=state,
+            scored=scored,
         )
 
     def _fit_error(
@@ -582,6 +671,7 @@ class Framework:
                 status.plugin = p.name
                 raise SchedulingError(status)
             if status.is_success and nominated:
+                diagnosis.nominated_node = nominated
                 break
             if status.message:
                 diagnosis.post_filter_msg = status.message
@@ -597,32 +687,92 @@ class Framework:
             num_nodes, profile.percentage_of_nodes_to_score, profile.min_feasible_nodes_to_find
         )
         skip = state.skip_filter
-        filters = [(p.name, p.filter) for p in self.filters if p.name not in skip]
+        filters = [(p, getattr(p, "filter_nodes", None)) for p in self.filters if p.name not in skip]
+        # Batch filters say only which nodes pass. Why the others did not matters only if
+        # no node fits, so it is worked out then, from what each batch filter dropped.
+        dropped: list[tuple[Any, list[NodeInfo], list[NodeInfo]]] = []
+        # Walk the nodes from where the previous cycle stopped, so that stopping early does
+        # not keep favouring the first nodes of the list; take them in batches sized to
+        # what is still missing, so a cycle reads few nodes past the last one it needs.
         start = self._next_start_index % num_nodes
-        # Walk the nodes from where the previous cycle stopped, so that stopping early
-        # does not keep favouring the first nodes of the list.
-        ordered = nodes[start:] + nodes[:start] if start else nodes
         feasible: list[NodeInfo] = []
-        statuses = diagnosis.node_statuses
-        evaluated = 0
-        for node_info in ordered:
-            evaluated += 1
-            for name, fn in filters:
-                status = fn(state, pod_info, node_info)
-                code = status.code
-                if code and code is not Code.SKIP:
-                    status.plugin = name
-                    if code is Code.ERROR:
-                        raise SchedulingError(status)
-                    statuses[node_info.name] = status
-                    diagnosis.unschedulable_plugins.add(name)
+        taken = 0
+        while taken < num_nodes and len(feasible) < want:
+            size = min(max(want - len(feasible), _MIN_BATCH), num_nodes - taken)
+            first = (start + taken) % num_nodes
+            last = first + size
+            batch = nodes[first:last] if last <= num_nodes else nodes[first:] + nodes[: last - num_nodes]
+            taken += size
+            for plugin, filter_nodes in filters:
+                if filter_nodes is not None:
+                    passed = filter_nodes(state, pod_info, batch)
+                    if len(passed) != len(batch):
+                        dropped.append((plugin, batch, passed))
+                else:
+                    passed = self._filter_one_by_one(plugin, state, pod_info, batch, diagnosis)
+                batch = passed
+                if not batch:
                     break
+            feasible.extend(batch)
+        if not feasible:
+            for plugin, batch, passed in dropped:
+                self._explain(plugin, state, pod_info, batch, passed, diagnosis)
+        if len(feasible) > want:
+            del feasible[want:]
+        self._next_start_index = (start + taken) % num_nodes
+        return feasible, taken
+
+    def _filter_one_by_one(
+        self, plugin: Any, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo], diagnosis: Diagnosis
+    ) -> list[NodeInfo]:
+        passed = []
+        name = plugin.name
+        for node_info in nodes:
+            status = plugin.filter(state, pod_info, node_info)
+            if status.code and status.code is not Code.SKIP:
+                status.plugin = name
+                if status.code is Code.ERROR:
+                    raise SchedulingError(status)
+                diagnosis.node_statuses[node_info.name] = status
+                diagnosis.unschedulable_plugins.add(name)
             else:
-                feasible.append(node_info)
-                if len(feasible) >= want:
-                    break
-        self._next_start_index = (start + evaluated) % num_nodes
-        return feasible, evaluated
+                passed.append(node_info)
+        return passed
+
+    def _explain(
+        self,
+        plugin: Any,
+        state: CycleState,
+        pod_info: PodInfo,
+        nodes: list[NodeInfo],
+        passed: list[NodeInfo],
+        diagnosis: Diagnosis,
+    ) -> None:
+        """Record why ``plugin`` dropped the nodes of ``nodes`` missing from ``passed``."""
+        name = plugin.name
+        if passed:
+            kept = {id(n) for n in passed}
+            nodes = [n for n in nodes if id(n) not in kept]
+        batch = getattr(plugin, "filter_statuses", None)
+        if batch is not None:
+            statuses = batch(state, pod_info, nodes)
+        else:
+            statuses = [plugin.filter(state, pod_info, n) for n in nodes]
+        if len(statuses) != len(nodes):
+            raise SchedulingError(Status(Code.ERROR, ["filter_statuses answered for other nodes"], name))
+        for node_info, status in zip(nodes, statuses, strict=True):
+            if not status.code or status.code is Code.SKIP or status.code is Code.ERROR:
+                if status.code is not Code.ERROR:
+                    status = Status(
+                        Code.ERROR, [f"filter_nodes dropped node {node_info.name} that filter accepts"]
+                    )
+                status.plugin = name
+                raise SchedulingError(status)
+        # Answers kept on nodes from earlier cycles already carry the plugin's name.
+        for status in [s for s in statuses if s.plugin != name]:
+            status.plugin = name
+        diagnosis.node_statuses.update(zip([n.name for n in nodes], statuses, strict=True))
+        diagnosis.unschedulable_plugins.add(name)
 
     def run_filters(self, state: CycleState, pod_info: PodInfo, node_info: NodeInfo) -> Status:
         """All filters on one node (for preemption's "what if" checks)."""
@@ -643,10 +793,32 @@ class Framework:
             elif status.code:
                 status.plugin = p.name
                 raise SchedulingError(status)
+        active = [(p, w) for p, w in self.scorers if p.name not in state.skip_score]
+        full_key = _total_memo_key(active, state, pod_info)
+        if full_key is None:
+            return self._weighted_totals(active, state, pod_info, nodes)
+        # Looked up once per node: a token with an identity hash, not the nested tuple
+        # (whose hash Python recomputes on every lookup). Tokens live as long as this
+        # framework, so no other framework sharing the snapshot can collide with them.
+        memo_key = self._total_keys.get(full_key)
+        if memo_key is None:
+            memo_key = self._total_keys[full_key] = _MemoToken()
+        # Every active scorer ranks a node by the node alone (no normalization across
+        # nodes) and says what of the pod it reads: the weighted total is then a function
+        # of the node and that key, kept on the node until it changes.
+        totals = [n.memo.get(memo_key) for n in nodes]
+        missing = [i for i, total in enumerate(totals) if total is None]
+        if missing:
+            fresh = self._weighted_totals(active, state, pod_info, [nodes[i] for i in missing])
+            for i, total in zip(missing, fresh, strict=True):
+                totals[i] = nodes[i].memo[memo_key] = total
+        return totals  # type: ignore[return-value]
+
+    def _weighted_totals(
+        self, active: list[tuple[Any, int]], state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]
+    ) -> list[int]:
         totals = [0] * len(nodes)
-        for p, weight in self.scorers:
-            if p.name in state.skip_score:
-                continue
+        for p, weight in active:
             batch = getattr(p, "score_nodes", None)
             if batch is not None:
                 scores = batch(state, pod_info, nodes)

@@ -50,7 +50,8 @@ class Profile:
     # LeastAllocated spreads. NodeResourcesFit's own scoringStrategy argument overrides it.
     scoring_strategy: str = MOST_ALLOCATED
     # 0 = adaptive, as kube-scheduler: 50% of the nodes at 100 nodes, falling by 1% per 125
-    # nodes, never under 5%, and never fewer than min_feasible_nodes_to_find.
+    # nodes (10% at 5,000), never under 5% (from 5,625 nodes on), and never fewer than
+    # min_feasible_nodes_to_find.
     percentage_of_nodes_to_score: int = 0
     min_feasible_nodes_to_find: int = 100
 

@@ -120,6 +120,7 @@ class Scheduler:
         initial_backoff: float = 1.0,
         max_backoff: float = 10.0,
         flush_interval: float = 1.0,
+        stop_timeout: float = 3.0,
         rng: random.Random | None = None,
     ) -> None:
         self.client = client
@@ -137,6 +138,7 @@ class Scheduler:
         )
         self.recorder = EventRecorder(client, self.profile.scheduler_name, clock=clock)
         self.flush_interval = flush_interval
+        self.stop_timeout = stop_timeout
         self.stats: Counter[str] = Counter()
         self._informers = informers
         self._own_informers = informers is None
@@ -145,6 +147,7 @@ class Scheduler:
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._pod_informer: Any = None
+        self._handlers: list[tuple[Any, Any]] = []
         self._started = False
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -158,10 +161,23 @@ class Scheduler:
         self._informers = factory
         node_informer = factory.informer("nodes")
         self._pod_informer = factory.informer("pods")
-        node_informer.add_event_handler(self._on_node_add, self._on_node_update, self._on_node_delete)
-        self._pod_informer.add_event_handler(self._on_pod_add, self._on_pod_update, self._on_pod_delete)
-        if self._own_informers:
-            await factory.start()
+        self._handlers = [
+            (
+                node_informer,
+                node_informer.add_event_handler(
+                    self._on_node_add, self._on_node_update, self._on_node_delete
+                ),
+            ),
+            (
+                self._pod_informer,
+                self._pod_informer.add_event_handler(
+                    self._on_pod_add, self._on_pod_update, self._on_pod_delete
+                ),
+            ),
+        ]
+        # Also when the factory is shared: informers asked for after its owner started it
+        # start only now (starting one already running does nothing).
+        await factory.start()
         if not await factory.wait_for_sync(sync_timeout):
             raise TimeoutError("the scheduler's node and pod caches did not sync")
         self._started = True
@@ -171,6 +187,9 @@ class Scheduler:
         ]
 
     async def stop(self) -> None:
+        for informer, handlers in self._handlers:
+            informer.remove_event_handler(handlers)
+        self._handlers = []
         self.queue.close()
         tasks = [*self._tasks, *self._background]
         self._tasks = []
@@ -180,7 +199,12 @@ class Scheduler:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._own_informers and self._informers is not None:
-            await self._informers.stop()
+            # Bounded: a watch whose cancellation gets lost further down (asyncio.wait_for
+            # on Python 3.11 can swallow one) must not hang the scheduler's shutdown.
+            stopping = asyncio.ensure_future(self._informers.stop())
+            done, _ = await asyncio.wait({stopping}, timeout=self.stop_timeout)
+            if not done:
+                log.warning("the scheduler's informers did not stop within %gs", self.stop_timeout)
         self._started = False
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:

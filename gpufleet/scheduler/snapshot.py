@@ -38,6 +38,8 @@ PODS = "pods"
 DEFAULT_MILLI_CPU_REQUEST = 100
 DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024
 
+_NO_POD_LIMIT = 2**62
+
 _NONZERO_CPU = "\x00nonzero-cpu"
 _NONZERO_MEMORY = "\x00nonzero-memory"
 
@@ -232,11 +234,13 @@ class NodeInfo:
         "labels",
         "annotations",
         "taints",
+        "soft_taints",
         "unschedulable",
         "alloc_cpu",
         "alloc_memory",
         "alloc_gpus",
         "alloc_pods",
+        "pod_limit",
         "alloc_scalar",
         "req_cpu",
         "req_memory",
@@ -244,6 +248,10 @@ class NodeInfo:
         "req_scalar",
         "nonzero_cpu",
         "nonzero_memory",
+        "cpu_left",
+        "memory_left",
+        "gpus_left",
+        "pods_left",
         "pods",
         "gpu_devices",
         "gpu_group_of",
@@ -253,6 +261,7 @@ class NodeInfo:
         "free_gpu_total",
         "unindexed_gpus",
         "generation",
+        "memo",
         "_gpu_source",
     )
 
@@ -264,11 +273,15 @@ class NodeInfo:
         self.labels: dict[str, str] = {}
         self.annotations: dict[str, str] = {}
         self.taints: tuple[tuple[str, str, str], ...] = ()
+        # The PreferNoSchedule ones, which only lower the score.
+        self.soft_taints: tuple[tuple[str, str, str], ...] = ()
         self.unschedulable = False
         self.alloc_cpu = 0
         self.alloc_memory = 0
         self.alloc_gpus = 0
         self.alloc_pods: int | None = None
+        # alloc_pods as a plain bound (the hot path compares without a None check).
+        self.pod_limit = _NO_POD_LIMIT
         self.alloc_scalar: dict[str, int] = {}
         self.req_cpu = 0
         self.req_memory = 0
@@ -276,6 +289,11 @@ class NodeInfo:
         self.req_scalar: dict[str, int] = {}
         self.nonzero_cpu = 0
         self.nonzero_memory = 0
+        # allocatable - requested, kept current so the hot path only compares.
+        self.cpu_left = 0
+        self.memory_left = 0
+        self.gpus_left = 0
+        self.pods_left = _NO_POD_LIMIT
         self.pods: dict[str, PodInfo] = {}
         self.gpu_devices: tuple[GPUDevice, ...] = ()
         # index -> group, healthy devices only: the indices the scheduler may hand out.
@@ -290,6 +308,11 @@ class NodeInfo:
         # other than this scheduler): they count against the free total, at unknown indices.
         self.unindexed_gpus = 0
         self.generation = 0
+        # Plugins' per-node results keyed by what of the pod they depend on (a score for a
+        # pod shape, say); emptied whenever the node or its pods change. Nodes that did not
+        # change keep their NodeInfo from one snapshot to the next, so on a large, mostly
+        # quiet cluster most lookups hit.
+        self.memo: dict[Any, Any] = {}
         self._gpu_source: tuple[Any, ...] | None = None
         if node is not None:
             self.set_node(node)
@@ -302,6 +325,7 @@ class NodeInfo:
         if not isinstance(node, k8s.Node):
             node = k8s.Node.model_validate(node)
         self.node = node
+        self.memo = {}
         meta = node.metadata or k8s.ObjectMeta()
         spec = node.spec or k8s.NodeSpec()
         status = node.status or k8s.NodeStatus()
@@ -309,6 +333,7 @@ class NodeInfo:
         self.labels = meta.labels or {}
         self.annotations = meta.annotations or {}
         self.taints = tuple((t.key, t.value or "", t.effect) for t in spec.taints or ())
+        self.soft_taints = tuple(t for t in self.taints if t[2] == PREFER_NO_SCHEDULE)
         self.unschedulable = bool(spec.unschedulable)
         alloc = status.allocatable if status.allocatable is not None else (status.capacity or {})
         amounts = {name: _amount(name, str(q)) for name, q in alloc.items()}
@@ -316,7 +341,9 @@ class NodeInfo:
         self.alloc_memory = amounts.pop(MEMORY, 0)
         self.alloc_gpus = amounts.pop(GPU_RESOURCE, 0)
         self.alloc_pods = amounts.pop(PODS, None)
+        self.pod_limit = _NO_POD_LIMIT if self.alloc_pods is None else self.alloc_pods
         self.alloc_scalar = amounts
+        self._update_left()
         gpu_source = (
             self.annotations.get(GPUS_ANNOTATION),
             self.alloc_gpus,
@@ -366,10 +393,21 @@ class NodeInfo:
         self._account(current, -1)
         return True
 
+    def _update_left(self) -> None:
+        # Never negative: on an over-committed node (pods bound by something else) nothing
+        # is left, and a request of zero still fits, as in Kubernetes' fit check.
+        self.cpu_left = max(0, self.alloc_cpu - self.req_cpu)
+        self.memory_left = max(0, self.alloc_memory - self.req_memory)
+        self.gpus_left = max(0, self.alloc_gpus - self.req_gpus)
+        self.pods_left = self.pod_limit - len(self.pods)
+
     def _account(self, p: PodInfo, sign: int) -> None:
+        if self.memo:
+            self.memo = {}
         self.req_cpu += sign * p.cpu
         self.req_memory += sign * p.memory
         self.req_gpus += sign * p.gpus
+        self._update_left()
         self.nonzero_cpu += sign * p.nonzero_cpu
         self.nonzero_memory += sign * p.nonzero_memory
         if p.scalar:
@@ -437,11 +475,13 @@ class NodeInfo:
         other.labels = self.labels
         other.annotations = self.annotations
         other.taints = self.taints
+        other.soft_taints = self.soft_taints
         other.unschedulable = self.unschedulable
         other.alloc_cpu = self.alloc_cpu
         other.alloc_memory = self.alloc_memory
         other.alloc_gpus = self.alloc_gpus
         other.alloc_pods = self.alloc_pods
+        other.pod_limit = self.pod_limit
         other.alloc_scalar = self.alloc_scalar
         other.req_cpu = self.req_cpu
         other.req_memory = self.req_memory
@@ -449,6 +489,10 @@ class NodeInfo:
         other.req_scalar = dict(self.req_scalar)
         other.nonzero_cpu = self.nonzero_cpu
         other.nonzero_memory = self.nonzero_memory
+        other.cpu_left = self.cpu_left
+        other.memory_left = self.memory_left
+        other.gpus_left = self.gpus_left
+        other.pods_left = self.pods_left
         other.pods = dict(self.pods)
         other.gpu_devices = self.gpu_devices
         other.gpu_group_of = self.gpu_group_of
@@ -458,6 +502,7 @@ class NodeInfo:
         other.free_gpu_total = self.free_gpu_total
         other.unindexed_gpus = self.unindexed_gpus
         other.generation = self.generation
+        other.memo = {}
         other._gpu_source = self._gpu_source
         return other
 

@@ -8,14 +8,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.api import k8s
-from gpufleet.scheduler.gpu import GPU_INDICES_ANNOTATION, GPU_PRODUCT_LABEL, GPUS_ANNOTATION, format_gpu_indices
+from gpufleet.scheduler.gpu import (
+    GPU_INDICES_ANNOTATION,
+    GPU_PRODUCT_LABEL,
+    GPUS_ANNOTATION,
+    format_gpu_indices,
+)
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo
 
 _uids = itertools.count(1)
 
 
 def gpu_inventory(
-    groups: list[int], *, memory_mib: int = 81920, unhealthy: tuple[int, ...] = (), model: str = "H100-SXM-80GB"
+    groups: list[int],
+    *,
+    memory_mib: int = 81920,
+    unhealthy: tuple[int, ...] = (),
+    model: str = "H100-SXM-80GB",
 ) -> str:
     """The gpufleet.io/gpus annotation for GPUs in interconnect groups of these sizes."""
     devices = []
@@ -176,9 +185,7 @@ def taint(key: str, value: str = "", effect: str = "NoSchedule") -> dict[str, An
     return out
 
 
-def toleration(
-    key: str = "", value: str = "", effect: str = "", operator: str = "Equal"
-) -> dict[str, Any]:
+def toleration(key: str = "", value: str = "", effect: str = "", operator: str = "Equal") -> dict[str, Any]:
     out: dict[str, Any] = {"operator": operator}
     if key:
         out["key"] = key

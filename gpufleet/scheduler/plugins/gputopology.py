@@ -121,11 +121,20 @@ class GPUTopology:
                 )
         return OK
 
+    def filter_nodes(self, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]) -> list[NodeInfo]:
+        if state.read(_SAME_GROUP_KEY):
+            return [n for n in nodes if not self.filter(state, pod_info, n).code]
+        count = pod_info.gpus
+        return [n for n in nodes if n.free_gpu_total - n.unindexed_gpus >= count]
+
     def pre_score(self, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]) -> Status:
         return OK if pod_info.gpus else SKIP
 
     def score(self, state: CycleState, pod_info: PodInfo, node_info: NodeInfo) -> int:
         return placement_score(node_info, pod_info.gpus)
+
+    def score_key(self, state: CycleState, pod_info: PodInfo) -> int:
+        return pod_info.gpus
 
     def score_nodes(self, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]) -> list[int]:
         count = pod_info.gpus

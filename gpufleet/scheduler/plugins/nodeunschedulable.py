@@ -27,5 +27,13 @@ class NodeUnschedulable:
             return OK
         return Status.unresolvable(REASON)
 
+    def filter_nodes(self, state: Any, pod_info: PodInfo, nodes: list[NodeInfo]) -> list[NodeInfo]:
+        passed = [n for n in nodes if not n.unschedulable]
+        if len(passed) == len(nodes) or tolerated(
+            pod_info.tolerations, UNSCHEDULABLE_TAINT_KEY, "", NO_SCHEDULE
+        ):
+            return nodes
+        return passed
+
     def events_to_register(self) -> set[str]:
         return {NODE_ADD, NODE_TAINT}

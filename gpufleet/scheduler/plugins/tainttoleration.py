@@ -35,8 +35,11 @@ class TaintToleration:
                 return Status.unresolvable(untolerated_taint_reason(key, value))
         return OK
 
+    def filter_nodes(self, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]) -> list[NodeInfo]:
+        return [n for n in nodes if not n.taints or not self.filter(state, pod_info, n).code]
+
     def pre_score(self, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]) -> Status:
-        if not any(effect == PREFER_NO_SCHEDULE for n in nodes for _, _, effect in n.taints):
+        if not any([n.soft_taints for n in nodes]):
             return SKIP
         # Only tolerations that can apply to PreferNoSchedule count for the score.
         relevant = tuple(t for t in pod_info.tolerations if t[3] in ("", PREFER_NO_SCHEDULE))
@@ -47,8 +50,8 @@ class TaintToleration:
         tolerations = state.read(_PREFERENCE_KEY, pod_info.tolerations)
         return sum(
             1
-            for key, value, effect in node_info.taints
-            if effect == PREFER_NO_SCHEDULE and not tolerated(tolerations, key, value, effect)
+            for key, value, effect in node_info.soft_taints
+            if not tolerated(tolerations, key, value, effect)
         )
 
     def normalize_score(self, state: CycleState, pod_info: PodInfo, scores: list[int]) -> None:
