@@ -413,7 +413,8 @@ class Scheduler:
     async def _report_unschedulable(self, pod_info: PodInfo, error: FitError) -> None:
         message = error.message
         await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)
-        diagnosis = "\n".join(error.node_breakdown(DIAGNOSIS_LINES))
+        # With no nodes at all there is nothing per node to add to the message.
+        diagnosis = "\n".join(error.node_breakdown(DIAGNOSIS_LINES)) or None
         await self._set_pod_scheduled_false(pod_info, REASON_UNSCHEDULABLE, message, diagnosis)
 
     def _latest(self, pod_info: PodInfo) -> k8s.Pod | None:

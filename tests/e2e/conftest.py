@@ -59,7 +59,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     env.pop("KUBECONFIG", None)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state_dir), "--port", "0"],
+            [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state_dir), "--port", "0",
+             # No local node: the objects these tests make must stay as created (pods Pending),
+             # so what kubectl prints is deterministic.
+             "--no-agent"],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,

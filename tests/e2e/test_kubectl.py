@@ -84,6 +84,10 @@ metadata:
   name: {name}
   labels:
     nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3
+spec:
+  # A Node object with no agent behind it: keep the scheduler from placing pods on it.
+  taints:
+  - {{key: gpufleet.io/e2e, value: paper-node, effect: NoSchedule}}
 status:
   capacity: {{cpu: "16", memory: 64Gi, nvidia.com/gpu: "8"}}
   allocatable: {{cpu: "16", memory: 64Gi, nvidia.com/gpu: "8"}}
