@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+export DEBIAN_FRONTEND=noninteractive
 need_apt=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need_apt+=(postgresql)
 command -v podman >/dev/null 2>&1 || need_apt+=(podman)
@@ -21,6 +22,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 echo "setup: installing gpufleet and test dependencies into .venv"
-.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+if ! .venv/bin/python -m pip install -q -e ".[test,gpu]" >.venv/pip-install.log 2>&1; then
+  cat .venv/pip-install.log >&2
+  echo "setup: pip install failed (log above)" >&2
+  exit 1
+fi
 .venv/bin/python -c "import gpufleet, fastapi, psycopg, kubernetes, hypothesis" \
   || { echo "setup: the install did not complete" >&2; exit 1; }
