@@ -498,19 +498,26 @@ class _MemoToken:
     __slots__ = ()
 
 
-def _total_memo_key(active: list[tuple[Any, int]], state: CycleState, pod_info: PodInfo) -> tuple | None:
-    """The key under which a node's weighted total may be memoized, or None when some
-    active scorer cannot say what its score depends on (or normalizes across nodes)."""
+def _split_memoizable(
+    active: list[tuple[Any, int]], state: CycleState, pod_info: PodInfo
+) -> tuple[tuple | None, list[tuple[Any, int]]]:
+    """The key under which the weighted total of the scorers that say what their score
+    depends on (and normalize nothing across nodes) may be memoized per node, and the
+    scorers that cannot, whose scores are computed fresh every cycle."""
     parts = []
+    fresh = []
     for p, weight in active:
         score_key = getattr(p, "score_key", None)
-        if score_key is None or getattr(p, "normalize_score", None) is not None:
-            return None
-        key = score_key(state, pod_info)
+        key = None
+        if score_key is not None and getattr(p, "normalize_score", None) is None:
+            key = score_key(state, pod_info)
         if key is None:
-            return None
-        parts.append((p.name, weight, key))
-    return ("total", *parts)
+            fresh.append((p, weight))
+        else:
+            parts.append((p.name, weight, key))
+    if not parts:
+        return None, fresh
+    return ("total", *parts), fresh
 
 
 # Fewest nodes filtered in one batch (when only a few more feasible nodes are wanted).
@@ -794,24 +801,30 @@ class Framework:
                 status.plugin = p.name
                 raise SchedulingError(status)
         active = [(p, w) for p, w in self.scorers if p.name not in state.skip_score]
-        full_key = _total_memo_key(active, state, pod_info)
+        full_key, unkeyed = _split_memoizable(active, state, pod_info)
         if full_key is None:
             return self._weighted_totals(active, state, pod_info, nodes)
+        keyed = [(p, w) for p, w in active if (p, w) not in unkeyed] if unkeyed else active
         # Looked up once per node: a token with an identity hash, not the nested tuple
         # (whose hash Python recomputes on every lookup). Tokens live as long as this
         # framework, so no other framework sharing the snapshot can collide with them.
         memo_key = self._total_keys.get(full_key)
         if memo_key is None:
             memo_key = self._total_keys[full_key] = _MemoToken()
-        # Every active scorer ranks a node by the node alone (no normalization across
-        # nodes) and says what of the pod it reads: the weighted total is then a function
-        # of the node and that key, kept on the node until it changes.
+        # The keyed scorers rank a node by the node alone (no normalization across nodes)
+        # and say what of the pod they read: their weighted total is then a function of
+        # the node and that key, kept on the node until it changes. Scorers that rank
+        # across nodes (spreading) are added on top, fresh, so they do not cost the rest
+        # their memo.
         totals = [n.memo.get(memo_key) for n in nodes]
         missing = [i for i, total in enumerate(totals) if total is None]
         if missing:
-            fresh = self._weighted_totals(active, state, pod_info, [nodes[i] for i in missing])
+            fresh = self._weighted_totals(keyed, state, pod_info, [nodes[i] for i in missing])
             for i, total in zip(missing, fresh, strict=True):
                 totals[i] = nodes[i].memo[memo_key] = total
+        if unkeyed:
+            extra = self._weighted_totals(unkeyed, state, pod_info, nodes)
+            return [t + e for t, e in zip(totals, extra, strict=True)]  # type: ignore[operator]
         return totals  # type: ignore[return-value]
 
     def _weighted_totals(

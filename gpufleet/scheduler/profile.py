@@ -27,16 +27,22 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "GPUMemory",
     "NodeResourcesFit",
     "GPUTopology",
+    "DefaultSpread",
     "DefaultBinder",
 )
 
 # kube-scheduler's default weights for the plugins both have; GPUTopology counts as much
 # as node affinity: a job split across NVLink domains loses more than a spread preference.
+# DefaultSpread must outweigh bin-packing (NodeResourcesFit's MostAllocated plus
+# GPUTopology's tight fit, 1 + 2 = 3 full ranges together) or replicas still stack on one
+# node; kube-scheduler gets away with 2 because its default scoring already spreads. It
+# only scores owned replicas, so everything else bin-packs as before.
 DEFAULT_WEIGHTS: dict[str, int] = {
     "TaintToleration": 3,
     "NodeAffinity": 2,
     "NodeResourcesFit": 1,
     "GPUTopology": 2,
+    "DefaultSpread": 4,
 }
 
 

@@ -134,6 +134,20 @@ def pod_key(pod: Any) -> str:
     return f"{meta.namespace or ''}/{meta.name or ''}" if meta is not None else "/"
 
 
+# Controllers whose replicas Kubernetes spreads by default (SystemDefaulting in
+# PodTopologySpread): losing one node should not take all of a service's replicas.
+SPREAD_OWNER_KINDS = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+
+
+def spread_owner_uid(meta: k8s.ObjectMeta) -> str:
+    """The uid of the pod's controller when that is a ReplicaSet, StatefulSet or
+    ReplicationController; "" otherwise (bare pods, Jobs, gangs)."""
+    for ref in meta.owner_references or ():
+        if ref.controller:
+            return ref.uid if ref.kind in SPREAD_OWNER_KINDS else ""
+    return ""
+
+
 class PodInfo:
     """A pod and everything the plugins read from it, computed once.
 
@@ -161,6 +175,7 @@ class PodInfo:
         "tolerations",
         "labels",
         "annotations",
+        "spread_owner",
         "cache",
     )
 
@@ -192,6 +207,7 @@ class PodInfo:
             (t.key or "", t.operator or "Equal", t.value or "", t.effect or "")
             for t in spec.tolerations or ()
         )
+        self.spread_owner = spread_owner_uid(meta)
         # Per-pod memo for plugins (compiled selectors and the like): keyed by plugin name,
         # computed on the first cycle and reused on every retry of the same pod object.
         self.cache: dict[str, Any] = {}
@@ -261,6 +277,7 @@ class NodeInfo:
         "free_gpu_total",
         "unindexed_gpus",
         "generation",
+        "owner_pods",
         "memo",
         "_gpu_source",
     )
@@ -308,6 +325,9 @@ class NodeInfo:
         # other than this scheduler): they count against the free total, at unknown indices.
         self.unindexed_gpus = 0
         self.generation = 0
+        # spread owner uid -> how many of its pods are here, so spreading reads a count
+        # instead of walking the node's pods on every cycle.
+        self.owner_pods: dict[str, int] = {}
         # Plugins' per-node results keyed by what of the pod they depend on (a score for a
         # pod shape, say); emptied whenever the node or its pods change. Nodes that did not
         # change keep their NodeInfo from one snapshot to the next, so on a large, mostly
@@ -410,6 +430,13 @@ class NodeInfo:
         self._update_left()
         self.nonzero_cpu += sign * p.nonzero_cpu
         self.nonzero_memory += sign * p.nonzero_memory
+        owner = p.spread_owner
+        if owner:
+            count = self.owner_pods.get(owner, 0) + sign
+            if count > 0:
+                self.owner_pods[owner] = count
+            else:
+                self.owner_pods.pop(owner, None)
         if p.scalar:
             req = self.req_scalar
             for name, amount in p.scalar.items():
@@ -502,6 +529,7 @@ class NodeInfo:
         other.free_gpu_total = self.free_gpu_total
         other.unindexed_gpus = self.unindexed_gpus
         other.generation = self.generation
+        other.owner_pods = dict(self.owner_pods) if self.owner_pods else {}
         other.memo = {}
         other._gpu_source = self._gpu_source
         return other

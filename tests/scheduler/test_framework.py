@@ -217,6 +217,7 @@ class TestWiring:
             "NodeAffinity": 2,
             "NodeResourcesFit": 1,
             "GPUTopology": 2,
+            "DefaultSpread": 4,
         }
         assert [p.name for p in fw.binders] == ["DefaultBinder"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpufleet.scheduler.framework import Registry
 from gpufleet.scheduler.plugins.defaultbinder import DefaultBinder
+from gpufleet.scheduler.plugins.defaultspread import DefaultSpread
 from gpufleet.scheduler.plugins.gpumemory import GPUMemory
 from gpufleet.scheduler.plugins.gputopology import GPUTopology
 from gpufleet.scheduler.plugins.nodeaffinity import NodeAffinity
@@ -24,6 +25,7 @@ _IN_TREE = (
     GPUMemory,
     NodeResourcesFit,
     GPUTopology,
+    DefaultSpread,
     DefaultBinder,
 )
 
@@ -36,6 +38,7 @@ def in_tree_registry() -> Registry:
 
 __all__ = [
     "DefaultBinder",
+    "DefaultSpread",
     "GPUMemory",
     "GPUTopology",
     "NodeAffinity",
