@@ -453,12 +453,14 @@ def test_unknown_field_is_a_strict_decoding_error(kubectl: Kubectl, tmp_path: Pa
 
 
 def test_emptied_label_and_annotation_maps_are_omitted(kubectl: Kubectl, tmp_path: Path) -> None:
-    # Kubernetes drops empty maps when it stores an object (Go's omitempty).
-    kubectl("create", "-f", write(tmp_path, "p.yaml", pod_yaml("bare", labels={"only": "one"}))).ok()
-    kubectl("annotate", "pod", "bare", "note=x").ok()
-    kubectl("label", "pod", "bare", "only-").ok()
-    kubectl("annotate", "pod", "bare", "note-").ok()
-    meta = json.loads(kubectl("get", "pod", "bare", "-o", "json").ok().stdout)["metadata"]
+    # Kubernetes drops empty maps when it stores an object (Go's omitempty). A ConfigMap, so no
+    # controller or scheduler writes to the object meanwhile.
+    cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: bare\n  labels: {only: one}\ndata: {k: v}\n"
+    kubectl("create", "-f", write(tmp_path, "cm.yaml", cm)).ok()
+    kubectl("annotate", "configmap", "bare", "note=x").ok()
+    kubectl("label", "configmap", "bare", "only-").ok()
+    kubectl("annotate", "configmap", "bare", "note-").ok()
+    meta = json.loads(kubectl("get", "configmap", "bare", "-o", "json").ok().stdout)["metadata"]
     assert "labels" not in meta and "annotations" not in meta, meta
 
 
