@@ -66,11 +66,13 @@ __all__ = [
     "ANCIENT_CHANGES_MANAGER",
     "BEFORE_FIRST_APPLY_MANAGER",
     "LAST_APPLIED_ANNOTATION",
+    "MAX_FIELD_PATH_DEPTH",
     "MAX_UPDATE_MANAGERS",
     "ApplyConflict",
     "FieldPath",
     "FieldSet",
     "ManagedFieldsError",
+    "accepted_managed_fields",
     "apply",
     "field_manager_errors",
     "field_set",
@@ -89,6 +91,8 @@ LAST_APPLIED_ANNOTATION = "kubectl.kubernetes.io/last-applied-configuration"
 BEFORE_FIRST_APPLY_MANAGER = "before-first-apply"
 ANCIENT_CHANGES_MANAGER = "ancient-changes"
 MAX_UPDATE_MANAGERS = 10
+# Deeper than any real object; keeps client-sent fieldsV1 within what the models serialize.
+MAX_FIELD_PATH_DEPTH = 100
 FIELD_MANAGER_MAX_BYTES = 128
 
 APPLY = "Apply"
@@ -185,11 +189,12 @@ _SCHEMA["PodSpec"]["topologySpreadConstraints"] = _Shape(
 )
 _SCHEMA["Container"]["ports"] = _Shape(_ASSOC_MODE, None, ("containerPort", "protocol"))
 _SCHEMA["ServiceSpec"]["ports"] = _Shape(_ASSOC_MODE, None, ("port", "protocol"))
+# Workload update strategies are plain structs, already in the kind's empty object.
+for _strategy in ("strategy", "updateStrategy"):
+    _SCHEMA["TemplatedSpec"][_strategy] = _Shape(_STRUCT, always_present=True)
 # LabelSelector is +structType=atomic; a ReplicationController's selector is a plain map
 # and its template a pointer, so it gets a spec of its own.
 _SCHEMA["TemplatedSpec"]["selector"] = _ATOMIC
-for _strategy in ("strategy", "updateStrategy"):
-    _SCHEMA["TemplatedSpec"][_strategy] = _Shape(_STRUCT, always_present=True)
 _SCHEMA["ReplicationControllerSpec"] = {"template": _Shape(_STRUCT, "PodTemplateSpec")}
 _SCHEMA["ReplicationController"] = {
     **_SCHEMA["Workload"],
@@ -266,6 +271,8 @@ def _dump(value: Any) -> str:
 
 
 def _key_element(item: Any, keys: tuple[str, ...]) -> str | None:
+    """``k:{...}`` for a list item: the merge keys it sets, plus defaulted ones it omits, so
+    a port written without ``protocol`` is the same item as one with ``protocol: TCP``."""
     if not isinstance(item, dict):
         return None
     fields = {key: item[key] for key in keys if item.get(key) is not None}
@@ -379,7 +386,7 @@ def _value_order(value: Any) -> tuple[int, Any]:
     if isinstance(value, bool):
         return (2, value)
     if isinstance(value, int | float):
-        return (0, float(value))
+        return (0, value)
     if isinstance(value, str):
         return (1, value)
     if isinstance(value, list):
@@ -482,6 +489,8 @@ def from_fields_v1(fields_v1: Any) -> FieldSet:
                     out.add(path)
                 continue
             child_path = (*path, _parse_element(key))
+            if len(child_path) > MAX_FIELD_PATH_DEPTH:
+                raise ManagedFieldsError(f"fieldsV1 is nested more than {MAX_FIELD_PATH_DEPTH} levels deep")
             if not child:
                 out.add(child_path)
             else:
@@ -989,6 +998,32 @@ def _track_update(
 # --------------------------------------------------------------------------- public operations
 
 
+def _starting_entries(sent: Any, old: Mapping[str, Any] | None, subresource: str) -> dict[_Identity, _Entry]:
+    live = ((old or {}).get("metadata") or {}).get("managedFields")
+    if subresource:
+        return _decode_or_empty(live)
+    if is_reset(sent):
+        return {}
+    # Clients unaware of managedFields must not erase them: anything that does not decode
+    # (or is absent) means the stored ones.
+    return _decode_or_empty(sent) or _decode_or_empty(live)
+
+
+@_bounded
+def accepted_managed_fields(
+    sent: Any, old: Mapping[str, Any] | None, *, subresource: str = ""
+) -> list[dict[str, Any]] | None:
+    """What to leave in ``metadata.managedFields`` of a written object before it is decoded
+    and validated: ``[]`` for a reset, the client's entries when they decode (normalized),
+    else ``old``'s; None when there are none. Clients can put anything in ``fieldsV1``,
+    which the models accept as free JSON; this keeps such garbage away from them.
+    :func:`record_update` makes the same choice, so it may be given either form."""
+    if not subresource and is_reset(sent):
+        return []
+    entries = _starting_entries(sent, old, subresource)
+    return _encode(entries) if entries else None
+
+
 @_bounded
 def record_update(
     old: Mapping[str, Any] | None,
@@ -1019,14 +1054,7 @@ def record_update(
     meta = result.get("metadata")
     if not isinstance(meta, dict):
         return result
-    sent = meta.pop("managedFields", None)
-    live = ((old or {}).get("metadata") or {}).get("managedFields")
-    if subresource:
-        entries = _decode_or_empty(live)
-    elif is_reset(sent):
-        entries = {}
-    else:
-        entries = _decode_or_empty(sent) or _decode_or_empty(live)
+    entries = _starting_entries(meta.pop("managedFields", None), old, subresource)
     if old is not None and not entries:
         return result
     tracked = _track_update(

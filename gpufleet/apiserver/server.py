@@ -29,7 +29,7 @@ from gpufleet.api.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from gpufleet.apiserver import discovery, openapi, tables
+from gpufleet.apiserver import discovery, managedfields, openapi, tables
 from gpufleet.apiserver.admission import AdmissionContext, MutatingPlugin, UserInfo, ValidatingPlugin
 from gpufleet.apiserver.errors import (
     ApiException,
@@ -337,6 +337,7 @@ class ApiServer:
         verb, sub = info.verb, info.subresource
         ns = info.namespace if rt.namespaced else ""
         dry_run = req.param("dryRun") == "All"
+        manager = req.param("fieldManager") or managedfields.manager_from_user_agent(req.headers.get("user-agent"))
         if sub == "log":
             return await self._pod_log(req, rt, ns, info.name)
         if sub in ("binding", "eviction"):
@@ -360,18 +361,19 @@ class ApiServer:
                 raise method_not_allowed()
             body = self._parse_body(req)
             obj, warnings = await self.create_object(
-                rt, ns, body, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run
+                rt, ns, body, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run,
+                manager=manager,
             )
             return _json_response(201, obj, self._warning_headers(warnings))
         if verb == "update":
             body = self._parse_body(req)
             obj, warnings = await self.update_object(
                 rt, ns, info.name, body, subresource=sub, field_validation=req.param("fieldValidation"),
-                user=user, dry_run=dry_run,
+                user=user, dry_run=dry_run, manager=manager,
             )
             return _json_response(200, obj, self._warning_headers(warnings))
         if verb == "patch":
-            return await self._patch(req, rt, ns, info.name, sub, user, dry_run)
+            return await self._patch(req, rt, ns, info.name, sub, user, dry_run, manager)
         if verb == "delete":
             options = self._delete_options(req)
             obj, done = await self.delete_object(rt, ns, info.name, options, user=user, dry_run=dry_run)
@@ -575,6 +577,29 @@ class ApiServer:
         else:
             obj.pop("status", None)
 
+    def _track_fields(self, rt: ResourceType, old: dict[str, Any] | None, new: dict[str, Any],
+                      manager: str | None, managed: bool, subresource: str) -> dict[str, Any]:
+        """Field ownership of a non-apply write (Kubernetes' managedFields, operation Update)."""
+        meta = new.get("metadata")
+        if managed or manager is None:
+            if isinstance(meta, dict) and not managed:
+                # Internal writes keep what is stored; clients do not get to rewrite history.
+                kept = managedfields.accepted_managed_fields(meta.get("managedFields"), old,
+                                                             subresource=subresource)
+                if kept is None:
+                    meta.pop("managedFields", None)
+                else:
+                    meta["managedFields"] = kept
+            return new
+        try:
+            return managedfields.record_update(
+                old, new, manager=manager, kind=rt.kind, api_version=rt.api_version,
+                now=rfc3339(self.clock.now()), subresource=subresource,
+                ignore_status="status" in rt.subresources and subresource != "status",
+            )
+        except managedfields.ManagedFieldsError as e:
+            raise bad_request(f"metadata.managedFields: {e}") from None
+
     async def _allocate_cluster_ip(self, obj: dict[str, Any]) -> None:
         """A virtual IP per Service from 10.96.0.0/12, as kube-apiserver's default range; the
         gateway routes by Service name, the address keeps `get svc` and clients honest."""
@@ -624,7 +649,11 @@ class ApiServer:
         field_validation: str | None = None,
         user: UserInfo | None = None,
         dry_run: bool = False,
+        manager: str | None = None,
+        managed: bool = False,
     ) -> tuple[dict[str, Any], list[str]]:
+        """``manager`` records field ownership (metadata.managedFields) as an Update;
+        ``managed``: the caller (server-side apply) already did."""
         assert rt is not None
         user = user or UserInfo(name="system:apiserver")
         obj = self._check_type(rt, body)
@@ -658,6 +687,7 @@ class ApiServer:
         self._reset_status(rt, obj)
         if rt.kind == "Service" and not rt.group:
             await self._allocate_cluster_ip(obj)
+        obj = self._track_fields(rt, None, obj, manager, managed, "")
         model, warnings = self._decode(rt, obj, name, field_validation)
         obj = self._finish(rt, model, name, None)
         await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
@@ -686,6 +716,8 @@ class ApiServer:
         dry_run: bool = False,
         current: dict[str, Any] | None = None,
         create_missing: bool = False,
+        manager: str | None = None,
+        managed: bool = False,
     ) -> tuple[dict[str, Any], list[str]]:
         user = user or UserInfo(name="system:apiserver")
         obj = self._check_type(rt, body)
@@ -702,7 +734,7 @@ class ApiServer:
                 if create_missing and not subresource:
                     meta.pop("resourceVersion", None)
                     return await self.create_object(rt, ns, obj, field_validation=field_validation, user=user,
-                                                    dry_run=dry_run)
+                                                    dry_run=dry_run, manager=manager, managed=managed)
                 raise not_found(rt, name) from None
         expected = meta.get("resourceVersion")
         if expected is not None and not isinstance(expected, str):
@@ -722,6 +754,7 @@ class ApiServer:
         else:
             expected_rev = _rv(current)
         new = self._merge_update(rt, obj, current, subresource)
+        new = self._track_fields(rt, current, new, manager, managed, subresource)
         if rt.kind == "Service" and not rt.group and isinstance(new.get("spec"), dict):
             # Allocated values survive a PUT that leaves them out, as in Kubernetes.
             old_spec = current.get("spec") or {}
@@ -809,7 +842,7 @@ class ApiServer:
         return True
 
     async def _patch(self, req: RawRequest, rt: ResourceType, ns: str, name: str, sub: str, user: UserInfo,
-                     dry_run: bool) -> RawResponse:
+                     dry_run: bool, manager: str | None = None) -> RawResponse:
         ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype not in ("application/json-patch+json", "application/merge-patch+json",
                          "application/strategic-merge-patch+json", "application/apply-patch+yaml"):
@@ -826,20 +859,13 @@ class ApiServer:
                 current = await self.store.get(rt.key, ns, name)
             except store_base.NotFound:
                 current = None
-            if current is None:
-                if ctype != "application/apply-patch+yaml" or sub:
-                    raise not_found(rt, name)
-                # Server-side apply creates what is missing.
-                try:
-                    applied = decode_yaml(req.body)
-                except PatchError as e:
-                    raise bad_request(f"the apply patch could not be decoded: {e}") from None
-                if not isinstance(applied, dict):
-                    raise bad_request("the apply patch must be an object")
-                _meta(applied).setdefault("name", name)
-                obj, warnings = await self.create_object(
-                    rt, ns, applied, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run)
-                return _json_response(201, obj, self._warning_headers(warnings))
+            if current is None and (ctype != "application/apply-patch+yaml" or sub):
+                raise not_found(rt, name)
+            if ctype == "application/apply-patch+yaml" and sub != "scale":
+                response = await self._server_side_apply(req, rt, ns, name, sub, user, dry_run, current)
+                if response is not None:
+                    return response
+                continue
             base = self._scale_view(rt, current) if sub == "scale" else current
             try:
                 patched = apply_patch(base, req.body, ctype, rt.kind)
@@ -861,7 +887,7 @@ class ApiServer:
                     return _json_response(200, obj)
                 obj, warnings = await self.update_object(
                     rt, ns, name, patched, subresource=sub, field_validation=req.param("fieldValidation"),
-                    user=user, dry_run=dry_run, current=current,
+                    user=user, dry_run=dry_run, current=current, manager=manager,
                 )
                 return _json_response(200, obj, self._warning_headers(warnings))
             except ApiException as e:
@@ -871,6 +897,51 @@ class ApiServer:
                     continue
                 raise
         raise conflict(rt, name)
+
+    async def _server_side_apply(self, req: RawRequest, rt: ResourceType, ns: str, name: str, sub: str,
+                                 user: UserInfo, dry_run: bool, current: dict[str, Any] | None) -> RawResponse | None:
+        """One attempt of server-side apply; None means the object changed under us: retry."""
+        manager = req.param("fieldManager")
+        if not manager:
+            raise bad_request("PATCH: fieldManager is required for apply requests (e.g. ?fieldManager=my-tool)")
+        try:
+            applied = decode_yaml(req.body)
+        except PatchError as e:
+            raise bad_request(f"the apply patch could not be decoded: {e}") from None
+        if not isinstance(applied, dict):
+            raise bad_request("the apply patch must be an object")
+        ameta = applied.get("metadata")
+        if isinstance(ameta, dict) and ameta.get("name") not in (None, name):
+            raise bad_request(f"the name of the object ({ameta.get('name')}) does not match the name on the URL "
+                              f"({name})")
+        if current is None:
+            applied.setdefault("metadata", {}).setdefault("name", name)
+        try:
+            new = managedfields.apply(
+                current, applied, manager=manager, kind=rt.kind, api_version=rt.api_version,
+                force=_truthy(req.param("force")), now=rfc3339(self.clock.now()), subresource=sub,
+                ignore_status="status" in rt.subresources and sub != "status",
+            )
+        except managedfields.ApplyConflict as e:
+            raise ApiException(409, "Conflict", e.message,
+                               {"name": name, "kind": rt.plural, "group": rt.group, "causes": e.causes}) from None
+        except managedfields.ManagedFieldsError as e:
+            raise bad_request(str(e)) from None
+        if current is None:
+            obj, warnings = await self.create_object(
+                rt, ns, new, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run,
+                managed=True)
+            return _json_response(201, obj, self._warning_headers(warnings))
+        new.setdefault("metadata", {})["resourceVersion"] = current["metadata"].get("resourceVersion")
+        try:
+            obj, warnings = await self.update_object(
+                rt, ns, name, new, subresource=sub, field_validation=req.param("fieldValidation"), user=user,
+                dry_run=dry_run, current=current, managed=True)
+        except ApiException as e:
+            if e.code == 409 and e.reason == "Conflict":
+                return None
+            raise
+        return _json_response(200, obj, self._warning_headers(warnings))
 
     async def delete_object(
         self, rt: ResourceType, ns: str, name: str, options: dict[str, Any] | None = None, *,

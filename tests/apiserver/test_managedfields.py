@@ -12,12 +12,16 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpufleet.api.k8s import ConfigMap, ObjectMeta
 from gpufleet.apiserver.managedfields import (
     LAST_APPLIED_ANNOTATION,
+    MAX_FIELD_PATH_DEPTH,
     ApplyConflict,
     ManagedFieldsError,
+    accepted_managed_fields,
     apply,
     field_manager_errors,
     field_set,
@@ -293,6 +297,22 @@ def test_apply_config_dropping_a_container_removes_it() -> None:
     assert [c["name"] for c in out["spec"]["template"]["spec"]["containers"]] == ["main"]
 
 
+def test_apply_keeps_other_managers_items_in_place_and_follows_its_own_order() -> None:
+    def pod(*names: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": n, "image": "i"} for n in names]},
+        }
+
+    live = apply(None, pod("a", "c"), manager="ci", kind="Pod", api_version="v1", force=False, now=T0)
+    live = apply(live, pod("a", "b", "c"), manager="other", kind="Pod", api_version="v1", force=False, now=T1)
+    assert [c["name"] for c in live["spec"]["containers"]] == ["a", "b", "c"]
+    out = apply(live, pod("c", "a"), manager="ci", kind="Pod", api_version="v1", force=False, now=T2)
+    assert [c["name"] for c in out["spec"]["containers"]] == ["b", "c", "a"]
+
+
 # --------------------------------------------------------------------------- conflicts and sharing
 
 
@@ -437,6 +457,30 @@ def test_reset_and_client_sent_managed_fields() -> None:
     assert (
         is_reset([{"manager": ""}]) and not is_reset(None) and not is_reset(live["metadata"]["managedFields"])
     )
+
+
+def test_what_an_update_keeps_of_client_sent_managed_fields() -> None:
+    live = apply_cm(None, configmap(a="1"), "alice", now=T0)
+    stored = live["metadata"]["managedFields"]
+    assert accepted_managed_fields(None, live) == stored
+    assert accepted_managed_fields([{}], live) == [] and accepted_managed_fields([], live) == []
+    assert accepted_managed_fields([{}], live, subresource="status") == stored
+    deep: dict[str, Any] = {}
+    for _ in range(MAX_FIELD_PATH_DEPTH + 1):
+        deep = {"f:a": deep}
+    garbage = [
+        {
+            "manager": "x",
+            "operation": "Update",
+            "apiVersion": "v1",
+            "fieldsType": "FieldsV1",
+            "fieldsV1": deep,
+        }
+    ]
+    assert accepted_managed_fields(garbage, live) == stored
+    assert accepted_managed_fields(garbage, None) is None
+    mine = [{**stored[0], "manager": "mine"}]
+    assert accepted_managed_fields(mine, live) == mine  # Kubernetes lets clients rewrite them
 
 
 def test_untracked_objects_stay_untracked_until_an_apply() -> None:
@@ -600,3 +644,48 @@ def test_generated_model_keeps_fields_v1() -> None:
         ConfigMap.model_validate(obj).to_dict()["metadata"]["managedFields"]
         == obj["metadata"]["managedFields"]
     )
+
+
+# --------------------------------------------------------------------------- properties
+
+_names = st.text(alphabet="abcdefgh", min_size=1, max_size=3)
+_scalars = st.one_of(st.text(max_size=4), st.integers(-5, 5), st.booleans())
+_containers = st.lists(
+    st.fixed_dictionaries(
+        {"name": _names, "image": _scalars},
+        optional={"args": st.lists(_scalars, max_size=2), "env": st.just([{"name": "A", "value": "1"}])},
+    ),
+    # An empty list owns nothing, so applying [] removes the list rather than emptying it.
+    min_size=1,
+    max_size=3,
+    unique_by=lambda c: c["name"],
+)
+
+
+def _pod(data: st.DataObject) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "labels": data.draw(st.dictionaries(_names, st.text(max_size=3), max_size=3)),
+        },
+        "spec": {
+            "containers": data.draw(_containers),
+            "nodeSelector": data.draw(st.dictionaries(_names, _names)),
+        },
+    }
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_manager_converges_on_its_latest_configuration(data: st.DataObject) -> None:
+    first, second = _pod(data), _pod(data)
+    live = apply(None, first, manager="m", kind="Pod", api_version="v1", force=False, now=T0)
+    out = apply(live, second, manager="m", kind="Pod", api_version="v1", force=False, now=T1)
+    without = {k: v for k, v in out.items() if k != "metadata"}
+    assert without == {k: v for k, v in second.items() if k != "metadata"}
+    assert out["metadata"].get("labels", {}) == second["metadata"]["labels"]
+    assert apply(out, second, manager="m", kind="Pod", api_version="v1", force=False, now=T2) == out
+    fields = field_set(out, "Pod")
+    assert from_fields_v1(to_fields_v1(fields)) == fields
