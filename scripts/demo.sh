@@ -35,7 +35,7 @@ done
 gpufleet get nodes
 gpufleet get deployments,pods -n demo -o wide
 gpufleet get endpoints web -n demo
-addr=$(gpufleet get endpoints web -n demo -o json | python3 -c 'import json,sys; s=json.load(sys.stdin)["subsets"][0]; print(f"{s["addresses"][0]["ip"]}:{s["ports"][0]["port"]}")')
+addr=$(gpufleet get endpoints web -n demo -o json | python3 -c 'import json,sys; s=json.load(sys.stdin)["subsets"][0]; print(s["addresses"][0]["ip"] + ":" + str(s["ports"][0]["port"]))')
 echo "== GET http://$addr/ (one replica, through its endpoint)"
 python3 -c "import urllib.request,sys; r=urllib.request.urlopen('http://$addr/'); print(r.status, r.headers['Server'])"
 
