@@ -29,7 +29,7 @@ if ! .venv/bin/python -m pip install -q -e ".[test,gpu]" >.venv/pip-install.log 
   exit 1
 fi
 # The training examples and their tests run real PyTorch (CPU wheel, gloo backend).
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+if ! .venv/bin/python -c "import torch, numpy" >/dev/null 2>&1; then
   echo "setup: installing torch==2.13.0 (CPU)"
   .venv/bin/python -m pip install -q torch==2.13.0 numpy >>.venv/pip-install.log 2>&1 \
     || { tail -20 .venv/pip-install.log >&2; echo "setup: torch install failed" >&2; exit 1; }
