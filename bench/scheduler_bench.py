@@ -6,6 +6,7 @@ runs it: refresh the snapshot from the cache, run the framework, assume the pod.
 
     .venv/bin/python bench/scheduler_bench.py                 # 1,000 and 5,000 nodes, 10,000 pods
     .venv/bin/python bench/scheduler_bench.py --nodes 5000 --pods 2000 --profile
+    .venv/bin/python bench/scheduler_bench.py --gangs-only     # only the gang cases
 
 Pod shapes (GPUs / cpu / memory, share of pods): 1/4/32Gi 40%, 2/8/64Gi 30%, 4/16/128Gi
 20%, 8/32/256Gi 10% — 2.6 GPUs per pod on average, so 10,000 pods want 26,000 GPUs: the
@@ -16,6 +17,13 @@ Pods arrive already decoded (PodInfo), as the informer hands them over; binding,
 queue and the API are not measured. Cycles stop filtering after percentageOfNodesToScore
 of the nodes were found feasible (adaptive: 420 at 1,000 nodes, 500 at 5,000); pass
 --percentage 100 to score every node.
+
+Gang cases (PodGroup, every member placed in one cycle or none): one 64-pod gang of
+1-GPU members on 8 nodes x 8 GPUs (the whole cluster), and 100 gangs of 8 members x 8 GPUs
+on 1,000 nodes (32 nodes per rack); each gang cycle refreshes the snapshot, places the
+whole gang (gang.place_gang) and assumes its members. Printed: gangs/s, pods/s, and how
+many nodes and racks each gang spans. A last case asks for 150 such gangs, more than the
+1,000 nodes hold, so the rejection of whole gangs is measured too.
 
 For scale: the CI floor quoted for kube-scheduler at 5,000 nodes is 680-810 pods/s, from
 compiled Go using every core; this is one Python thread.
@@ -37,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpufleet.api import k8s  # noqa: E402
 from gpufleet.scheduler.cache import SchedulerCache  # noqa: E402
 from gpufleet.scheduler.framework import FitError, Framework  # noqa: E402
+from gpufleet.scheduler.gang import place_gang  # noqa: E402
 from gpufleet.scheduler.gpu import GPU_PRODUCT_LABEL, GPUS_ANNOTATION, RACK_LABEL, ZONE_LABEL  # noqa: E402
 from gpufleet.scheduler.profile import Profile  # noqa: E402
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot  # noqa: E402
@@ -155,6 +164,82 @@ def run(num_nodes: int, pods: list[PodInfo], profile: Profile, seed: int, use_pr
         pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 
 
+def make_gang(name: str, count: int, gpus: int) -> list[PodInfo]:
+    resources = {"cpu": "4", "memory": "32Gi", "nvidia.com/gpu": str(gpus)}
+    return [
+        PodInfo(
+            k8s.Pod.model_validate(
+                {
+                    "metadata": {
+                        "name": f"{name}-{i}",
+                        "namespace": "bench",
+                        "uid": f"{name}-uid-{i}",
+                        "labels": {"scheduling.x-k8s.io/pod-group": name},
+                    },
+                    "spec": {
+                        "containers": [
+                            {"name": "main", "resources": {"requests": resources, "limits": resources}}
+                        ]
+                    },
+                }
+            )
+        )
+        for i in range(count)
+    ]
+
+
+def run_gangs(
+    num_nodes: int, gangs: int, size: int, gpus: int, profile: Profile, seed: int, repeats: int = 1
+) -> None:
+    """``repeats`` fresh clusters, each given the same gangs; the median run is printed
+    (one gang alone is too short to time once)."""
+    runs = [_gang_run(num_nodes, gangs, size, gpus, profile, seed) for _ in range(repeats)]
+    elapsed, latencies, placed_gangs, placed_pods, spans = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    print(
+        f"{num_nodes:>6} nodes x 8 GPUs | {gangs} gang(s) of {size} x {gpus} GPU in {elapsed:6.3f}s ="
+        f" {gangs / elapsed:8.1f} gangs/s, {gangs * size / elapsed:8.0f} pods/s"
+        f" | p50 {percentile(latencies, 0.5) * 1e3:7.2f} ms  p99 {percentile(latencies, 0.99) * 1e3:7.2f} ms per gang"
+        + (f" (median of {repeats} runs)" if repeats > 1 else "")
+    )
+    if spans:
+        print(
+            f"{'':>6}   placed {placed_gangs}/{gangs} gangs ({placed_pods} pods); nodes per gang:"
+            f" min {min(s[0] for s in spans)}, max {max(s[0] for s in spans)};"
+            f" racks per gang: min {min(s[1] for s in spans)}, max {max(s[1] for s in spans)}"
+        )
+
+
+def _gang_run(
+    num_nodes: int, gangs: int, size: int, gpus: int, profile: Profile, seed: int
+) -> tuple[float, list[float], int, int, list[tuple[int, int]]]:
+    cache = SchedulerCache(ttl=None)
+    for i in range(num_nodes):
+        cache.add_node(make_node(i))
+    framework = Framework(profile, rng=random.Random(seed))
+    snapshot = Snapshot()
+    cache.update_snapshot(snapshot)
+    work = [make_gang(f"gang-{g:03d}", size, gpus) for g in range(gangs)]
+    latencies: list[float] = []
+    placed_gangs = placed_pods = 0
+    spans: list[tuple[int, int]] = []
+    clock = time.perf_counter
+    started = clock()
+    for g, members in enumerate(work):
+        t0 = clock()
+        cache.update_snapshot(snapshot)
+        placement = place_gang(framework, snapshot, f"bench/gang-{g:03d}", members, min_member=size)
+        if placement.ok:
+            for member, result in placement.placed:
+                cache.assume_pod(member, result.node, result.gpu_indices)
+            placed_gangs += 1
+            placed_pods += len(placement.placed)
+            used = placement.nodes_used()
+            racks = {snapshot.get(n).labels.get(RACK_LABEL) for n in used}
+            spans.append((len(used), len(racks)))
+        latencies.append(clock() - t0)
+    return clock() - started, latencies, placed_gangs, placed_pods, spans
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 5000])
@@ -165,13 +250,22 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="print a cProfile summary")
+    parser.add_argument("--gangs-only", action="store_true", help="run only the gang cases")
     args = parser.parse_args()
-    pods = make_pods(args.pods, random.Random(args.seed))
     profile = Profile(scoring_strategy=args.strategy, percentage_of_nodes_to_score=args.percentage)
     print(f"strategy {args.strategy}, percentageOfNodesToScore {args.percentage or 'adaptive'}")
-    for num_nodes in args.nodes:
-        run(num_nodes, pods, profile, args.seed, args.profile)
-    print("for comparison, kube-scheduler's quoted CI floor: 680-810 pods/s at 5,000 nodes (Go, all cores)")
+    if not args.gangs_only:
+        pods = make_pods(args.pods, random.Random(args.seed))
+        for num_nodes in args.nodes:
+            run(num_nodes, pods, profile, args.seed, args.profile)
+        print(
+            "for comparison, kube-scheduler's quoted CI floor: 680-810 pods/s at 5,000 nodes (Go, all cores)"
+        )
+    print("gangs (all members in one cycle or none):")
+    run_gangs(8, 1, 64, 1, profile, args.seed, repeats=21)
+    run_gangs(1000, 100, 8, 8, profile, args.seed)
+    # More than the cluster holds: the last 25 gangs are rejected whole.
+    run_gangs(1000, 150, 8, 8, profile, args.seed)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The GPU-aware scheduler: a kube-scheduler-style framework, its plugins, and the loop.
 
 Pure parts (no I/O): framework (extension points, Status, FitError), snapshot (PodInfo,
-NodeInfo, Snapshot), cache (SchedulerCache), queue (SchedulingQueue), plugins. The loop
-that connects them to the API is scheduler.Scheduler.
+NodeInfo, Snapshot), cache (SchedulerCache), queue (SchedulingQueue), plugins, gang (whole
+PodGroups on a snapshot) and preemption (DefaultPreemption). The loop that connects them
+to the API is scheduler.Scheduler.
 """
 
 from gpufleet.scheduler.cache import SchedulerCache

@@ -16,13 +16,13 @@ walking back from the end.
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import k8s
-from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
+from gpufleet.scheduler.snapshot import NO_PODS, NodeInfo, PodInfo, Snapshot
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,9 @@ class SchedulerCache:
         # cache key -> the PodInfo placed on a node (bound or assumed)
         self._pods: dict[str, PodInfo] = {}
         self._assumed: dict[str, _Assumption] = {}
+        # Placed pods by priority: preemption asks for the lowest first (most clusters
+        # hold nothing a pending pod could preempt).
+        self._priorities: Counter[int] = Counter()
         self._generation = 0
         # Bumped when the set of nodes with a Node object changes (a snapshot must then
         # rebuild its list, not just replace entries).
@@ -118,12 +121,18 @@ class SchedulerCache:
             self._nodes[pod_info.node_name] = node_info
         node_info.add_pod(pod_info)
         self._pods[cache_key(pod_info)] = pod_info
+        self._priorities[pod_info.priority] += 1
         self._touch(node_info)
 
     def _unplace(self, key: str) -> PodInfo | None:
         pod_info = self._pods.pop(key, None)
         if pod_info is None:
             return None
+        left = self._priorities[pod_info.priority] - 1
+        if left > 0:
+            self._priorities[pod_info.priority] = left
+        else:
+            del self._priorities[pod_info.priority]
         node_info = self._nodes.get(pod_info.node_name)
         if node_info is not None:
             node_info.remove_pod(pod_info)
@@ -263,6 +272,7 @@ class SchedulerCache:
                 if node_info is not None and node_info.node is not None:
                     snapshot._replace(node_info.clone())
         touched.clear()
+        snapshot.lowest_priority = min(self._priorities) if self._priorities else NO_PODS
         snapshot.generation = self._generation
         snapshot.membership_generation = self._membership_generation
         return snapshot

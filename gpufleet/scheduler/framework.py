@@ -434,6 +434,10 @@ class FrameworkHandle:
     framework: Framework | None = None
     # The snapshot of the cycle in progress, for plugins that get a node by name (Reserve).
     snapshot: Snapshot | None = None
+    # Pod (uid or key) -> the node preemption nominated it for, while its victims leave.
+    nominated_nodes: dict[str, str] = field(default_factory=dict)
+    # Pods ('namespace/name') preemption is deleting, not yet seen terminating.
+    pending_victims: set[str] = field(default_factory=set)
 
 
 PluginFactory = Callable[[Mapping[str, Any], FrameworkHandle], Any]
@@ -519,6 +523,9 @@ def _split_memoizable(
         return None, fresh
     return ("total", *parts), fresh
 
+
+# CycleState key: this cycle must not run PostFilter.
+_NO_POST_FILTER_KEY = "framework/no-post-filter"
 
 # Fewest nodes filtered in one batch (when only a few more feasible nodes are wanted).
 _MIN_BATCH = 32
@@ -607,11 +614,20 @@ class Framework:
     # -- the scheduling cycle -------------------------------------------------------------
 
     def schedule(
-        self, pod_info: PodInfo, snapshot: Snapshot, state: CycleState | None = None
+        self,
+        pod_info: PodInfo,
+        snapshot: Snapshot,
+        state: CycleState | None = None,
+        *,
+        post_filter: bool = True,
     ) -> ScheduleResult | FitError:
         """Find a node for the pod and reserve it there. Returns the result, or the FitError
-        saying why no node fits; raises SchedulingError when a plugin fails."""
+        saying why no node fits; raises SchedulingError when a plugin fails. With
+        ``post_filter`` False a pod that fits nowhere does not run PostFilter (preemption):
+        a gang asks for it once for all its members."""
         state = state if state is not None else CycleState()
+        if not post_filter:
+            state.write(_NO_POST_FILTER_KEY, True)
         self.handle.snapshot = snapshot
         num_nodes = len(snapshot)
         diagnosis = Diagnosis()
@@ -672,6 +688,8 @@ class Framework:
     def _fit_error(
         self, state: CycleState, pod_info: PodInfo, snapshot: Snapshot, diagnosis: Diagnosis
     ) -> FitError:
+        if state.read(_NO_POST_FILTER_KEY):
+            return FitError(pod_info, len(snapshot), diagnosis)
         for p in self.post_filter:
             nominated, status = p.post_filter(state, pod_info, snapshot, diagnosis.node_statuses)
             if status.code is Code.ERROR:
@@ -683,6 +701,69 @@ class Framework:
             if status.message:
                 diagnosis.post_filter_msg = status.message
         return FitError(pod_info, len(snapshot), diagnosis)
+
+    def run_pre_filter(self, state: CycleState, pod_info: PodInfo, snapshot: Snapshot) -> Status:
+        """The PreFilter plugins alone (SKIPs recorded in ``state``): OK, or the first
+        rejection or error."""
+        self.handle.snapshot = snapshot
+        for p in self.pre_filter:
+            status = p.pre_filter(state, pod_info, snapshot)
+            code = status.code
+            if not code:
+                continue
+            if code is Code.SKIP:
+                state.skip_filter.add(p.name)
+                continue
+            status.plugin = p.name
+            return status
+        return OK
+
+    def feasible_nodes(self, pod_info: PodInfo, snapshot: Snapshot) -> list[NodeInfo]:
+        """Every node of the snapshot the pod passes all filters on (no early stop): what a
+        gang's placement plan is made from."""
+        state = CycleState()
+        if not self.run_pre_filter(state, pod_info, snapshot).is_success:
+            return []
+        nodes = snapshot.node_infos
+        for p in self.filters:
+            if p.name in state.skip_filter:
+                continue
+            batch = getattr(p, "filter_nodes", None)
+            if batch is not None:
+                nodes = batch(state, pod_info, nodes)
+            else:
+                nodes = [n for n in nodes if p.filter(state, pod_info, n).code in (Code.SUCCESS, Code.SKIP)]
+            if not nodes:
+                break
+        return list(nodes)
+
+    def schedule_ordered(
+        self, pod_info: PodInfo, snapshot: Snapshot, order: Iterable[str], *, post_filter: bool = False
+    ) -> ScheduleResult | FitError:
+        """The first node of ``order`` the pod passes every filter on, reserved (first fit
+        along a plan, as a gang fills its nodes one after the other); a normal cycle over
+        all nodes when none of them does."""
+        state = CycleState()
+        if self.run_pre_filter(state, pod_info, snapshot).is_success:
+            tried = 0
+            for name in order:
+                node_info = snapshot.get(name)
+                if node_info is None:
+                    continue
+                tried += 1
+                if not self.run_filters(state, pod_info, node_info).is_success:
+                    continue
+                status = self.run_reserve(state, pod_info, name)
+                if status.is_success:
+                    return ScheduleResult(
+                        node=name,
+                        gpu_indices=tuple(state.read(GPU_INDICES_KEY, ())),
+                        evaluated_nodes=tried,
+                        feasible_nodes=1,
+                        state=state,
+                    )
+                self.run_unreserve(state, pod_info, name)
+        return self.schedule(pod_info, snapshot, post_filter=post_filter)
 
     def _find_feasible(
         self, state: CycleState, pod_info: PodInfo, snapshot: Snapshot, diagnosis: Diagnosis

@@ -28,6 +28,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "NodeResourcesFit",
     "GPUTopology",
     "DefaultSpread",
+    "DefaultPreemption",
     "DefaultBinder",
 )
 

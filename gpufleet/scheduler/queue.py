@@ -3,7 +3,10 @@
 Three places a pending pod can wait, as in kube-scheduler:
 - activeQ: a heap ordered by the profile's QueueSort plugin; ``pop`` takes from here.
 - backoffQ: pods that failed recently, each until its back-off ends (1 s doubling per
-  attempt up to 10 s by default), ordered by that time.
+  attempt up to 10 s by default), ordered by that time. While activeQ is empty, ``pop``
+  takes the pod whose back-off ends first from here instead of waiting for it (as
+  kube-scheduler's SchedulerPopFromBackoffQ does): an idle scheduler has no reason to make
+  a pod wait. A pod backing off after an error is not taken early; it waits out its back-off.
 - unschedulable: pods no node could take. They stay until a cluster event that may help
   them (a node added or changed, a pod deleted or finished) moves them back — only events
   that one of the plugins that rejected the pod registered for — or until they have waited
@@ -97,6 +100,9 @@ class SchedulingQueue:
         self._active: list[_HeapItem] = []
         self._active_items: dict[str, _HeapItem] = {}
         self._backoff: list[tuple[float, int, str]] = []
+        # The same entries for the pods that were rejected (not errors): these may be popped
+        # before their back-off ends while activeQ is empty.
+        self._backoff_rejected: list[tuple[float, int, str]] = []
         self._backoff_pods: dict[str, QueuedPodInfo] = {}
         self._unschedulable: dict[str, QueuedPodInfo] = {}
         self._seq = itertools.count()
@@ -162,7 +168,11 @@ class SchedulingQueue:
 
     def _push_backoff(self, qpi: QueuedPodInfo) -> None:
         self._backoff_pods[qpi.key] = qpi
-        heapq.heappush(self._backoff, (self.backoff_expiry(qpi), qpi.seq, qpi.key))
+        entry = (self.backoff_expiry(qpi), qpi.seq, qpi.key)
+        heapq.heappush(self._backoff, entry)
+        if qpi.unschedulable_plugins:
+            heapq.heappush(self._backoff_rejected, entry)
+            self._not_empty.set()
 
     def _remove(self, key: str) -> QueuedPodInfo | None:
         item = self._active_items.pop(key, None)
@@ -208,6 +218,18 @@ class SchedulingQueue:
                 self._push_active(qpi)
         return qpi
 
+    def take(self, key: str) -> QueuedPodInfo | None:
+        """Remove and return a queued pod wherever it waits (not a gated one): a gang's
+        cycle takes all its pending members at once."""
+        qpi = self.get(key)
+        if qpi is None or qpi.gated:
+            return None
+        self._remove(key)
+        qpi.attempts += 1
+        if qpi.initial_attempt_timestamp is None:
+            qpi.initial_attempt_timestamp = self.clock.monotonic()
+        return qpi
+
     def delete(self, pod: PodInfo | str) -> None:
         """Forget a pod (by PodInfo or queue key): deleted, bound, or no longer ours."""
         self._remove(pod if isinstance(pod, str) else (pod.uid or pod.key))
@@ -230,18 +252,35 @@ class SchedulingQueue:
     # -- taking ---------------------------------------------------------------------------
 
     def pop_nowait(self) -> QueuedPodInfo | None:
+        """The next pod from activeQ; while it is empty, the rejected pod in backoffQ whose
+        back-off ends first; None when neither has one."""
+        qpi = self._pop_active() or self._pop_backoff_rejected()
+        if qpi is None:
+            self._not_empty.clear()
+            return None
+        qpi.attempts += 1
+        if qpi.initial_attempt_timestamp is None:
+            qpi.initial_attempt_timestamp = self.clock.monotonic()
+        self.scheduling_cycle += 1
+        return qpi
+
+    def _pop_active(self) -> QueuedPodInfo | None:
         while self._active:
             item = heapq.heappop(self._active)
             if not item.valid:
                 continue
-            qpi = item.qpi
-            del self._active_items[qpi.key]
-            qpi.attempts += 1
-            if qpi.initial_attempt_timestamp is None:
-                qpi.initial_attempt_timestamp = self.clock.monotonic()
-            self.scheduling_cycle += 1
+            del self._active_items[item.qpi.key]
+            return item.qpi
+        return None
+
+    def _pop_backoff_rejected(self) -> QueuedPodInfo | None:
+        while self._backoff_rejected:
+            expiry, _, key = heapq.heappop(self._backoff_rejected)
+            qpi = self._backoff_pods.get(key)
+            if qpi is None or not qpi.unschedulable_plugins or self.backoff_expiry(qpi) != expiry:
+                continue  # removed or re-added since (its entry in _backoff is skipped likewise)
+            del self._backoff_pods[key]
             return qpi
-        self._not_empty.clear()
         return None
 
     async def pop(self) -> QueuedPodInfo:
@@ -288,6 +327,13 @@ class SchedulingQueue:
             del self._backoff_pods[key]
             self._push_active(qpi)
             moved += 1
+        # The entries of the pods that just left backoffQ lead the other heap: drop them.
+        while self._backoff_rejected:
+            expiry, _, key = self._backoff_rejected[0]
+            qpi = self._backoff_pods.get(key)
+            if qpi is not None and qpi.unschedulable_plugins and self.backoff_expiry(qpi) == expiry:
+                break
+            heapq.heappop(self._backoff_rejected)
         return moved
 
     def flush_unschedulable_left_over(self) -> int:

@@ -11,6 +11,18 @@
 
 A cycle never waits on the API, so the next pod is scheduled while earlier bindings are
 still in flight; the cache's assumptions keep those cycles from double-booking.
+
+Gangs (pods labelled ``scheduling.x-k8s.io/pod-group``): popping one member takes every
+pending member of its PodGroup out of the queue and places them all in one cycle
+(gang.place_gang). At least ``minMember`` fit: all are assumed and bound. Otherwise none
+is, nothing is held, and every member goes back to the queue with the same reason; a gang
+with fewer than ``minMember`` members waits for the rest, reported on the PodGroup after
+``scheduleTimeoutSeconds``. The scheduler also keeps each PodGroup's status.
+
+Preemption (preemption.DefaultPreemption, once per pod or once per gang): the victims are
+deleted gracefully in the background and the preemptor is nominated to their node; until
+it binds, its room there is held against pods of lower priority (nominated pods are placed
+on the snapshot of their cycles).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from gpufleet.api import k8s
+from gpufleet.api import podgroup as pg_api
 from gpufleet.client.errors import ApiError, Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
@@ -37,6 +50,7 @@ from gpufleet.scheduler.framework import (
     NODE_TAINT,
     POD_DELETE,
     Code,
+    CycleState,
     FitError,
     Framework,
     FrameworkHandle,
@@ -45,7 +59,9 @@ from gpufleet.scheduler.framework import (
     SchedulingError,
     Status,
 )
+from gpufleet.scheduler.gang import GangPlacement, place_gang, plan_gang_preemption
 from gpufleet.scheduler.gpu import GPUS_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION
+from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
 from gpufleet.scheduler.profile import Profile
 from gpufleet.scheduler.queue import QueueClosed, QueuedPodInfo, SchedulingQueue
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot
@@ -59,6 +75,11 @@ REASON_SCHEDULING_GATED = "SchedulingGated"
 GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
 # Lines of the per-node breakdown kept on the pod; enough to see the pattern on a big cluster.
 DIAGNOSIS_LINES = 20
+# What gang members wait for besides resources (a missing member or PodGroup): only the
+# group's own changes wake them, not cluster events.
+COSCHEDULING = "Coscheduling"
+DISRUPTION_TARGET = "DisruptionTarget"
+REASON_PREEMPTION = "PreemptionByScheduler"
 
 
 def _pod(obj: Any) -> k8s.Pod:
@@ -67,6 +88,15 @@ def _pod(obj: Any) -> k8s.Pod:
 
 def _node(obj: Any) -> k8s.Node:
     return obj if isinstance(obj, k8s.Node) else k8s.Node.model_validate(obj)
+
+
+def _model(cls: Any, obj: Any) -> Any:
+    return obj if isinstance(obj, cls) else cls.model_validate(obj)
+
+
+def _pod_key(pod: k8s.Pod) -> str:
+    meta = pod.metadata or k8s.ObjectMeta()
+    return f"{meta.namespace or ''}/{meta.name or ''}"
 
 
 def _assigned(pod: k8s.Pod) -> bool:
@@ -121,6 +151,8 @@ class Scheduler:
         max_backoff: float = 10.0,
         flush_interval: float = 1.0,
         stop_timeout: float = 3.0,
+        batch_budget: float = 0.02,
+        max_batch: int = 256,
         rng: random.Random | None = None,
     ) -> None:
         self.client = client
@@ -138,6 +170,10 @@ class Scheduler:
         )
         self.recorder = EventRecorder(client, self.profile.scheduler_name, clock=clock)
         self.flush_interval = flush_interval
+        # Scheduling cycles run back to back for at most this long (seconds) and this many
+        # before the loop yields to the rest of the process.
+        self.batch_budget = batch_budget
+        self.max_batch = max_batch
         self.stop_timeout = stop_timeout
         self.stats: Counter[str] = Counter()
         self._informers = informers
@@ -147,8 +183,19 @@ class Scheduler:
         self._tasks: list[asyncio.Task[Any]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self._pod_informer: Any = None
+        self._podgroup_informer: Any = None
+        self._pdb_informer: Any = None
         self._handlers: list[tuple[Any, Any]] = []
         self._started = False
+        # PodGroup 'namespace/name' -> queue key -> member pod (every phase).
+        self._members: dict[str, dict[str, k8s.Pod]] = {}
+        # Pod queue key -> the pod placed on the node preemption nominated it for: what it
+        # holds there (against pods of no higher priority) while its victims terminate.
+        self._nominated: dict[str, PodInfo] = {}
+        # PodGroup -> (monotonic, wall) time of its first unsuccessful gang cycle in a row.
+        self._gang_since: dict[str, tuple[float, float]] = {}
+        self._dirty_groups: set[str] = set()
+        self._groups_changed = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -161,6 +208,8 @@ class Scheduler:
         self._informers = factory
         node_informer = factory.informer("nodes")
         self._pod_informer = factory.informer("pods")
+        self._podgroup_informer = factory.informer(pg_api.PodGroup)
+        self._pdb_informer = factory.informer("poddisruptionbudgets")
         self._handlers = [
             (
                 node_informer,
@@ -174,6 +223,12 @@ class Scheduler:
                     self._on_pod_add, self._on_pod_update, self._on_pod_delete
                 ),
             ),
+            (
+                self._podgroup_informer,
+                self._podgroup_informer.add_event_handler(
+                    self._on_podgroup, self._on_podgroup_update, self._on_podgroup_delete
+                ),
+            ),
         ]
         # Also when the factory is shared: informers asked for after its owner started it
         # start only now (starting one already running does nothing).
@@ -184,6 +239,7 @@ class Scheduler:
         self._tasks = [
             asyncio.create_task(self._run(), name="scheduler:loop"),
             asyncio.create_task(self._housekeeping(), name="scheduler:housekeeping"),
+            asyncio.create_task(self._podgroup_status_loop(), name="scheduler:podgroup-status"),
         ]
 
     async def stop(self) -> None:
@@ -244,6 +300,7 @@ class Scheduler:
 
     def _on_pod_add(self, obj: Any) -> None:
         pod = _pod(obj)
+        self._track_member(pod)
         if _assigned(pod):
             self.cache.add_pod(pod)
             return
@@ -252,9 +309,13 @@ class Scheduler:
     def _on_pod_update(self, old: Any, new: Any) -> None:
         new = _pod(new)
         old = _pod(old) if old is not None else None
+        self._track_member(new)
+        if (new.metadata or k8s.ObjectMeta()).deletion_timestamp is not None:
+            self.handle.pending_victims.discard(_pod_key(new))
         if _assigned(new):
             if old is None or not _assigned(old):
                 self.queue.delete(_queue_key(new))
+                self._forget_nomination(_queue_key(new))
             finished = _terminal(new) and (old is None or not _terminal(old))
             self.cache.update_pod(old, new)
             if finished:
@@ -269,6 +330,9 @@ class Scheduler:
         pod = _pod(obj)
         key = _queue_key(pod)
         self.queue.delete(key)
+        self._untrack_member(pod)
+        self._forget_nomination(key)
+        self.handle.pending_victims.discard(_pod_key(pod))
         waiting = self.framework.get_waiting_pod(key)
         if waiting is not None:
             waiting.reject("", "pod was deleted")
@@ -282,6 +346,10 @@ class Scheduler:
             self.queue.delete(_queue_key(pod))
             return
         pod_info = PodInfo(pod)
+        nominated = pod.status.nominated_node_name if pod.status is not None else None
+        if nominated and _queue_key(pod) not in self._nominated:
+            # Nominated before this scheduler (re)started: keep holding the room.
+            self._nominate(pod_info, nominated)
         qpi = self.queue.add(pod_info)
         if qpi.gated:
             self._spawn(
@@ -293,15 +361,27 @@ class Scheduler:
     async def _run(self) -> None:
         while True:
             try:
-                qpi = await self.queue.pop()
+                qpi: QueuedPodInfo | None = await self.queue.pop()
             except QueueClosed:
                 return
-            try:
-                self.schedule_one(qpi)
-            except Exception:
-                log.exception("scheduling %s failed", qpi.pod_info.key)
-                self.queue.requeue_after_error(qpi)
-            # Let informer events in between cycles: a long queue must not starve them.
+            # Cycles back to back while pods are waiting, up to a time budget: yielding after
+            # every cycle would give each one pod per turn of an event loop shared with the
+            # API server and the controllers, whose turns take tens of milliseconds under a
+            # burst. The cache's assumptions keep the cycles of one batch from double-booking.
+            deadline = self.clock.monotonic() + self.batch_budget
+            for _ in range(self.max_batch):
+                assert qpi is not None
+                try:
+                    self.schedule_one(qpi)
+                except Exception:
+                    log.exception("scheduling %s failed", qpi.pod_info.key)
+                    self.queue.requeue_after_error(qpi)
+                if self.clock.monotonic() >= deadline:
+                    break
+                qpi = self.queue.pop_nowait()
+                if qpi is None:
+                    break
+            # Let informer events and the bindings in: a long queue must not starve them.
             await asyncio.sleep(0)
 
     def _skip(self, pod_info: PodInfo) -> bool:
@@ -319,17 +399,21 @@ class Scheduler:
             or self.cache.is_assumed(current)
         )
 
-    def schedule_one(self, qpi: QueuedPodInfo) -> ScheduleResult | FitError | None:
-        """One cycle for one popped pod; starts its binding in the background on success."""
+    def schedule_one(self, qpi: QueuedPodInfo) -> ScheduleResult | FitError | GangPlacement | None:
+        """One cycle for one popped pod (or its whole gang); starts the bindings in the
+        background on success."""
         pod_info = qpi.pod_info
         if self._skip(pod_info):
             return None
+        if pod_info.pod_group:
+            return self.schedule_gang(qpi)
         cycle = self.queue.scheduling_cycle
         profile = self.profile.scheduler_name
         start = self.clock.monotonic()
-        self.cache.update_snapshot(self._snapshot)
+        self._refresh_snapshot(pod_info)
+        state = CycleState()
         try:
-            result = self.framework.schedule(pod_info, self._snapshot)
+            result = self.framework.schedule(pod_info, self._snapshot, state)
         except SchedulingError as exc:
             log.error("scheduling %s: %s", pod_info.key, exc)
             self._observe("error", start, profile)
@@ -339,10 +423,14 @@ class Scheduler:
         if isinstance(result, FitError):
             self._observe("unschedulable", start, profile)
             qpi.unschedulable_plugins = set(result.diagnosis.unschedulable_plugins)
+            candidate = state.read(VICTIMS_KEY) if result.diagnosis.nominated_node else None
+            if candidate is not None:
+                self._start_preemption(pod_info, candidate)
             self.queue.add_unschedulable_if_not_present(qpi, cycle)
             self._spawn(self._report_unschedulable(pod_info, result), f"report:{pod_info.key}")
             return result
         state = result.state
+        self._forget_nomination(qpi.key)
         assumed = self.cache.assume_pod(pod_info, result.node, result.gpu_indices)
         permit = self.framework.run_permit(state, pod_info, result.node)
         if permit.code not in (Code.SUCCESS, Code.WAIT):
@@ -442,29 +530,50 @@ class Scheduler:
         }
         if previous is None or previous.status != "False":
             condition["lastTransitionTime"] = rfc3339(self.clock.now())
-        try:
-            await self.client.patch(
-                "pods",
-                pod_info.name,
-                {"status": {"conditions": [condition]}},
-                pod_info.namespace,
-                patch_type="strategic",
-                subresource="status",
-                raw=True,
-            )
-            if diagnosis is not None:
-                await self.client.patch(
+        # The writes name the resourceVersion they were computed from: a gang member can be
+        # bound while this verdict is in flight, and a stale "Unschedulable" must not land
+        # on a pod that is already placed.
+        rv = pod.metadata.resource_version if pod.metadata else None
+        for _ in range(3):
+            if pod.spec is not None and pod.spec.node_name:
+                return
+            try:
+                meta = {"resourceVersion": rv} if rv else {}
+                updated = await self.client.patch(
                     "pods",
                     pod_info.name,
-                    {"metadata": {"annotations": {SCHEDULING_DIAGNOSIS_ANNOTATION: diagnosis}}},
+                    {"metadata": meta, "status": {"conditions": [condition]}},
                     pod_info.namespace,
-                    patch_type="merge",
+                    patch_type="strategic",
+                    subresource="status",
                     raw=True,
                 )
-        except NotFound:
-            pass
-        except ApiError as exc:
-            log.warning("could not update the PodScheduled condition of %s: %s", pod_info.key, exc)
+                if diagnosis is not None:
+                    rv = (updated.get("metadata") or {}).get("resourceVersion") if isinstance(updated, dict) else None
+                    meta = {"resourceVersion": rv} if rv else {}
+                    await self.client.patch(
+                        "pods",
+                        pod_info.name,
+                        {"metadata": {**meta, "annotations": {SCHEDULING_DIAGNOSIS_ANNOTATION: diagnosis}}},
+                        pod_info.namespace,
+                        patch_type="merge",
+                        raw=True,
+                    )
+                return
+            except Conflict:
+                try:
+                    pod = _pod(await self.client.get("pods", pod_info.name, pod_info.namespace, raw=True))
+                except NotFound:
+                    return
+                except ApiError as exc:
+                    log.warning("could not re-read %s: %s", pod_info.key, exc)
+                    return
+                rv = pod.metadata.resource_version if pod.metadata else None
+            except NotFound:
+                return
+            except ApiError as exc:
+                log.warning("could not update the PodScheduled condition of %s: %s", pod_info.key, exc)
+                return
 
     async def _clear_diagnosis(self, pod_info: PodInfo) -> None:
         pod = self._latest(pod_info) or pod_info.pod
@@ -481,6 +590,439 @@ class Scheduler:
                 raw=True,
             )
 
+    # -- nominated pods and preemption --------------------------------------------------------
+
+    def _refresh_snapshot(self, pod_info: PodInfo, own_group: str = "") -> None:
+        """Bring the snapshot up to date for a cycle of ``pod_info``: the budgets preemption
+        weighs, and the pods nominated by earlier preemptions placed on their nodes when
+        they are at least as important (what their victims free is theirs)."""
+        snapshot = self._snapshot
+        self.cache.update_snapshot(snapshot)
+        snapshot.pdbs = (
+            [_model(k8s.PodDisruptionBudget, o) for o in self._pdb_informer.list()]
+            if (self._pdb_informer is not None)
+            else []
+        )
+        if not self._nominated:
+            return
+        own = pod_info.uid or pod_info.key
+        for key, nominee in self._nominated.items():
+            if key == own or (own_group and nominee.pod_group == own_group):
+                continue
+            if nominee.priority < pod_info.priority or snapshot.get(nominee.node_name) is None:
+                continue
+            snapshot.add_pod(nominee)
+
+    def _nominate(self, pod_info: PodInfo, node: str) -> None:
+        key = pod_info.uid or pod_info.key
+        self._nominated[key] = pod_info.assigned(node)
+        self.handle.nominated_nodes[key] = node
+
+    def _forget_nomination(self, key: str) -> None:
+        if self._nominated.pop(key, None) is not None:
+            self.handle.nominated_nodes.pop(key, None)
+
+    def _start_preemption(self, preemptor: PodInfo, candidate: Candidate) -> None:
+        """Nominate the preemptor now (so the next cycles leave the room to it) and evict
+        the victims in the background."""
+        self._nominate(preemptor, candidate.node)
+        for victim in candidate.victims:
+            self.handle.pending_victims.add(victim.key)
+        self.stats["preemptions"] += 1
+        self._spawn(
+            self._preempt([(preemptor, candidate.node)], candidate.victims), f"preempt:{preemptor.key}"
+        )
+
+    async def _preempt(self, preemptors: list[tuple[PodInfo, str]], victims: list[PodInfo]) -> None:
+        by = preemptors[0][0]
+        group = by.pod_group
+        who = f"pod group {group}" if group else by.key
+        for victim in victims:
+            node = victim.node_name
+            await self._evict(victim, by, node)
+        for pod_info, node in preemptors:
+            await self._set_nominated_node(pod_info, node)
+        nodes = sorted({node for _, node in preemptors})
+        names = ", ".join(v.key for v in victims)
+        for pod_info, node in preemptors:
+            await self.recorder.record(
+                pod_info.pod,
+                NORMAL,
+                "Preempting",
+                f"Preempting {len(victims)} pod(s) for {who} on node(s) {', '.join(nodes)}: {names}; nominated to {node}",
+            )
+
+    async def _evict(self, victim: PodInfo, by: PodInfo, node: str) -> None:
+        message = f"Preempted by {by.key} on node {node}"
+        condition = {
+            "type": DISRUPTION_TARGET,
+            "status": "True",
+            "reason": REASON_PREEMPTION,
+            "message": f"{self.profile.scheduler_name}: preempting to accommodate a higher priority pod",
+            "lastTransitionTime": rfc3339(self.clock.now()),
+        }
+        with contextlib.suppress(ApiError):
+            await self.client.patch(
+                "pods",
+                victim.name,
+                {"status": {"conditions": [condition]}},
+                victim.namespace,
+                patch_type="strategic",
+                subresource="status",
+                raw=True,
+            )
+        spec = victim.pod.spec
+        grace = spec.termination_grace_period_seconds if spec is not None else None
+        try:
+            await self.client.delete(
+                "pods",
+                victim.name,
+                victim.namespace,
+                grace_period_seconds=grace,
+                preconditions_uid=victim.uid or None,
+            )
+        except NotFound:
+            return
+        except ApiError as exc:
+            log.warning("could not preempt %s: %s", victim.key, exc)
+            self.handle.pending_victims.discard(victim.key)
+            return
+        log.info("preempted %s on %s for %s", victim.key, node, by.key)
+        await self.recorder.record(victim.pod, NORMAL, "Preempted", message)
+
+    async def _set_nominated_node(self, pod_info: PodInfo, node: str) -> None:
+        with contextlib.suppress(ApiError):
+            await self.client.patch(
+                "pods",
+                pod_info.name,
+                {"status": {"nominatedNodeName": node}},
+                pod_info.namespace,
+                patch_type="merge",
+                subresource="status",
+                raw=True,
+            )
+
+    # -- gangs ----------------------------------------------------------------------------------
+
+    def _track_member(self, pod: k8s.Pod) -> None:
+        meta = pod.metadata or k8s.ObjectMeta()
+        name = (meta.labels or {}).get(pg_api.POD_GROUP_LABEL)
+        if not name:
+            return
+        group = f"{meta.namespace or ''}/{name}"
+        self._members.setdefault(group, {})[_queue_key(pod)] = pod
+        self._mark_group(group)
+
+    def _untrack_member(self, pod: k8s.Pod) -> None:
+        meta = pod.metadata or k8s.ObjectMeta()
+        name = (meta.labels or {}).get(pg_api.POD_GROUP_LABEL)
+        if not name:
+            return
+        group = f"{meta.namespace or ''}/{name}"
+        members = self._members.get(group)
+        if members is not None:
+            members.pop(_queue_key(pod), None)
+            if not members:
+                del self._members[group]
+                self._gang_since.pop(group, None)
+        self._mark_group(group)
+
+    def _mark_group(self, group: str) -> None:
+        self._dirty_groups.add(group)
+        self._groups_changed.set()
+
+    def _podgroup(self, group: str) -> pg_api.PodGroup | None:
+        if self._podgroup_informer is None:
+            return None
+        obj = self._podgroup_informer.get(group)
+        return _model(pg_api.PodGroup, obj) if obj is not None else None
+
+    def _on_podgroup(self, obj: Any) -> None:
+        pg = _model(pg_api.PodGroup, obj)
+        meta = pg.metadata or k8s.ObjectMeta()
+        group = f"{meta.namespace or ''}/{meta.name or ''}"
+        self._wake_group(group)
+        self._mark_group(group)
+
+    def _on_podgroup_update(self, old: Any, new: Any) -> None:
+        before = _model(pg_api.PodGroup, old) if old is not None else None
+        after = _model(pg_api.PodGroup, new)
+        if before is not None and before.spec == after.spec:
+            return  # a status write (ours): nothing for the gang to retry on
+        self._on_podgroup(after)
+
+    def _on_podgroup_delete(self, obj: Any) -> None:
+        pg = _model(pg_api.PodGroup, obj)
+        meta = pg.metadata or k8s.ObjectMeta()
+        self._gang_since.pop(f"{meta.namespace or ''}/{meta.name or ''}", None)
+
+    def _wake_group(self, group: str) -> None:
+        members = self._members.get(group) or {}
+        self.queue.activate(PodInfo(p) for key, p in members.items() if self.queue.get(key) is not None)
+
+    def _bound_members(self, group: str) -> list[PodInfo]:
+        out = []
+        for pod in (self._members.get(group) or {}).values():
+            placed = self.cache.get_pod(pod)
+            if placed is not None and not placed.terminal:
+                out.append(placed)
+        return out
+
+    def _take_gang(self, qpi: QueuedPodInfo) -> list[QueuedPodInfo]:
+        """The popped member and every other pending member of its group, out of the queue."""
+        gang = [qpi]
+        for key in list(self._members.get(qpi.pod_info.pod_group) or ()):
+            if key == qpi.key:
+                continue
+            sibling = self.queue.take(key)
+            if sibling is None:
+                continue
+            if self._skip(sibling.pod_info):
+                continue
+            gang.append(sibling)
+        return gang
+
+    def schedule_gang(self, qpi: QueuedPodInfo) -> GangPlacement | None:
+        """One cycle for a whole gang: every pending member placed on the snapshot, then
+        all of them assumed and bound if at least minMember fit, else none (nothing is
+        held while the gang waits) and the gang goes back to the queue together."""
+        group = qpi.pod_info.pod_group
+        cycle = self.queue.scheduling_cycle
+        profile = self.profile.scheduler_name
+        start = self.clock.monotonic()
+        gang = self._take_gang(qpi)
+        pg = self._podgroup(group)
+        if pg is None:
+            self._reject_gang(gang, f"pod group {group} not found", {COSCHEDULING}, cycle)
+            self._observe("unschedulable", start, profile)
+            return None
+        min_member = pg_api.min_member(pg)
+        bound = self._bound_members(group)
+        existing = len(gang) + len(bound)
+        if existing < min_member:
+            timeout = pg_api.schedule_timeout(pg)
+            self._gang_unsuccessful(group, pg, f"{existing} of minMember {min_member} members exist")
+            message = (
+                f"pod group {group}: {existing} of minMember {min_member} members exist; waiting for the "
+                f"rest (scheduleTimeoutSeconds {timeout})"
+            )
+            self._reject_gang(gang, message, {COSCHEDULING}, cycle)
+            self._observe("unschedulable", start, profile)
+            return None
+        self._refresh_snapshot(qpi.pod_info, own_group=group)
+        by_key = {q.key: q for q in gang}
+        try:
+            placement = place_gang(
+                self.framework,
+                self._snapshot,
+                group,
+                [q.pod_info for q in gang],
+                min_member=min_member,
+                bound=bound,
+            )
+        except SchedulingError as exc:
+            log.error("scheduling pod group %s: %s", group, exc)
+            self._observe("error", start, profile)
+            for q in gang:
+                q.unschedulable_plugins = set()
+                self.queue.add_unschedulable_if_not_present(q, cycle)
+            return None
+        if placement.ok:
+            self._gang_since.pop(group, None)
+            for member, result in placement.placed:
+                member_qpi = by_key[member.uid or member.key]
+                self._forget_nomination(member_qpi.key)
+                assumed = self.cache.assume_pod(member, result.node, result.gpu_indices)
+                permit = self.framework.run_permit(result.state, member, result.node)
+                if permit.code not in (Code.SUCCESS, Code.WAIT):
+                    self.cache.forget_pod(assumed)
+                    self.framework.run_unreserve(result.state, member, result.node)
+                    member_qpi.unschedulable_plugins = {permit.plugin} if permit.is_rejected else set()
+                    self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
+                    continue
+                self._observe("scheduled", start, profile)
+                self._spawn(self._binding_cycle(member_qpi, assumed, result), f"bind:{member.key}")
+            for member, error in placement.failed:
+                member_qpi = by_key[member.uid or member.key]
+                member_qpi.unschedulable_plugins = set(error.diagnosis.unschedulable_plugins)
+                self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
+                self._spawn(self._report_unschedulable(member, error), f"report:{member.key}")
+            self._mark_group(group)
+            return placement
+        # Nothing of the gang stays on the snapshot. Would evicting lower-priority pods let
+        # it fit whole?
+        self._observe("unschedulable", start, profile)
+        try:
+            preemption = plan_gang_preemption(
+                self.framework, self._snapshot, [q.pod_info for q in gang], min_member=min_member, bound=bound
+            )
+        except SchedulingError as exc:
+            log.error("preemption for pod group %s: %s", group, exc)
+            preemption = None
+        if preemption is not None:
+            preemptors = []
+            for q in gang:
+                node = preemption.nodes.get(q.key)
+                if node is not None:
+                    self._nominate(q.pod_info, node)
+                    preemptors.append((q.pod_info, node))
+            for victim in preemption.victims:
+                self.handle.pending_victims.add(victim.key)
+            self.stats["preemptions"] += 1
+            self._spawn(self._preempt(preemptors, preemption.victims), f"preempt:{group}")
+        self._gang_unsuccessful(group, pg, f"{placement.fits} of {placement.total} members fit")
+        plugins: set[str] = set()
+        for _, error in placement.failed:
+            plugins |= error.diagnosis.unschedulable_plugins
+        diagnosis = None
+        if placement.failed:
+            diagnosis = "\n".join(placement.failed[0][1].node_breakdown(DIAGNOSIS_LINES)) or None
+        self._reject_gang(gang, placement.message(), plugins or {COSCHEDULING}, cycle, diagnosis)
+        return placement
+
+    def _reject_gang(
+        self,
+        gang: list[QueuedPodInfo],
+        message: str,
+        plugins: set[str],
+        cycle: int,
+        diagnosis: str | None = None,
+    ) -> None:
+        """Every member back to the queue, waiting on the same events, with the same reason."""
+        for q in gang:
+            q.unschedulable_plugins = set(plugins)
+            self.queue.add_unschedulable_if_not_present(q, cycle)
+            self._spawn(self._report_gang(q.pod_info, message, diagnosis), f"report:{q.pod_info.key}")
+        self._mark_group(gang[0].pod_info.pod_group)
+
+    async def _report_gang(self, pod_info: PodInfo, message: str, diagnosis: str | None) -> None:
+        await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)
+        await self._set_pod_scheduled_false(pod_info, REASON_UNSCHEDULABLE, message, diagnosis)
+
+    def _gang_unsuccessful(self, group: str, pg: pg_api.PodGroup, why: str) -> None:
+        """Start (or check) the group's schedule timeout; past it, say so and start over."""
+        now = self.clock.monotonic()
+        since = self._gang_since.get(group)
+        if since is None:
+            self._gang_since[group] = (now, self.clock.now())
+            self._mark_group(group)
+            return
+        timeout = pg_api.schedule_timeout(pg)
+        if now - since[0] < timeout:
+            return
+        self._gang_since[group] = (now, self.clock.now())
+        self._mark_group(group)
+        self.stats["gang_timeouts"] += 1
+        self._spawn(
+            self.recorder.record(
+                pg,
+                WARNING,
+                "ScheduleTimeout",
+                f"pod group {group} was not placed within scheduleTimeoutSeconds {timeout}: {why}; retrying",
+            ),
+            f"timeout:{group}",
+        )
+
+    def _check_gang_timeouts(self) -> None:
+        """Gangs waiting past their timeout get a cycle (which reports it), even if nothing
+        else happened."""
+        now = self.clock.monotonic()
+        for group, (since, _) in list(self._gang_since.items()):
+            pg = self._podgroup(group)
+            if pg is not None and now - since >= pg_api.schedule_timeout(pg):
+                self._wake_group(group)
+
+    # -- PodGroup status --------------------------------------------------------------------------
+
+    def podgroup_status(self, group: str, pg: pg_api.PodGroup) -> dict[str, Any]:
+        """What status the PodGroup should have, from its members as this scheduler sees them."""
+        members = list((self._members.get(group) or {}).values())
+        min_member = pg_api.min_member(pg)
+        scheduled = running = succeeded = failed = 0
+        occupied_by = ""
+        for pod in members:
+            phase = pod.status.phase if pod.status is not None else None
+            if _assigned(pod) or self.cache.is_assumed(pod):
+                scheduled += 1
+            if phase == "Running":
+                running += 1
+            elif phase == "Succeeded":
+                succeeded += 1
+            elif phase == "Failed":
+                failed += 1
+            if not occupied_by:
+                meta = pod.metadata or k8s.ObjectMeta()
+                owner = next((r for r in meta.owner_references or () if r.controller), None)
+                if owner is not None:
+                    occupied_by = f"{meta.namespace}/{owner.name}"
+        if succeeded >= min_member and running == 0:
+            phase = pg_api.FINISHED
+        elif failed and failed + running + succeeded >= min_member:
+            phase = pg_api.FAILED
+        elif running + succeeded >= min_member:
+            phase = pg_api.RUNNING
+        elif scheduled >= min_member:
+            phase = pg_api.SCHEDULED
+        elif scheduled:
+            phase = pg_api.SCHEDULING
+        elif len(members) >= min_member:
+            phase = pg_api.PRE_SCHEDULING
+        else:
+            phase = pg_api.PENDING
+        status: dict[str, Any] = {
+            "phase": phase,
+            "scheduled": scheduled,
+            "running": running,
+            "succeeded": succeeded,
+            "failed": failed,
+        }
+        if occupied_by:
+            status["occupiedBy"] = occupied_by
+        since = self._gang_since.get(group)
+        previous = pg.status.schedule_start_time if pg.status is not None else None
+        if since is not None:
+            status["scheduleStartTime"] = rfc3339(since[1])
+        elif previous is not None:
+            status["scheduleStartTime"] = rfc3339(previous.timestamp())
+        return status
+
+    async def _podgroup_status_loop(self) -> None:
+        while True:
+            await self._groups_changed.wait()
+            self._groups_changed.clear()
+            # Let a burst of member changes land before writing.
+            await asyncio.sleep(0.05)
+            dirty, self._dirty_groups = self._dirty_groups, set()
+            for group in sorted(dirty):
+                try:
+                    await self._write_podgroup_status(group)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("updating the status of pod group %s failed", group)
+
+    async def _write_podgroup_status(self, group: str) -> None:
+        pg = self._podgroup(group)
+        if pg is None:
+            return
+        status = self.podgroup_status(group, pg)
+        current = pg.status.to_dict() if pg.status is not None else {}
+        if all(
+            current.get(k, 0 if k in ("scheduled", "running", "succeeded", "failed") else None) == v
+            for k, v in status.items()
+        ):
+            return
+        namespace, _, name = group.partition("/")
+        try:
+            await self.client.patch(
+                pg_api.PodGroup, name, {"status": status}, namespace, subresource="status", raw=True
+            )
+        except NotFound:
+            pass
+        except ApiError as exc:
+            log.warning("could not update the status of pod group %s: %s", group, exc)
+            self._mark_group(group)
+
     # -- periodic work -------------------------------------------------------------------------
 
     async def _housekeeping(self) -> None:
@@ -494,6 +1036,8 @@ class Scheduler:
                     self.queue.flush_unschedulable_left_over()
                 if self.cache.cleanup_expired():
                     self._move(POD_DELETE)
+                if self._gang_since:
+                    self._check_gang_timeouts()
                 for name, count in self.queue.pending().items():
                     metrics.PENDING_PODS.labels(name).set(count)
             except Exception:

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from gpufleet.api import k8s
+from gpufleet.api.podgroup import POD_GROUP_LABEL
 from gpufleet.api.quantity import cpu_millis, format_quantity, to_int_bytes
 from gpufleet.scheduler.gpu import (
     GPU_INDICES_ANNOTATION,
@@ -39,6 +40,8 @@ DEFAULT_MILLI_CPU_REQUEST = 100
 DEFAULT_MEMORY_REQUEST = 200 * 1024 * 1024
 
 _NO_POD_LIMIT = 2**62
+# Snapshot.lowest_priority of a snapshot without pods.
+NO_PODS = 2**62
 
 _NONZERO_CPU = "\x00nonzero-cpu"
 _NONZERO_MEMORY = "\x00nonzero-memory"
@@ -176,6 +179,9 @@ class PodInfo:
         "labels",
         "annotations",
         "spread_owner",
+        "pod_group",
+        "preemption_policy",
+        "terminating",
         "cache",
     )
 
@@ -208,6 +214,13 @@ class PodInfo:
             for t in spec.tolerations or ()
         )
         self.spread_owner = spread_owner_uid(meta)
+        # 'namespace/name' of the PodGroup the pod belongs to (gang scheduling), or "".
+        group = self.labels.get(POD_GROUP_LABEL)
+        self.pod_group = f"{self.namespace}/{group}" if group else ""
+        self.preemption_policy = spec.preemption_policy or "PreemptLowerPriority"
+        # Deleted and on its way out: it still holds what it requests, but preempting it
+        # again would gain nothing.
+        self.terminating = meta.deletion_timestamp is not None
         # Per-pod memo for plugins (compiled selectors and the like): keyed by plugin name,
         # computed on the first cycle and reused on every retry of the same pod object.
         self.cache: dict[str, Any] = {}
@@ -560,6 +573,18 @@ class Snapshot:
         self.generation = -1
         self.membership_generation = -1
         self.touched: set[str] = set()
+        # The PodDisruptionBudget objects preemption weighs its victims against, set by
+        # the scheduler before each cycle (preemption.disruption_budgets reads them).
+        self.pdbs: list[Any] = []
+        # No pod on these nodes has a lower priority than this (None: not known); lets
+        # preemption answer at once when nothing could be a victim.
+        self.lowest_priority: int | None = None
+
+    def group_members(self, group: str) -> list[PodInfo]:
+        """The pods of PodGroup 'namespace/name' placed on this snapshot's nodes."""
+        if not group:
+            return []
+        return [p for n in self.node_infos for p in n.pods.values() if p.pod_group == group]
 
     def get(self, name: str) -> NodeInfo | None:
         return self._by_name.get(name)
@@ -580,6 +605,8 @@ class Snapshot:
             raise KeyError(f"node {name!r} is not in the snapshot")
         placed = pod_info.assigned(name, pod_info.gpu_indices if gpu_indices is None else gpu_indices)
         node_info.add_pod(placed)
+        if self.lowest_priority is not None and placed.priority < self.lowest_priority:
+            self.lowest_priority = placed.priority
         self.touched.add(name)
         return placed
 

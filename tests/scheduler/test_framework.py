@@ -40,22 +40,31 @@ class TestFitErrorMessage:
         nodes += [node_info(make_node(f"broken-{i}", taints=[taint("gpu", "broken")])) for i in range(4)]
         result = framework().schedule(pod_info("p", gpus=4), Snapshot(nodes))
         assert isinstance(result, FitError)
-        # sort.Strings order, as kube-scheduler: "4 node(s)..." sorts before "8 Insufficient...".
+        # sort.Strings order, as kube-scheduler: "4 node(s)..." sorts before "8 Insufficient...";
+        # then why preemption could not help either, as kube-scheduler adds it.
         assert result.message == (
             "0/12 nodes are available: 4 node(s) had untolerated taint {gpu: broken}, 8 Insufficient nvidia.com/gpu."
+            " preemption: 0/12 nodes are available: 4 Preemption is not helpful for scheduling,"
+            " 8 No preemption victims found for incoming pod."
         )
         assert str(result) == result.message
 
     def test_the_sixteen_gpu_pod(self):
         nodes = [node_info(make_node(n, gpus=8)) for n in ("a", "b", "c")]
         result = framework().schedule(pod_info("p", gpus=16), Snapshot(nodes))
-        assert result.message == "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        assert result.message == (
+            "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+            " preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+        )
         assert result.diagnosis.unschedulable_plugins == {"NodeResourcesFit"}
 
     def test_every_reason_of_a_node_counts(self):
         nodes = [node_info(make_node("a", cpu="1", memory="1Gi", gpus=0))]
         result = framework().schedule(pod_info("p", cpu="2", memory="2Gi"), Snapshot(nodes))
-        assert result.message == "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory."
+        assert result.message == (
+            "0/1 nodes are available: 1 Insufficient cpu, 1 Insufficient memory."
+            " preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+        )
 
     def test_counts_sort_as_strings(self):
         statuses = {f"n{i}": Status.unschedulable("Insufficient cpu") for i in range(12)}

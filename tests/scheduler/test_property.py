@@ -186,3 +186,53 @@ def test_batch_filters_agree_with_filter(cluster, pod, load, cordon):
             continue
         expected = [n for n in node_infos if not plugin.filter(state, pod, n).code]
         assert batch(state, pod, node_infos) == expected, plugin.name
+
+
+gangs = st.lists(
+    st.tuples(
+        st.integers(1, 6),  # members
+        st.sampled_from([0, 1, 2, 4, 8]),  # GPUs per member
+        st.integers(1, 6),  # minMember (capped at the members)
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cluster=nodes(), gangs=gangs, seed=st.integers(0, 99))
+def test_gangs_are_placed_whole_or_not_at_all_without_overcommit(cluster, gangs, seed):
+    from gpufleet.scheduler.gang import place_gang
+
+    cache = SchedulerCache(clock=FakeClock())
+    for node in cluster:
+        cache.add_node(node)
+    framework = Framework(Profile(), rng=random.Random(seed))
+    snapshot = Snapshot()
+    placed: dict[str, PodInfo] = {}
+    for g, (count, gpus, min_member) in enumerate(gangs):
+        min_member = min(min_member, count)
+        members = [
+            PodInfo(
+                make_pod(
+                    f"g{g}-{i}",
+                    cpu="500m",
+                    memory="1Gi",
+                    gpus=gpus,
+                    labels={"scheduling.x-k8s.io/pod-group": f"g{g}"},
+                )
+            )
+            for i in range(count)
+        ]
+        cache.update_snapshot(snapshot)
+        before = {n.name: n.req_gpus for n in snapshot}
+        placement = place_gang(framework, snapshot, f"default/g{g}", members, min_member=min_member)
+        if not placement.ok:
+            # Nothing of a rejected gang stays anywhere.
+            assert {n.name: n.req_gpus for n in snapshot} == before
+            assert not any(p.pod_group == f"default/g{g}" for n in snapshot for p in n.pods.values())
+            continue
+        assert len(placement.placed) >= min_member
+        for member, result in placement.placed:
+            placed[member.uid] = cache.assume_pod(member, result.node, result.gpu_indices)
+        check(cache, placed)

@@ -185,6 +185,63 @@ class TestUnschedulable:
         assert queue.pop_nowait().pod_info.tolerations == (("gpu", "Exists", "", ""),)
 
 
+class TestPopFromBackoff:
+    """While activeQ is empty, a rejected pod in backoffQ is popped without waiting out its
+    back-off (kube-scheduler's SchedulerPopFromBackoffQ); one that failed with an error is not."""
+
+    def test_an_idle_queue_pops_a_rejected_pod_backing_off(self):
+        queue, _ = make_queue()
+        queue.add(pod_info("a", uid="a"))
+        fail(queue, queue.pop_nowait(), "NodeResourcesFit")
+        queue.move_all_to_active_or_backoff({"NodeResourcesFit"})  # room freed, 0 s later
+        assert queue.where("a") == BACKOFF
+        qpi = queue.pop_nowait()
+        assert qpi is not None and qpi.pod_info.name == "a" and qpi.attempts == 2
+        assert queue.where("a") is None and len(queue) == 0
+        # Its back-off entry is gone with it: nothing is flushed back later.
+        assert queue.flush_backoff_completed() == 0
+
+    def test_active_pods_go_first_then_the_earliest_back_off(self):
+        queue, clock = make_queue()
+        for name in ("early", "late"):
+            queue.add(pod_info(name, uid=name))
+            fail(queue, queue.pop_nowait(), "NodeResourcesFit")
+            clock.advance(0.1)
+        queue.move_all_to_active_or_backoff(None)
+        queue.add(pod_info("new", uid="new"))
+        assert queue.pending() == {ACTIVE: 1, BACKOFF: 2, UNSCHEDULABLE: 0, GATED: 0}
+        assert drain(queue) == ["new", "early", "late"]
+
+    def test_an_error_waits_out_its_back_off(self):
+        queue, clock = make_queue()
+        queue.add(pod_info("a", uid="a"))
+        queue.requeue_after_error(queue.pop_nowait())
+        assert queue.where("a") == BACKOFF
+        assert queue.pop_nowait() is None
+        clock.advance(1.1)
+        assert queue.flush_backoff_completed() == 1
+        assert queue.pop_nowait().pod_info.name == "a"
+
+    def test_a_pod_flushed_from_backoff_is_popped_once(self):
+        queue, clock = make_queue()
+        queue.add(pod_info("a", uid="a"))
+        fail(queue, queue.pop_nowait(), "NodeResourcesFit")
+        queue.move_all_to_active_or_backoff(None)
+        clock.advance(1.1)
+        assert queue.flush_backoff_completed() == 1
+        assert drain(queue) == ["a"]
+
+    async def test_a_waiting_pop_wakes_for_a_rejected_pod_moved_to_backoff(self):
+        queue, _ = make_queue()
+        queue.add(pod_info("a", uid="a"))
+        fail(queue, queue.pop_nowait(), "NodeResourcesFit")
+        waiter = asyncio.ensure_future(queue.pop())
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        queue.move_all_to_active_or_backoff(None)
+        assert (await asyncio.wait_for(waiter, 1)).pod_info.name == "a"
+
+
 class TestGates:
     def test_gated_pods_wait_until_ungated(self):
         queue, _ = make_queue(pre_enqueue=lambda p: not p.pod.spec.scheduling_gates)

@@ -15,6 +15,10 @@ from gpufleet.scheduler import Profile, Scheduler
 from gpufleet.scheduler.gpu import GPU_INDICES_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION, parse_gpu_indices
 
 NS = "default"
+HUGE_MESSAGE = (
+    "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    " preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+)
 
 
 @pytest.fixture
@@ -49,10 +53,22 @@ async def eventually(fetch: Callable[[], Any], check: Callable[[Any], bool], wit
         await asyncio.sleep(0.05)
 
 
-def pending_pod(name: str, gpus: int, **kwargs: Any) -> dict:
+def pending_pod(name: str, gpus: int, *, priority_class: str | None = None, **kwargs: Any) -> dict:
     data = make_pod(name, cpu="500m", memory="1Gi", gpus=gpus, uid="", **kwargs).to_dict()
     data["metadata"].pop("uid", None)
+    if priority_class:
+        # Admission fills spec.priority from the class, as Kubernetes' Priority plugin does.
+        data["spec"]["priorityClassName"] = priority_class
     return data
+
+
+def priority_class(name: str, value: int) -> dict:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+    }
 
 
 def node_object(*args: Any, **kwargs: Any) -> dict:
@@ -68,11 +84,12 @@ async def test_pods_are_bound_to_nodes_with_enough_gpus(control_plane: ControlPl
     await client.create(node_object("gpu-a", gpus=8, gpu_groups=[4, 4]))
     await client.create(node_object("gpu-b", gpus=6))
     await client.create(node_object("cpu-c", gpus=0))
+    await client.create(priority_class("training", 100))
     wants = {"train-8": 8, "infer-2a": 2, "infer-2b": 2, "tiny-1": 1, "web": 0}
     for name, gpus in wants.items():
         # The 8-GPU job goes first: were a 1-GPU pod packed onto gpu-a before it, no node
         # would have 8 GPUs left for it (the queue orders by priority, then age).
-        await client.create(pending_pod(name, gpus, priority=100 if gpus == 8 else None))
+        await client.create(pending_pod(name, gpus, priority_class="training" if gpus == 8 else None))
     await client.create(pending_pod("huge-16", 16))
 
     async with running(Scheduler(client, profile=Profile())) as scheduler:
@@ -107,14 +124,14 @@ async def test_pods_are_bound_to_nodes_with_enough_gpus(control_plane: ControlPl
         scheduled = condition(huge, "PodScheduled")
         assert huge.spec.node_name is None
         assert (scheduled.status, scheduled.reason) == ("False", "Unschedulable")
-        assert scheduled.message == "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+        assert scheduled.message == HUGE_MESSAGE
         events = await eventually(
             lambda: client.list("events", NS),
             lambda evs: any(e.involved_object.name == "huge-16" for e in evs),
         )
         failed = [e for e in events if e.involved_object.name == "huge-16"]
         assert [(e.type, e.reason, e.message) for e in failed] == [
-            ("Warning", "FailedScheduling", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+            ("Warning", "FailedScheduling", HUGE_MESSAGE)
         ]
         assert failed[0].source.component == "default-scheduler"
         diagnosis = await eventually(
@@ -125,8 +142,14 @@ async def test_pods_are_bound_to_nodes_with_enough_gpus(control_plane: ControlPl
             "gpu-b: Insufficient nvidia.com/gpu (requested 16, free 6)"
             in diagnosis.metadata.annotations[SCHEDULING_DIAGNOSIS_ANNOTATION].splitlines()
         )
+        # Each bound pod gets its Scheduled Event (written after its binding, so in no set
+        # order with the other pods' Events).
+        events = await eventually(
+            lambda: client.list("events", NS),
+            lambda evs: {e.involved_object.name for e in evs if e.reason == "Scheduled"} >= set(wants),
+        )
         scheduled_events = [e for e in events if e.reason == "Scheduled"]
-        assert {e.involved_object.name for e in scheduled_events} >= {"train-8"}
+        assert all(e.message.startswith(f"Successfully assigned {NS}/") for e in scheduled_events)
 
         # A node big enough arrives: the waiting pod is moved back and bound there.
         await client.create(node_object("gpu-huge", gpus=16, gpu_groups=[8, 8]))
@@ -160,6 +183,7 @@ async def test_freed_gpus_are_reused_and_other_schedulers_pods_ignored(control_p
         assert (
             condition(second, "PodScheduled").message
             == "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
+            " preemption: 0/1 nodes are available: 1 No preemption victims found for incoming pod."
         )
 
         # The first pod is gone (a bound pod's graceful deletion would wait for its node

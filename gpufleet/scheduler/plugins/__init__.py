@@ -14,6 +14,7 @@ from gpufleet.scheduler.plugins.nodeunschedulable import NodeUnschedulable
 from gpufleet.scheduler.plugins.queuesort import PrioritySort
 from gpufleet.scheduler.plugins.schedulinggates import SchedulingGates
 from gpufleet.scheduler.plugins.tainttoleration import TaintToleration
+from gpufleet.scheduler.preemption import DefaultPreemption
 
 _IN_TREE = (
     PrioritySort,
@@ -26,6 +27,7 @@ _IN_TREE = (
     NodeResourcesFit,
     GPUTopology,
     DefaultSpread,
+    DefaultPreemption,
     DefaultBinder,
 )
 
@@ -38,6 +40,7 @@ def in_tree_registry() -> Registry:
 
 __all__ = [
     "DefaultBinder",
+    "DefaultPreemption",
     "DefaultSpread",
     "GPUMemory",
     "GPUTopology",
