@@ -1,0 +1,124 @@
+"""Authentication, authorization and admission for who-may-do-what.
+
+`Security` assembles them for one ApiServer: bearer tokens (tokens.py), RBAC with the
+default roles (rbac.py), NodeRestriction for node agents (node.py) and the review APIs
+(reviews.py). TLS material lives in certs.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.apiserver.admission import UserInfo
+from gpufleet.apiserver.auth.node import NodeRestriction
+from gpufleet.apiserver.auth.rbac import (
+    Attributes,
+    Decision,
+    RbacAuthorizer,
+    RbacEscalationCheck,
+    bootstrap_policy,
+)
+from gpufleet.apiserver.auth.reviews import Reviews
+from gpufleet.apiserver.auth.tokens import LOOPBACK_USER, SUPERUSER_GROUP, TOKEN_NAMESPACE, TokenAuthenticator
+from gpufleet.apiserver.errors import ApiException
+from gpufleet.apiserver.requestinfo import RequestInfo
+from gpufleet.store import base as store_base
+
+if TYPE_CHECKING:
+    from gpufleet.apiserver.server import ApiServer
+
+log = logging.getLogger("gpufleet.apiserver.auth")
+
+# The key the API server derives each node's log token from (see Security.log_token).
+PROXY_KEY_SECRET = "gpufleet-node-proxy-key"
+
+__all__ = ["Security", "Attributes", "Decision", "NodeRestriction", "TokenAuthenticator"]
+
+
+class Security:
+    def __init__(self, store: store_base.Store, *, static_tokens: dict[str, UserInfo] | None = None,
+                 join_token: str | None = None, loopback_token: str | None = None) -> None:
+        self.authenticator = TokenAuthenticator(store, static=static_tokens, join_token=join_token,
+                                                loopback_token=loopback_token)
+        self.rbac = RbacAuthorizer(store)
+        self.node_restriction = NodeRestriction()
+        self.escalation = RbacEscalationCheck(self.rbac)
+        self.reviews = Reviews(self.authenticator, self.decide, self.rbac.rules, self.log_token)
+        self._proxy_key: bytes | None = None
+
+    def log_token(self, node: str) -> str | None:
+        """What the API server shows a node's agent to read logs from it: an HMAC of the node
+        name, so an agent learns only its own and cannot replay it to another node."""
+        if self._proxy_key is None:
+            return None
+        return hmac.new(self._proxy_key, node.encode(), hashlib.sha256).hexdigest()
+
+    def node_proxy_headers(self, node: str) -> dict[str, str]:
+        token = self.log_token(node)
+        return {"authorization": f"Bearer {token}"} if token else {}
+
+    async def decide(self, user: UserInfo, attrs: Attributes) -> Decision:
+        return await self.rbac.decide(user, attrs)
+
+    async def authorize(self, user: UserInfo, info: RequestInfo) -> bool:
+        return (await self.decide(user, Attributes.from_request(info))).allowed
+
+    def install(self, api: ApiServer) -> None:
+        api.authenticator = self.authenticator
+        api.authorizer = self.authorize
+        for plugin in (self.node_restriction, self.escalation):
+            if not any(getattr(p, "name", "") == plugin.name for p in api.validating):
+                api.validating.append(plugin)
+        self.reviews.install(api)
+
+    async def ensure_proxy_key(self, api: ApiServer) -> None:
+        """The node proxy key, kept in a Secret so that every API server sharing the store
+        (and the next start) derives the same log tokens."""
+        rt = api.registry.by_key("secrets")
+        assert rt is not None
+        secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                  "metadata": {"name": PROXY_KEY_SECRET, "namespace": TOKEN_NAMESPACE},
+                  "data": {"key": base64.b64encode(secrets.token_bytes(32)).decode()}}
+        try:
+            stored, _ = await api.create_object(rt, TOKEN_NAMESPACE, secret,
+                                                user=UserInfo(LOOPBACK_USER, [SUPERUSER_GROUP]))
+        except ApiException as e:
+            if e.code != 409:
+                raise
+            stored = await api.get_object(rt, TOKEN_NAMESPACE, PROXY_KEY_SECRET)
+        self._proxy_key = base64.b64decode((stored.get("data") or {}).get("key", ""))
+
+    @staticmethod
+    async def ensure_policy(api: ApiServer) -> None:
+        """Create the default roles and bindings; put back the rules of those an admin has
+        not marked ``rbac.authorization.kubernetes.io/autoupdate: "false"``."""
+        system = UserInfo(LOOPBACK_USER, [SUPERUSER_GROUP])
+        for obj in bootstrap_policy():
+            rt = api.registry.by_api_version_kind(obj["apiVersion"], obj["kind"])
+            assert rt is not None, f"{obj['kind']} is not registered"
+            name = obj["metadata"]["name"]
+            try:
+                await api.create_object(rt, "", obj, user=system)
+                continue
+            except ApiException as e:
+                if e.code != 409:
+                    raise
+            current = await api.get_object(rt, "", name)
+            annotations = (current.get("metadata") or {}).get("annotations") or {}
+            if annotations.get("rbac.authorization.kubernetes.io/autoupdate") == "false":
+                continue
+            fields = ("rules",) if obj["kind"] == "ClusterRole" else ("roleRef", "subjects")
+            if all(current.get(f) == obj.get(f) for f in fields):
+                continue
+            updated: dict[str, Any] = dict(current)
+            for f in fields:
+                updated[f] = obj[f]
+            try:
+                await api.update_object(rt, "", name, updated, user=system)
+            except ApiException as e:
+                log.warning("could not update the default %s %s: %s", obj["kind"], name, e.message)

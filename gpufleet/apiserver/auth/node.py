@@ -1,0 +1,57 @@
+"""NodeRestriction: a node agent writes only what is its own.
+
+RBAC (the ``system:node`` role) lets every member of ``system:nodes`` write nodes, leases
+and pods; this admission plugin narrows that to the agent's own Node (and its status), its
+own Lease in kube-node-lease, and the pods bound to it (status, the annotations the agent
+records, and the final delete). It cannot create pods. Other users pass through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.apiserver.admission import AdmissionContext
+from gpufleet.apiserver.auth.tokens import node_name_of
+from gpufleet.apiserver.errors import ApiException, qualified
+
+LEASE_NAMESPACE = "kube-node-lease"
+
+
+def _name(obj: dict[str, Any] | None) -> str:
+    return ((obj or {}).get("metadata") or {}).get("name", "")
+
+
+def _node_of(pod: dict[str, Any] | None) -> str:
+    return ((pod or {}).get("spec") or {}).get("nodeName") or ""
+
+
+class NodeRestriction:
+    name = "NodeRestriction"
+
+    async def validate(self, ctx: AdmissionContext, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
+        node = node_name_of(ctx.user)
+        if node is None:
+            return
+        kind = ctx.rt.kind
+        target = ctx.name or _name(obj)
+        if kind == "Node":
+            if target != node:
+                self._deny(ctx, target, f'node "{node}" is not allowed to modify node "{target}"')
+        elif kind == "Lease":
+            if ctx.namespace != LEASE_NAMESPACE or target != node:
+                self._deny(ctx, target, f'node "{node}" can only access leases with the name "{node}" '
+                                        f'in the "{LEASE_NAMESPACE}" namespace')
+        elif kind == "Pod":
+            if ctx.operation == "CREATE":
+                self._deny(ctx, target, f'node "{node}" can not create pods')
+            bound = _node_of(old if old is not None else obj)
+            if bound != node or (ctx.operation == "UPDATE" and _node_of(obj) != node):
+                verb = "delete" if ctx.operation == "DELETE" else "update"
+                self._deny(ctx, target, f'node "{node}" can only {verb} pods with spec.nodeName set to itself')
+
+    @staticmethod
+    def _deny(ctx: AdmissionContext, name: str, why: str) -> None:
+        details: dict[str, Any] = {"name": name, "kind": ctx.rt.plural}
+        if ctx.rt.group:
+            details["group"] = ctx.rt.group
+        raise ApiException(403, "Forbidden", f'{qualified(ctx.rt)} "{name}" is forbidden: {why}', details)

@@ -1,0 +1,116 @@
+"""The pure parts of authentication and authorization: token files, rule matching, the
+default roles, the PKI."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+
+from gpufleet.apiserver.admission import UserInfo
+from gpufleet.apiserver.auth.certs import ensure_pki
+from gpufleet.apiserver.auth.rbac import Attributes, bootstrap_policy, rule_allows, subject_matches
+from gpufleet.apiserver.auth.tokens import TokenFileError, ensure_admin_token, parse_token_csv
+from gpufleet.apiserver.requestinfo import parse_request
+
+
+def test_static_token_file_in_kubernetes_csv_format() -> None:
+    tokens = parse_token_csv('# admins\nt1,alice,u1,"system:masters,ops"\nt2,bob,u2\n\n')
+    assert tokens["t1"] == UserInfo("alice", ["system:masters", "ops"])
+    assert tokens["t2"] == UserInfo("bob", [])
+    with pytest.raises(TokenFileError, match=r"tokens.csv:1: expected token,user,uid"):
+        parse_token_csv("t3,carol\n", "tokens.csv")
+
+
+def test_admin_token_is_made_once(tmp_path: Path) -> None:
+    path = tmp_path / "tokens.csv"
+    path.write_text("t2,bob,u2\n")
+    token = ensure_admin_token(path)
+    assert ensure_admin_token(path) == token
+    assert parse_token_csv(path.read_text())[token] == UserInfo("admin", ["system:masters"])
+    assert path.stat().st_mode & 0o077 == 0
+
+
+def attrs(method: str, path: str) -> Attributes:
+    return Attributes.from_request(parse_request(method, path, False))
+
+
+@pytest.mark.parametrize(("rule", "method", "path", "allowed"), [
+    ({"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, "GET", "/api/v1/namespaces/a/pods/p", True),
+    ({"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}, "GET", "/api/v1/namespaces/a/pods", False),
+    ({"apiGroups": [""], "resources": ["pods"], "verbs": ["*"]}, "GET", "/api/v1/namespaces/a/pods/p/log", False),
+    ({"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}, "GET", "/api/v1/namespaces/a/pods/p/log",
+     True),
+    ({"apiGroups": ["*"], "resources": ["*/status"], "verbs": ["patch"]},
+     "PATCH", "/apis/apps/v1/namespaces/a/deployments/d/status", True),
+    ({"apiGroups": ["apps"], "resources": ["*"], "verbs": ["list"]}, "GET", "/api/v1/pods", False),
+    ({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["c1"], "verbs": ["get", "update"]},
+     "PUT", "/api/v1/namespaces/a/configmaps/c1", True),
+    ({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["c1"], "verbs": ["get", "update"]},
+     "PUT", "/api/v1/namespaces/a/configmaps/c2", False),
+    ({"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["c1"], "verbs": ["list"]},
+     "GET", "/api/v1/namespaces/a/configmaps", False),
+    ({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]}, "DELETE", "/api/v1/namespaces/a/pods", False),
+    ({"apiGroups": [""], "resources": ["pods"], "verbs": ["deletecollection"]}, "DELETE", "/api/v1/namespaces/a/pods",
+     True),
+    ({"nonResourceURLs": ["/apis/*"], "verbs": ["get"]}, "GET", "/apis/apps/v1", True),
+    ({"nonResourceURLs": ["/apis"], "verbs": ["get"]}, "GET", "/apis/apps", False),
+    ({"nonResourceURLs": ["/healthz"], "verbs": ["get"]}, "POST", "/healthz", False),
+    ({"nonResourceURLs": ["*"], "verbs": ["*"]}, "GET", "/api/v1/namespaces/a/pods", False),
+])
+def test_rule_matching(rule: dict, method: str, path: str, allowed: bool) -> None:
+    assert rule_allows(rule, attrs(method, path)) is allowed
+
+
+def test_watch_and_namespace_attributes() -> None:
+    watch = Attributes.from_request(parse_request("GET", "/api/v1/namespaces/a/pods", True))
+    assert (watch.verb, watch.namespace) == ("watch", "a")
+    # A Namespace object counts as inside itself, so a RoleBinding in "a" may reach it.
+    assert attrs("GET", "/api/v1/namespaces/a").namespace == "a"
+
+
+def test_subjects() -> None:
+    alice = UserInfo("alice", ["team", "system:authenticated"])
+    assert subject_matches({"kind": "User", "name": "alice"}, alice)
+    assert subject_matches({"kind": "Group", "name": "team"}, alice)
+    assert not subject_matches({"kind": "User", "name": "team"}, alice)
+    sa = UserInfo("system:serviceaccount:ns1:builder", [])
+    assert subject_matches({"kind": "ServiceAccount", "name": "builder"}, sa, "ns1")
+    assert not subject_matches({"kind": "ServiceAccount", "name": "builder", "namespace": "ns2"}, sa, "ns1")
+
+
+def test_default_roles_nest_view_in_edit_in_admin() -> None:
+    roles = {o["metadata"]["name"]: o["rules"] for o in bootstrap_policy() if o["kind"] == "ClusterRole"}
+    assert {"cluster-admin", "admin", "edit", "view"} <= set(roles)
+
+    def can(role: str, method: str, path: str) -> bool:
+        return any(rule_allows(r, attrs(method, path)) for r in roles[role])
+    secrets = "/api/v1/namespaces/a/secrets"
+    assert not can("view", "GET", secrets) and can("edit", "GET", secrets)
+    assert can("view", "GET", "/api/v1/namespaces/a/pods/p/log")
+    assert not can("view", "POST", "/apis/apps/v1/namespaces/a/deployments")
+    assert can("edit", "POST", "/apis/apps/v1/namespaces/a/deployments")
+    assert can("edit", "PATCH", "/apis/apps/v1/namespaces/a/deployments/d/scale")
+    rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings"
+    assert not can("edit", "POST", rb) and can("admin", "POST", rb)
+    assert can("cluster-admin", "DELETE", "/api/v1/nodes/n") and can("cluster-admin", "GET", "/metrics")
+
+
+def test_pki_is_made_once_and_verifies(tmp_path: Path) -> None:
+    pki = ensure_pki(tmp_path / "pki", ["127.0.0.1", "localhost"])
+    ca = pki.ca_cert.read_bytes()
+    cert = pki.cert.read_bytes()
+    again = ensure_pki(tmp_path / "pki", ["127.0.0.1", "localhost"])
+    assert again.ca_cert.read_bytes() == ca and again.cert.read_bytes() == cert
+    assert pki.key.stat().st_mode & 0o077 == 0
+    # A new name gets a new serving certificate from the same CA.
+    wider = ensure_pki(tmp_path / "pki", ["127.0.0.1", "gpu-head.example"])
+    assert wider.ca_cert.read_bytes() == ca and wider.cert.read_bytes() != cert
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(str(wider.cert), str(wider.key))  # the key matches the certificate
+    leaf = x509.load_pem_x509_certificate(wider.cert.read_bytes())
+    leaf.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "gpu-head.example" in names.get_values_for_type(x509.DNSName)
