@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine if needed, starts a local gpufleet cluster, runs the quickstart
-# example on it, shows what happened, and stops the cluster (pass --keep to leave it running).
+# example and then the distributed training examples on it, shows what happened, and stops
+# the cluster (pass --keep to leave it running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -46,6 +47,35 @@ gpufleet get pods -n demo
 
 echo "== the same cluster through kubectl"
 if command -v kubectl >/dev/null; then kubectl get deploy,pods -n demo; fi
+
+# Distributed training: examples/training/train.py (a real torch model, DDP on gloo) as a
+# PyTorchJob. The process runtime starts pods in a sandbox, so train.py gets its full path.
+TRAIN="$PWD/examples/training/train.py"
+job_state() { gpufleet get pytorchjob "$1" -o json | python3 -c 'import json,sys; c=[x["type"] for x in json.load(sys.stdin).get("status",{}).get("conditions",[]) if x["status"]=="True"]; print(c[-1] if c else "")'; }
+world_size() { gpufleet logs "$1" 2>/dev/null | grep -o "world_size=[0-9]*" | tail -1 | cut -d= -f2; }
+
+echo "== gpufleet apply -f examples/training/pytorchjob.yaml (1 Master + 2 Workers, 1 GPU each)"
+sed "s#examples/training/train.py#$TRAIN#" examples/training/pytorchjob.yaml | gpufleet apply -f -
+for _ in $(seq 1 120); do
+  state=$(job_state mlp)
+  [ "$state" = "Succeeded" ] || [ "$state" = "Failed" ] && break
+  sleep 1
+done
+gpufleet get pytorchjobs
+gpufleet logs mlp-master-0 | grep "^step=" | sed -n '1p;$p'
+
+echo "== elastic: gpufleet apply -f examples/training/pytorchjob-elastic.yaml (2..4 Workers)"
+sed "s#examples/training/train.py#$TRAIN#" examples/training/pytorchjob-elastic.yaml | gpufleet apply -f -
+# maxReplicas > minReplicas: the controller grows the job into the idle GPUs by itself.
+for _ in $(seq 1 90); do [ "$(world_size mlp-elastic-worker-0)" = "3" ] && break; sleep 1; done
+gpufleet get pytorchjobs
+echo "== gpufleet scale pytorchjob/mlp-elastic --replicas 4"
+gpufleet scale pytorchjob/mlp-elastic --replicas 4
+for _ in $(seq 1 60); do [ "$(world_size mlp-elastic-worker-0)" = "4" ] && break; sleep 1; done
+gpufleet get pytorchjobs
+gpufleet logs mlp-elastic-worker-0 | grep "^resumed\|^step=" | tail -3
+gpufleet describe pytorchjob mlp-elastic | grep -E "ElasticGrow|Resizing" || true
+gpufleet delete pytorchjob mlp-elastic
 
 if [ "${KEEP:-0}" = 1 ]; then
   echo "cluster left running (pid $UP_PID): export KUBECONFIG=$KUBECONFIG"

@@ -1,0 +1,344 @@
+"""Distributed training end to end: `gpufleet up --no-agent`, three `gpufleet agent`s with
+declared GPUs running pods as host processes, and examples/training/train.py training a
+real model with torch.distributed (gloo) under a PyTorchJob.
+
+(a) A server dies mid-training, agent and pods SIGKILLed: the gang restarts whole on the
+    remaining servers, resumes from its checkpoint (the step goes on, not back to 0), and
+    the job succeeds.
+(b) An elastic job under torchrun is scaled 2 -> 4 (`gpufleet scale`) -> 2 (`kubectl scale`)
+    Workers: the world size in its log follows, and the step never goes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import kubectl_binary
+
+from gpufleet.client.api import Client
+from gpufleet.client.errors import ApiError
+from gpufleet.client.kubeconfig import transport_from_kubeconfig
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = str(REPO / "examples" / "training" / "train.py")
+NODES = ("node-a", "node-b", "node-c")
+GPUS_PER_NODE = 2
+START_TIMEOUT = 60.0
+NS = "default"
+_LISTENING = re.compile(r"API server listening on (http\S+)")
+_STEP = re.compile(r"^step=(\d+) loss=([0-9.]+) world_size=(\d+) rank=(\d+)$", re.M)
+_RESUMED = re.compile(r"^resumed from step=(\d+)", re.M)
+
+
+@dataclass
+class Fleet:
+    url: str
+    kubeconfig: str
+    root: Path
+    server: subprocess.Popen
+    agents: dict[str, subprocess.Popen] = field(default_factory=dict)
+    pids: set[int] = field(default_factory=set)
+
+    def logs(self, n: int = 30) -> str:
+        out = []
+        for log in sorted(self.root.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-n:]
+            out.append(f"--- {log.name} ---\n" + "\n".join(lines))
+        return "\n".join(out)
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _wait_for_url(proc: subprocess.Popen, log: Path) -> str:
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            pytest.fail(f"gpufleet up printed no URL in {START_TIMEOUT}s\n{log.read_text()}", pytrace=False)
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            proc.wait()
+            pytest.fail(f"gpufleet up exited with {proc.returncode}\n{log.read_text()}", pytrace=False)
+        m = _LISTENING.search(line)
+        if m:
+            return m.group(1)
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    """Server and agents. Parametrized with "spread", each agent has an address of its own
+    (127.0.0.1, .2, .3, all loopback), as servers of a real fleet do."""
+    spread = getattr(request, "param", "") == "spread"
+    root = tmp_path
+    # The agents run `python` from their PATH: the interpreter running these tests has torch.
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env = dict(os.environ, HOME=str(root), PYTHONUNBUFFERED="1", PATH=path)
+    env.pop("KUBECONFIG", None)
+    gpufleet = [sys.executable, "-m", "gpufleet.cli.main"]
+    state = root / "server-state"
+    procs: list[subprocess.Popen] = []
+    f: Fleet | None = None
+    try:
+        with open(root / "server.log", "w") as log:
+            server = subprocess.Popen(
+                [*gpufleet, "up", "--no-agent", "--port", "0", "--state-dir", str(state)],
+                stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True,
+            )
+        procs.append(server)
+        url = _wait_for_url(server, root / "server.log")
+        f = Fleet(url, str(state / "kubeconfig"), root, server)
+        for i, name in enumerate(NODES):
+            address = f"127.0.0.{i + 1}" if spread else "127.0.0.1"
+            with open(root / f"agent-{name}.log", "w") as log:
+                agent = subprocess.Popen(
+                    [*gpufleet, "agent", "--kubeconfig", f.kubeconfig, "--name", name,
+                     "--gpus", str(GPUS_PER_NODE), "--state-dir", str(root / f"agent-{name}"),
+                     "--runtime", "process", "--address", address],
+                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                )
+            procs.append(agent)
+            f.agents[name] = agent
+        yield f
+    finally:
+        # Pod processes lead sessions of their own: killing an agent's group misses them.
+        for pid in f.pids if f is not None else ():
+            _kill_group(pid)
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                _kill_group(proc.pid)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+
+
+async def wait_until(check, limit: float, what: str, fleet: Fleet, interval: float = 0.3) -> Any:
+    deadline = time.monotonic() + limit
+    while True:
+        got = await check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {limit}s waiting for {what}\n{fleet.logs()}", pytrace=False)
+        await asyncio.sleep(interval)
+
+
+async def nodes_ready(client: Client, fleet: Fleet) -> None:
+    async def check() -> bool:
+        nodes = await client.list("Node", raw=True)
+        ready = {n["metadata"]["name"] for n in nodes
+                 if any(c["type"] == "Ready" and c["status"] == "True"
+                        for c in (n.get("status") or {}).get("conditions") or [])}
+        return ready >= set(NODES)
+
+    await wait_until(check, START_TIMEOUT, "all nodes Ready", fleet)
+
+
+async def job_pods(client: Client, job: str, fleet: Fleet) -> list[dict[str, Any]]:
+    pods = await client.list("Pod", NS, label_selector={"training.kubeflow.org/job-name": job}, raw=True)
+    for p in pods:
+        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+            cid = cs.get("containerID") or ""
+            if cid.startswith("process://"):
+                fleet.pids.add(int(cid.removeprefix("process://")))
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+async def pod_log(client: Client, name: str) -> str:
+    try:
+        return await client.log(name, NS)
+    except ApiError:
+        return ""
+
+
+def steps(text: str) -> list[tuple[int, float, int]]:
+    """(step, loss, world_size) of every progress line, in order."""
+    return [(int(s), float(loss), int(w)) for s, loss, w, _ in _STEP.findall(text)]
+
+
+async def condition(client: Client, name: str, type_: str) -> dict[str, Any] | None:
+    job = await client.get("pytorchjobs", name, NS, raw=True)
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_ and c["status"] == "True":
+            return c
+    return None
+
+
+async def gpufleet_cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
+    """The gpufleet command, as a user runs it."""
+    argv = [sys.executable, "-m", "gpufleet.cli.main", *args, "--kubeconfig", fleet.kubeconfig]
+    return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+
+
+def container(args: list[str], *, elastic: bool = False) -> dict[str, Any]:
+    launcher = ["python", "-m", "torch.distributed.run"] if elastic else ["python"]
+    return {
+        "name": "pytorch",
+        "image": "python:3.11",
+        "command": [*launcher, TRAIN, *args],
+        "resources": {"limits": {"nvidia.com/gpu": 1}},
+    }
+
+
+def replica(n: int, args: list[str], *, elastic: bool = False) -> dict[str, Any]:
+    return {"replicas": n, "restartPolicy": "OnFailure",
+            "template": {"spec": {"terminationGracePeriodSeconds": 3,
+                                  "containers": [container(args, elastic=elastic)]}}}
+
+
+@pytest.mark.parametrize("fleet", ["spread"], indirect=True)
+async def test_gang_restarts_from_checkpoint_when_a_server_dies(fleet: Fleet) -> None:
+    args = ["--steps", "160", "--step-sleep", "0.05", "--checkpoint-every", "10"]
+    ckpt = fleet.root / "ckpt-a"
+    job = {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "mlp", "annotations": {"gpufleet.io/checkpoint-dir": str(ckpt)}},
+        "spec": {"runPolicy": {"backoffLimit": 3},
+                 "pytorchReplicaSpecs": {"Master": replica(1, args), "Worker": replica(1, args)}},
+    }
+    async with Client(transport_from_kubeconfig(fleet.kubeconfig)) as client:
+        await nodes_ready(client, fleet)
+        await client.create(job, NS, raw=True)
+
+        async def training() -> list | None:
+            found = steps(await pod_log(client, "mlp-master-0"))
+            return found if found and found[-1][0] >= 50 else None
+
+        before = await wait_until(training, 90, "the master to pass step 50", fleet)
+        # Nodes have addresses of their own: the Workers found the Master through the
+        # rendezvous ConfigMap, written once the Master was bound.
+        rdzv = await client.get("ConfigMap", "mlp-rendezvous", NS, raw=True)
+        master = await client.get("Pod", "mlp-master-0", NS, raw=True)
+        assert rdzv["data"]["MASTER_ADDR"] == master["status"]["hostIP"]
+        assert before[-1][2] == 2
+        assert before[-1][1] < before[0][1], f"loss did not go down: {before}"
+
+        pods = await job_pods(client, "mlp", fleet)
+        victim = next(p for p in pods if p["metadata"]["name"] == "mlp-worker-0")["spec"]["nodeName"]
+        _kill_group(fleet.agents[victim].pid)
+        for p in pods:
+            if p["spec"]["nodeName"] == victim:
+                for cs in p["status"].get("containerStatuses") or []:
+                    _kill_group(int(cs["containerID"].removeprefix("process://")))
+        t0 = time.monotonic()
+
+        async def restarted() -> dict | None:
+            job = await client.get("pytorchjobs", "mlp", NS, raw=True)
+            if (job["metadata"].get("annotations") or {}).get("gpufleet.io/gang-restarts") != "1":
+                return None
+            pods = await job_pods(client, "mlp", fleet)
+            running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
+                       and p["metadata"]["annotations"].get("gpufleet.io/gang-attempt") == "1"]
+            return job if len(running) == 2 else None
+
+        await wait_until(restarted, 60, "the gang running again", fleet)
+        print(f"gang restart: running again {time.monotonic() - t0:.1f} s after node {victim} died")
+        pods = await job_pods(client, "mlp", fleet)
+        assert all(p["spec"]["nodeName"] != victim for p in pods)
+        master = next(p for p in pods if p["metadata"]["name"] == "mlp-master-0")
+        rdzv = await client.get("ConfigMap", "mlp-rendezvous", NS, raw=True)
+        assert rdzv["data"]["MASTER_ADDR"] == master["status"]["hostIP"]
+        assert rdzv["data"]["LEADER_UID"] == master["metadata"]["uid"]
+
+        async def resumed() -> int | None:
+            m = _RESUMED.search(await pod_log(client, "mlp-master-0"))
+            return int(m.group(1)) if m else None
+
+        resumed_at = await wait_until(resumed, 30, "the master to resume from its checkpoint", fleet)
+        assert resumed_at >= 40, f"resumed from step {resumed_at}, expected the checkpoint near step 50"
+
+        done = await wait_until(lambda: condition(client, "mlp", "Succeeded"), 90, "the job to succeed", fleet)
+        assert done["reason"] == "PyTorchJobSucceeded"
+        after = steps(await pod_log(client, "mlp-master-0"))
+        assert after[0][0] > resumed_at and after[-1][0] == 160
+        assert after[-1][1] < before[0][1]
+        restarting = [c for c in (await client.get("pytorchjobs", "mlp", NS, raw=True))["status"]["conditions"]
+                      if c["type"] == "Restarting"]
+        assert restarting and "mlp-" in restarting[0]["message"], restarting
+
+
+async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: Fleet) -> None:
+    args = ["--steps", "100000", "--step-sleep", "0.05", "--checkpoint-every", "5"]
+    job = {
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+        "metadata": {"name": "elastic", "annotations": {"gpufleet.io/checkpoint-dir": str(fleet.root / "ckpt-b"),
+                                                        "gpufleet.io/elastic-autoscale": "false"}},
+        "spec": {
+            "elasticPolicy": {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 20,
+                              "rdzvConf": [{"key": "last_call_timeout", "value": "2"}]},
+            "pytorchReplicaSpecs": {"Worker": replica(2, args, elastic=True)},
+        },
+    }
+    async with Client(transport_from_kubeconfig(fleet.kubeconfig)) as client:
+        await nodes_ready(client, fleet)
+        await client.create(job, NS, raw=True)
+
+        async def at_world(size: int, after_step: int) -> list | None:
+            await job_pods(client, "elastic", fleet)
+            found = [s for s in steps(await pod_log(client, "elastic-worker-0")) if s[2] == size and s[0] > after_step]
+            return found if len(found) >= 2 else None
+
+        first = await wait_until(lambda: at_world(2, 0), 90, "training with 2 workers", fleet)
+        mark = first[-1][0]
+
+        scaled = await gpufleet_cli(fleet, "scale", "pytorchjob/elastic", "--replicas", "4")
+        assert scaled.returncode == 0, scaled.stderr
+        t0 = time.monotonic()
+        grown = await wait_until(lambda: at_world(4, mark), 90, "training with 4 workers", fleet)
+        print(f"elastic 2 -> 4: world_size 4 after {time.monotonic() - t0:.1f} s")
+        assert grown[0][0] >= mark - 5, f"progress lost: at step {mark} before, {grown[0][0]} after"
+        assert len(await job_pods(client, "elastic", fleet)) == 4
+
+        async def one_group() -> bool:
+            # Every Worker trains in the same group of 4 (not two groups of 2).
+            latest = [steps(await pod_log(client, f"elastic-worker-{i}")) for i in range(4)]
+            return all(s and s[-1][2] == 4 for s in latest)
+
+        await wait_until(one_group, 30, "all four Workers in one group of 4", fleet)
+
+        too_many = await gpufleet_cli(fleet, "scale", "pytorchjob/elastic", "--replicas", "5")
+        assert too_many.returncode != 0 and "maxReplicas (4)" in too_many.stderr, too_many.stderr
+
+        mark = grown[-1][0]
+        shrink = await asyncio.to_thread(
+            subprocess.run, [kubectl_binary(), "--kubeconfig", fleet.kubeconfig, "scale", "pytorchjob/elastic",
+                             "--replicas", "2"],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME=str(fleet.root)))
+        assert shrink.returncode == 0, shrink.stderr
+        t0 = time.monotonic()
+        shrunk = await wait_until(lambda: at_world(2, mark), 90, "training with 2 workers again", fleet)
+        print(f"elastic 4 -> 2: world_size 2 after {time.monotonic() - t0:.1f} s")
+        assert shrunk[0][0] >= mark - 5, f"progress lost: at step {mark} before, {shrunk[0][0]} after"
+        job_now = await client.get("pytorchjobs", "elastic", NS, raw=True)
+        assert "gpufleet.io/gang-restarts" not in (job_now["metadata"].get("annotations") or {})
+        await job_pods(client, "elastic", fleet)
