@@ -1,0 +1,526 @@
+"""The service gateway: an asyncio HTTP proxy (aiohttp on both sides) in front of Services.
+
+Routes:
+  /services/{namespace}/{name}[:{port}]/{path}  -> a Ready endpoint of that Service (the port
+                                                   by name or number; the first port if none)
+  any path on a Service's own nodePort            -> that Service (type NodePort, nodePort set)
+  /metrics                                        -> Prometheus text of the request statistics
+  /apis/custom.metrics.k8s.io/v1beta2/...         -> per-pod `requests_per_second` and
+                                                   `concurrency` as MetricValueLists
+  /healthz
+
+Endpoints come from an informer on Endpoints: only ``addresses`` (Ready pods) take traffic,
+so a pod that is not Ready, or is being deleted (the endpoints controller drops it at once),
+gets no new request; requests it is serving finish. The pod with the fewest outstanding
+requests is picked (ties at random). A request whose connection could not be made is sent to
+another endpoint (nothing reached the pod); one that failed after being sent is retried
+only when its method is idempotent. Responses stream through as they come.
+
+With no Ready endpoint the request is held (at most ``max_held`` per Service, for at most
+``hold_timeout`` seconds) and, when a HorizontalPodAutoscaler with ``minReplicas: 0``
+targets the pods, their workload is scaled to one replica (scale from zero); held requests
+go out as soon as an endpoint is Ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Service
+from gpufleet.api.selectors import LabelSelector, SelectorError, parse_label_selector
+from gpufleet.client import objects
+from gpufleet.client.api import Client
+from gpufleet.client.errors import ApiError
+from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
+from gpufleet.gateway.stats import METRIC_NAMES, RequestStats, milli_quantity
+from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+
+log = logging.getLogger(__name__)
+
+CUSTOM_METRICS_PREFIX = "/apis/custom.metrics.k8s.io/v1beta2"
+# Answers up to this size with a Content-Length are read whole and sent in one piece.
+SMALL_BODY = 64 * 1024
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
+# Hop-by-hop headers (RFC 9110 7.6.1) are not forwarded.
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length",
+})
+
+
+@dataclass(eq=False)
+class Endpoint:
+    pod: str  # namespace/name
+    host: str
+    port: int
+    in_flight: int = 0
+    # Monotonic time until which a connection failure keeps it out of rotation.
+    failed_until: float = 0.0
+
+    @property
+    def base(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+@dataclass
+class Route:
+    """The Ready endpoints of one Service, by port name ('' for an unnamed port)."""
+
+    ports: dict[str, list[Endpoint]] = field(default_factory=dict)
+    # Port names in the order the Service lists them (the first one is the default).
+    order: list[str] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def endpoints(self, port: str | None) -> list[Endpoint]:
+        if port is None:
+            for name in self.order:
+                if self.ports.get(name):
+                    return self.ports[name]
+            return next(iter(self.ports.values()), [])
+        return self.ports.get(port, [])
+
+
+class _NotSent(Exception):
+    """The connection to the endpoint failed before any byte of the request went out."""
+
+
+class _FailedInTransit(Exception):
+    """The request went out (or may have) and no response came back."""
+
+
+class Gateway:
+    def __init__(
+        self,
+        client: Client,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Clock = REAL_CLOCK,
+        rate_window: float = 10.0,
+        hold_timeout: float = 60.0,
+        max_held: int = 1000,
+        upstream_timeout: float = 300.0,
+        max_attempts: int = 5,
+        failure_cooldown: float = 1.0,
+    ) -> None:
+        self.client = client
+        self.host = host
+        self.requested_port = port
+        self.clock = clock
+        self.hold_timeout = hold_timeout
+        self.max_held = max_held
+        self.upstream_timeout = upstream_timeout
+        self.max_attempts = max_attempts
+        self.failure_cooldown = failure_cooldown
+        self.stats = RequestStats(clock, rate_window)
+        self.informers = SharedInformerFactory(client)
+        self.ep_informer = self.informers.informer(Endpoints)
+        self.svc_informer = self.informers.informer(Service)
+        self.hpa_informer = self.informers.informer(HorizontalPodAutoscaler)
+        self.routes: dict[str, Route] = {}
+        self._node_ports: dict[int, str] = {}  # port -> service key
+        self._node_sites: dict[int, web.TCPSite] = {}
+        self._activating: dict[str, asyncio.Task] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self.port = 0
+        self.ep_informer.add_event_handler(self._ep_changed, lambda _o, n: self._ep_changed(n), self._ep_deleted)
+        self.svc_informer.add_event_handler(self._svc_changed, lambda _o, n: self._svc_changed(n),
+                                            self._svc_deleted)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        # Idle connections are dropped before the model servers' own keep-alive timeouts
+        # (uvicorn: 5 s) so a pooled connection is never one the server is closing.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4.0, enable_cleanup_closed=True)
+        self._session = aiohttp.ClientSession(
+            connector=connector, auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.upstream_timeout),
+        )
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        self._site = web.TCPSite(self._runner, self.host, self.requested_port, reuse_address=True)
+        try:
+            await self._site.start()
+        except OSError:
+            await self._runner.cleanup()
+            await self._session.close()
+            raise
+        server = self._site._server
+        assert server is not None
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        await self.informers.start()
+        await self.informers.wait_for_sync(30.0)
+        log.info("gateway listening on %s", self.url)
+
+    async def stop(self) -> None:
+        for task in self._activating.values():
+            task.cancel()
+        await self.informers.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    # -- endpoints -----------------------------------------------------------------------
+
+    def _ep_changed(self, ep: Any) -> None:
+        key = objects.object_key(ep)
+        route = self.routes.get(key) or Route()
+        old = {(e.pod, name): e for name, eps in route.ports.items() for e in eps}
+        ports: dict[str, list[Endpoint]] = {}
+        for subset in objects.field(ep, "subsets") or []:
+            for p in subset.ports or []:
+                name = p.name or ""
+                for addr in subset.addresses or []:
+                    ref = addr.target_ref
+                    pod = f"{ref.namespace or objects.namespace_of(ep)}/{ref.name}" if ref is not None else addr.ip
+                    e = old.get((pod, name))
+                    if e is None or (e.host, e.port) != (addr.ip, p.port):
+                        e = Endpoint(pod, addr.ip, p.port)
+                    ports.setdefault(name, []).append(e)
+        route.ports = ports
+        svc = self.svc_informer.get(key)
+        if svc is not None:
+            route.order = [p.name or "" for p in (svc.spec.ports or [])]
+        self.routes[key] = route
+        live = {e.pod for eps in ports.values() for e in eps}
+        for pod in {p for p, _ in old} - live:
+            self.stats.forget_pod(pod)
+        self._wake(route)
+
+    def _ep_deleted(self, ep: Any) -> None:
+        route = self.routes.pop(objects.object_key(ep), None)
+        if route is not None:
+            route.ports = {}
+            self._wake(route)
+
+    @staticmethod
+    def _wake(route: Route) -> None:
+        route.changed.set()
+        route.changed = asyncio.Event()
+
+    def _svc_changed(self, svc: Any) -> None:
+        key = objects.object_key(svc)
+        route = self.routes.get(key)
+        if route is not None:
+            route.order = [p.name or "" for p in (svc.spec.ports or [])]
+        wanted = {p.node_port for p in (svc.spec.ports or []) if p.node_port} if svc.spec.type == "NodePort" else set()
+        for port, owner in list(self._node_ports.items()):
+            if owner == key and port not in wanted:
+                self._close_node_port(port)
+        for port in wanted:
+            if self._node_ports.get(port) not in (None, key):
+                log.warning("gateway: nodePort %d of %s is taken by %s", port, key, self._node_ports[port])
+                continue
+            if port not in self._node_sites:
+                self._node_ports[port] = key
+                asyncio.ensure_future(self._open_node_port(port, key))
+
+    def _svc_deleted(self, svc: Any) -> None:
+        key = objects.object_key(svc)
+        for port, owner in list(self._node_ports.items()):
+            if owner == key:
+                self._close_node_port(port)
+
+    async def _open_node_port(self, port: int, key: str) -> None:
+        if self._runner is None:
+            return
+        site = web.TCPSite(self._runner, self.host, port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError as exc:
+            log.warning("gateway: cannot listen on nodePort %d for %s: %s", port, key, exc)
+            self._node_ports.pop(port, None)
+            return
+        self._node_sites[port] = site
+        log.info("gateway: service %s on %s:%d", key, self.host, port)
+
+    def _close_node_port(self, port: int) -> None:
+        self._node_ports.pop(port, None)
+        site = self._node_sites.pop(port, None)
+        if site is not None:
+            asyncio.ensure_future(site.stop())
+
+    def _pick(self, route: Route | None, port: str | None, tried: set[Endpoint]) -> Endpoint | None:
+        if route is None:
+            return None
+        now = self.clock.monotonic()
+        candidates = [e for e in route.endpoints(port) if e not in tried and e.failed_until <= now]
+        if not candidates:
+            return None
+        least = min(e.in_flight for e in candidates)
+        return random.choice([e for e in candidates if e.in_flight == least])
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        local_port = sockname[1] if sockname else self.port
+        if local_port != self.port and local_port in self._node_ports:
+            return await self._proxy(request, self._node_ports[local_port], None, request.raw_path)
+        if path.startswith("/services/"):
+            parts = path.split("/", 4)
+            if len(parts) < 4 or not parts[2] or not parts[3]:
+                return _status(404, "NotFound", "use /services/{namespace}/{name}/{path}")
+            ns, name = parts[2], parts[3]
+            name, _, port = name.partition(":")
+            raw_tail = request.raw_path.split("/", 4)[4] if len(parts) > 4 else ""
+            return await self._proxy(request, f"{ns}/{name}", port or None, "/" + raw_tail)
+        if path == "/metrics":
+            return web.Response(text=self.stats.prometheus(), content_type="text/plain", charset="utf-8")
+        if path == "/healthz":
+            return web.Response(text="ok")
+        if path.startswith(CUSTOM_METRICS_PREFIX):
+            return self._custom_metrics(request)
+        return _status(404, "NotFound", f"no route for {path}; services are under /services/{{namespace}}/{{name}}/")
+
+    def _port_name(self, key: str, port: str | None) -> str | None:
+        """A Service port given by number is turned into its name (endpoints list names)."""
+        if port is None or not port.isdigit():
+            return port
+        svc = self.svc_informer.get(key)
+        for p in (svc.spec.ports or []) if svc is not None else []:
+            if str(p.port) == port:
+                return p.name or ""
+        return port
+
+    async def _proxy(self, request: web.Request, key: str, port: str | None, target: str) -> web.StreamResponse:
+        if self.svc_informer.get(key) is None and key not in self.routes:
+            ns, _, name = key.partition("/")
+            return _status(404, "NotFound", f'services "{name}" not found in namespace "{ns}"')
+        port = self._port_name(key, port)
+        svc = self.svc_informer.get(key)
+        if port is not None and svc is not None and port not in [p.name or "" for p in svc.spec.ports or []]:
+            return _status(404, "NotFound", f"service {key} has no port {port!r}")
+        body = await request.read()
+        deadline = self.clock.monotonic() + self.hold_timeout
+        tried: set[Endpoint] = set()
+        attempts = 0
+        while True:
+            route = self.routes.get(key)
+            ep = self._pick(route, port, tried)
+            if ep is None:
+                waited = await self._hold(key, route, deadline)
+                if waited is not None:
+                    self.stats.failed_without_pod(key)
+                    return waited
+                tried.clear()
+                continue
+            attempts += 1
+            try:
+                return await self._forward(request, key, ep, target, body)
+            except _NotSent as exc:
+                log.info("gateway: %s via %s: %s; trying another endpoint", key, ep.pod, exc)
+                ep.failed_until = self.clock.monotonic() + self.failure_cooldown
+                tried.add(ep)
+            except _FailedInTransit as exc:
+                if request.method not in IDEMPOTENT or attempts >= self.max_attempts:
+                    return _status(502, "BadGateway", f"{ep.pod}: {exc}")
+                tried.add(ep)
+            if attempts >= self.max_attempts:
+                return _status(502, "BadGateway", f"no endpoint of service {key} answered after {attempts} attempts")
+
+    async def _hold(self, key: str, route: Route | None, deadline: float) -> web.StreamResponse | None:
+        """Wait for the Service's endpoints to change; an error response when that is not possible."""
+        held = self.stats.held.get(key, 0)
+        if held >= self.max_held:
+            return _status(503, "ServiceUnavailable", f"service {key} has no ready endpoint and "
+                           f"{held} requests are already waiting for one")
+        if route is None:
+            route = self.routes[key] = Route()
+        if not route.endpoints(None):
+            self._activate(key)
+        remaining = deadline - self.clock.monotonic()
+        if remaining <= 0:
+            return _status(503, "ServiceUnavailable", f"service {key} has no ready endpoint "
+                           f"(waited {self.hold_timeout:g}s)")
+        self.stats.held[key] = held + 1
+        changed = route.changed
+        try:
+            # Wake on an endpoints change, or shortly, when endpoints in cool-down come back.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(remaining, self.failure_cooldown))
+        finally:
+            self.stats.held[key] -= 1
+        return None
+
+    async def _forward(self, request: web.Request, key: str, ep: Endpoint, target: str,
+                       body: bytes) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        headers["X-Forwarded-For"] = request.remote or ""
+        headers["X-Forwarded-Host"] = request.host
+        ep.in_flight += 1
+        start = self.stats.started(key, ep.pod)
+        error = True
+        try:
+            try:
+                upstream = await self._session.request(
+                    request.method, ep.base + target, headers=headers, data=body or None,
+                    allow_redirects=False,
+                )
+            except (aiohttp.ClientConnectorError, ConnectionRefusedError) as exc:
+                raise _NotSent(str(exc)) from exc
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise _FailedInTransit(f"{type(exc).__name__}: {exc}") from exc
+            async with upstream:
+                length = upstream.content_length
+                if length is not None and length <= SMALL_BODY:
+                    # A small answer of known size goes out in one write.
+                    try:
+                        data = await upstream.read()
+                    except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                        raise _FailedInTransit(f"{type(exc).__name__}: {exc}") from exc
+                    whole = web.Response(status=upstream.status, reason=upstream.reason, body=data)
+                    for k, v in upstream.headers.items():
+                        if k.lower() not in HOP_BY_HOP and k.lower() != "content-type":
+                            whole.headers.add(k, v)
+                    if "Content-Type" in upstream.headers:
+                        whole.headers["Content-Type"] = upstream.headers["Content-Type"]
+                    error = upstream.status >= 500
+                    return whole
+                resp = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for k, v in upstream.headers.items():
+                    if k.lower() not in HOP_BY_HOP:
+                        resp.headers.add(k, v)
+                if length is not None:
+                    resp.content_length = length
+                await resp.prepare(request)
+                try:
+                    async for chunk in upstream.content.iter_any():
+                        await resp.write(chunk)
+                except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                    # Headers went out already: all that is left is to cut the stream.
+                    log.info("gateway: %s via %s: stream broken: %s", key, ep.pod, exc)
+                    if request.transport is not None:
+                        request.transport.close()
+                    return resp
+                await resp.write_eof()
+                error = upstream.status >= 500
+                return resp
+        finally:
+            ep.in_flight -= 1
+            self.stats.finished(key, ep.pod, start, error)
+
+    # -- scale from zero -------------------------------------------------------------------
+
+    def _activate(self, key: str) -> None:
+        task = self._activating.get(key)
+        if task is not None and not task.done():
+            return
+        self._activating[key] = asyncio.ensure_future(self._scale_from_zero(key))
+
+    def _hpas_for(self, svc: Any) -> list[Any]:
+        selector = (svc.spec.selector or {}) if svc.spec is not None else {}
+        out = []
+        if not selector:
+            return out
+        for hpa in self.hpa_informer.by_index(NAMESPACE_INDEX, objects.namespace_of(svc)):
+            if (hpa.spec.min_replicas if hpa.spec.min_replicas is not None else 1) == 0:
+                out.append(hpa)
+        return out
+
+    async def _scale_from_zero(self, key: str) -> None:
+        svc = self.svc_informer.get(key)
+        if svc is None:
+            return
+        ns = objects.namespace_of(svc)
+        labels = dict(svc.spec.selector or {})
+        for hpa in self._hpas_for(svc):
+            ref = hpa.spec.scale_target_ref
+            kind = f"{ref.api_version}/{ref.kind}" if ref.api_version else ref.kind
+            try:
+                scale = await self.client.get_scale(kind, ref.name, ns, raw=True)
+                try:
+                    target_selector = parse_label_selector((scale.get("status") or {}).get("selector") or "")
+                except SelectorError:
+                    continue
+                if not _selects_same_pods(target_selector, labels):
+                    continue
+                if ((scale.get("spec") or {}).get("replicas") or 0) > 0:
+                    continue
+                await self.client.set_scale(kind, ref.name, 1, ns)
+                log.info("gateway: %s had no replica; scaled %s %s/%s to 1 for a waiting request",
+                         key, ref.kind, ns, ref.name)
+            except (ApiError, LookupError) as exc:
+                log.warning("gateway: cannot scale %s %s/%s from zero: %s", ref.kind, ns, ref.name, exc)
+        # Do not try again at once: the pod is on its way, or there is nothing to scale.
+        await asyncio.sleep(1.0)
+
+    # -- custom.metrics.k8s.io -------------------------------------------------------------
+
+    def _custom_metrics(self, request: web.Request) -> web.Response:
+        rest = request.path[len(CUSTOM_METRICS_PREFIX):].strip("/")
+        if not rest:
+            return web.json_response({
+                "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "custom.metrics.k8s.io/v1beta2",
+                "resources": [{"name": f"pods/{m}", "singularName": "", "namespaced": True, "kind": "MetricValueList",
+                               "verbs": ["get"]} for m in METRIC_NAMES],
+            })
+        parts = rest.split("/")
+        # namespaces/{ns}/pods/{name|*}/{metric}
+        if len(parts) != 5 or parts[0] != "namespaces" or parts[2] != "pods":
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        ns, pod_name, metric = parts[1], parts[3], parts[4]
+        if metric not in METRIC_NAMES:
+            return _status(404, "NotFound", f'the gateway has no metric "{metric}"; '
+                           f"it serves {', '.join(METRIC_NAMES)}")
+        if request.query.get("labelSelector"):
+            # The gateway knows pods by their endpoints, not their labels.
+            return _status(400, "BadRequest", "labelSelector is not supported here: ask for pods/* "
+                           "or pods/{name} and filter by name")
+        live: set[str] = set()
+        for key, route in self.routes.items():
+            if key.partition("/")[0] == ns:
+                live.update(e.pod for eps in route.ports.values() for e in eps)
+        now = rfc3339(self.clock.now())
+        items = []
+        for pod in sorted(live):
+            name = pod.partition("/")[2]
+            if pod_name != "*" and name != pod_name:
+                continue
+            value = self.stats.pod_metric(pod, metric)
+            items.append({
+                "describedObject": {"kind": "Pod", "namespace": ns, "name": name, "apiVersion": "v1"},
+                "metric": {"name": metric},
+                "timestamp": now,
+                "windowSeconds": int(self.stats.window),
+                "value": milli_quantity(value or 0.0),
+            })
+        return web.json_response({"kind": "MetricValueList", "apiVersion": "custom.metrics.k8s.io/v1beta2",
+                                  "metadata": {}, "items": items})
+
+
+def _selects_same_pods(selector: LabelSelector, service_selector: dict[str, str]) -> bool:
+    """Whether a workload's pods (described by its selector) are what the Service selects: the
+    Service's labels satisfy the workload's selector."""
+    if selector.matches_nothing() or not service_selector:
+        return False
+    return selector.matches(service_selector)
+
+
+def _status(code: int, reason: str, message: str) -> web.Response:
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+    return web.Response(status=code, text=json.dumps(body), content_type="application/json")

@@ -1,0 +1,134 @@
+"""Where the HPA's numbers come from (``ClusterMetrics``), with the real pieces in between:
+- cpu and gpu_utilization: metrics.k8s.io of the real API server, which reads a node agent's
+  /stats/summary (here an HTTP stand-in serving the agent's own summary rendering);
+- workload metrics: the agent's /stats/workload, built by the agent's real scraper from a
+  pod's Prometheus endpoint;
+- requests_per_second: the real gateway's custom.metrics.k8s.io endpoint."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+from ctrl_helpers import NS, eventually, pod
+
+from gpufleet.agent import stats as stats_mod
+from gpufleet.agent.workloadmetrics import parse_metrics, scrape, scrape_port
+from gpufleet.client.api import Client
+from gpufleet.controllers.hpa import ClusterMetrics
+from gpufleet.gateway import Gateway
+from gpufleet.utils.clock import FakeClock, rfc3339
+
+POD_METRICS = """# TYPE model_requests_in_flight gauge
+model_requests_in_flight 3
+# TYPE model_queue_length gauge
+model_queue_length{queue="a"} 2
+model_queue_length{queue="b"} 5
+"""
+
+
+async def serve(routes: dict[str, Any]) -> tuple[web.AppRunner, int]:
+    app = web.Application()
+    for path, handler in routes.items():
+        app.router.add_get(path, handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+
+def test_scrape_port_and_parse() -> None:
+    p = pod("m", {"app": "m"})
+    p["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 8000}]
+    assert scrape_port(p, {"http": 31000}) is None  # not asked for
+    p["metadata"]["annotations"] = {"prometheus.io/scrape": "true"}
+    assert scrape_port(p, {"http": 31000}) == 31000
+    p["metadata"]["annotations"]["prometheus.io/port"] = "8000"
+    assert scrape_port(p, None) == 8000
+    assert parse_metrics(POD_METRICS) == {"model_requests_in_flight": 3.0, "model_queue_length": 7.0}
+
+
+@pytest.fixture
+async def agent(client: Client) -> AsyncIterator[dict[str, Any]]:
+    """A node 'n1' whose agent endpoint serves a summary and the scraped workload metrics of
+    pod 'm-0' (1 GPU at 70%, 250m cpu), whose own /metrics serves POD_METRICS."""
+
+    async def pod_metrics(request: web.Request) -> web.Response:
+        return web.Response(text=POD_METRICS)
+
+    pod_runner, pod_port = await serve({"/metrics": pod_metrics})
+    body = pod("m-0", {"app": "m"}, node="n1")
+    body["metadata"]["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": "http"}
+    body["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 8000}]
+    created = await client.create(body, NS, raw=True)
+    uid = created["metadata"]["uid"]
+    now = time.time()
+
+    async def summary(request: web.Request) -> web.Response:
+        sample = stats_mod.NodeSample(
+            node_name="n1", time=now, start_time=now - 100, cpu_millis=1000, memory_used_bytes=1 << 30,
+            memory_total_bytes=4 << 30, memory_available_bytes=3 << 30,
+            pods=[stats_mod.PodSample("m-0", NS, uid, rfc3339(now - 50), [stats_mod.ContainerSample(
+                "main", rfc3339(now - 50), 250.0, 100 << 20, 0, gpus=[0])])],
+            gpus=[stats_mod.GPUSample(0, "GPU-0", "H100", "Healthy", "", 70.0, 1000, 80000, pod=f"{NS}/m-0",
+                                      container="main")])
+        return web.json_response(stats_mod.summary(sample))
+
+    async def workload(request: web.Request) -> web.Response:
+        pods = [(created, {"http": pod_port})]
+        return web.json_response({"pods": await scrape("127.0.0.1", pods, rfc3339(time.time()))})
+
+    agent_runner, agent_port = await serve({"/stats/summary": summary, "/stats/workload": workload})
+    await client.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}, raw=True)
+    node = await client.get("nodes", "n1", raw=True)
+    node["status"] = {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                      "daemonEndpoints": {"kubeletEndpoint": {"Port": agent_port}},
+                      "conditions": [{"type": "Ready", "status": "True"}]}
+    await client.update_status(node, raw=True)
+    yield {"pod": await client.get("pods", "m-0", NS)}
+    await agent_runner.cleanup()
+    await pod_runner.cleanup()
+
+
+async def test_resource_gpu_and_workload_metrics(client: Client, agent: dict[str, Any]) -> None:
+    metrics = ClusterMetrics(client)
+    try:
+        cpu = await metrics.resource(NS, "app=m", "cpu")
+        assert cpu["m-0"].value == 250
+        gpu = await metrics.pods(NS, [agent["pod"]], "gpu_utilization")
+        assert gpu["m-0"].value == 70_000  # 70 (percent), in milli-units
+        inflight = await metrics.pods(NS, [agent["pod"]], "model_requests_in_flight")
+        assert inflight["m-0"].value == 3_000
+        queue = await metrics.pods(NS, [agent["pod"]], "model_queue_length")
+        assert queue["m-0"].value == 7_000
+        assert await metrics.pods(NS, [agent["pod"]], "not_exposed") == {}
+    finally:
+        await metrics.close()
+
+
+async def test_request_rate_from_the_gateway(client: Client) -> None:
+    gw = Gateway(client, port=0, clock=FakeClock())  # a still clock: the rate is exact
+    await gw.start()
+    metrics = ClusterMetrics(client, gateway_url=gw.url)
+    try:
+        await client.create({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web", "namespace": NS},
+                             "subsets": [{"addresses": [{"ip": "127.0.0.1", "targetRef": {
+                                 "kind": "Pod", "namespace": NS, "name": n}} for n in ("web-0", "web-1")],
+                                 "ports": [{"port": 1}]}]}, NS, raw=True)
+        await eventually(lambda: f"{NS}/web" in gw.routes and len(gw.routes[f"{NS}/web"].endpoints(None)) == 2)
+        for _ in range(3):
+            gw.stats.finished(f"{NS}/web", f"{NS}/web-0", gw.stats.started(f"{NS}/web", f"{NS}/web-0"), False)
+        values = await metrics.pods(NS, [], "requests_per_second")
+        assert values["web-0"].value == 3_000  # 3 requests in the first second of its life
+        assert values["web-1"].value == 0
+    finally:
+        await metrics.close()
+        await gw.stop()
+    no_gateway = ClusterMetrics(client)
+    with pytest.raises(Exception, match="gateway"):
+        await no_gateway.pods(NS, [], "requests_per_second")
+    await no_gateway.close()
