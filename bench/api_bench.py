@@ -50,6 +50,7 @@ from typing import Any
 import psutil
 
 from gpufleet.client import Client, HttpTransport, NotFound
+from gpufleet.client.kubeconfig import transport_from_kubeconfig
 
 if __package__:
     from ._pg import PostgresUnavailable, die_with_parent, throwaway_postgres
@@ -159,7 +160,7 @@ METRICS = [
 # --- the servers under test ------------------------------------------------------------------
 
 
-_LISTENING = re.compile(rb"listening on (http://\S+)")
+_LISTENING = re.compile(rb"listening on (https?://\S+)")
 
 
 @contextlib.contextmanager
@@ -251,6 +252,8 @@ class Target:
     url: str
     server_pid: int
     store_pid: int | None
+    # The kubeconfig `gpufleet server` wrote (TLS CA and admin token).
+    kubeconfig: Path | None = None
     client: Client = field(init=False)
     cpu: CpuMeter = field(init=False)
     figures: dict[str, float | None] = field(default_factory=dict)
@@ -262,7 +265,8 @@ class Target:
     _seq: int = 0
 
     def __post_init__(self) -> None:
-        self.client = Client(HttpTransport(self.url), read_retries=1)
+        transport = transport_from_kubeconfig(self.kubeconfig) if self.kubeconfig else HttpTransport(self.url)
+        self.client = Client(transport, read_retries=1)
         self.cpu = CpuMeter(self.server_pid, self.store_pid)
 
     def next_seq(self) -> int:
@@ -634,7 +638,8 @@ def start_targets(stack: contextlib.ExitStack, backends: list[str], args: argpar
                      f"full_page_writes={s['full_page_writes']}, shared_buffers={s['shared_buffers']}")
         url, pid = stack.enter_context(api_server(store_url, state_dir))
         print(f"  {backend:<8} {store}; API server at {url}", flush=True)
-        targets.append(Target(backend=backend, store=store, url=url, server_pid=pid, store_pid=store_pid))
+        targets.append(Target(backend=backend, store=store, url=url, server_pid=pid, store_pid=store_pid,
+                              kubeconfig=state_dir / "kubeconfig"))
     return targets
 
 

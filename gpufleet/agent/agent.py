@@ -40,7 +40,7 @@ from gpufleet.client import (
     NotFound,
     TransportError,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339
+from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class AgentConfig:
     api_retry_max: float = 5.0
     # Stop the runtime's containers when the agent stops.
     close_runtime: bool = True
+    # The bearer token the API server must show to read container logs (None: anyone may).
+    log_token: str | None = None
 
 
 class NodeAgent:
@@ -127,7 +129,7 @@ class NodeAgent:
 
     async def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self._http = AgentHttpServer(self, self.config.address, self.config.port)
+        self._http = AgentHttpServer(self, self.config.address, self.config.port, log_token=self.config.log_token)
         await self._http.start()
         self._gpus = await self._fingerprint()
         vm = psutil.virtual_memory()
@@ -572,6 +574,14 @@ class NodeAgent:
 
     async def metrics_text(self) -> bytes:
         return stats_mod.prometheus_text(await self.sample())
+
+    async def workload_metrics(self, namespace: str | None = None) -> dict[str, Any]:
+        """The pods' own Prometheus metrics (see workloadmetrics), for the HPA's Pods metrics."""
+        from gpufleet.agent.workloadmetrics import scrape
+
+        pods = [(w.pod, w.ports) for w in list(self.workers.values())
+                if not w.removed and (namespace is None or w.namespace == namespace)]
+        return {"pods": await scrape(self.config.address, pods, rfc3339(self.clock.now()))}
 
 
 def _truthy(value: str | None) -> bool:

@@ -5,6 +5,7 @@ metrics and a health check."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -41,17 +42,26 @@ class AgentEndpoints(Protocol):
 
     async def metrics_text(self) -> bytes: ...
 
+    async def workload_metrics(self, namespace: str | None = None) -> dict[str, Any]: ...
+
 
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
     return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": message, "reason": reason, "code": code}
 
 
-def build_app(endpoints: AgentEndpoints) -> Starlette:
+def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starlette:
+    """``log_token``: container logs answer only a request bearing it (the API server's node
+    proxy); stats and metrics stay readable, as the kubelet's read-only port was."""
+
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def container_logs(request: Request) -> Response:
+        if log_token is not None:
+            scheme, _, given = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), log_token.encode()):
+                return JSONResponse(status_body(401, "Unauthorized", "Unauthorized"), status_code=401)
         p = request.path_params
         answer = await endpoints.container_logs(p["namespace"], p["pod"], p.get("container", ""),
                                                 dict(request.query_params))
@@ -67,11 +77,16 @@ def build_app(endpoints: AgentEndpoints) -> Starlette:
     async def metrics(request: Request) -> Response:
         return Response(await endpoints.metrics_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
+    async def workload(request: Request) -> Response:
+        return Response(orjson.dumps(await endpoints.workload_metrics(request.query_params.get("namespace"))),
+                        media_type="application/json")
+
     return Starlette(routes=[
         Route("/healthz", healthz),
         Route("/containerLogs/{namespace}/{pod}/{container}", container_logs),
         Route("/containerLogs/{namespace}/{pod}", container_logs),
         Route("/stats/summary", summary),
+        Route("/stats/workload", workload),
         Route("/metrics", metrics),
         Route("/metrics/resource", metrics),
     ])
@@ -80,8 +95,8 @@ def build_app(endpoints: AgentEndpoints) -> Starlette:
 class AgentHttpServer:
     """uvicorn as a task of the agent's event loop."""
 
-    def __init__(self, endpoints: AgentEndpoints, host: str, port: int) -> None:
-        self.config = uvicorn.Config(build_app(endpoints), host=host, port=port, log_level="warning",
+    def __init__(self, endpoints: AgentEndpoints, host: str, port: int, log_token: str | None = None) -> None:
+        self.config = uvicorn.Config(build_app(endpoints, log_token), host=host, port=port, log_level="warning",
                                      access_log=False, lifespan="off", timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(self.config)
         self._task: asyncio.Task | None = None

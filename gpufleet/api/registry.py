@@ -78,6 +78,7 @@ class ResourceType:
 
 
 _K8S = "gpufleet.api.k8s"
+_RBAC = "gpufleet.api.rbac"  # the k8s.py models, with their validation registered
 
 _BUILTIN: list[ResourceType] = [
     # core/v1
@@ -123,6 +124,32 @@ _BUILTIN: list[ResourceType] = [
     # policy/v1
     ResourceType("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True,
                  f"{_K8S}:PodDisruptionBudget", ("pdb",)),
+    # rbac.authorization.k8s.io/v1
+    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, f"{_RBAC}:ClusterRole",
+                 subresources=()),
+    ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False,
+                 f"{_RBAC}:ClusterRoleBinding", subresources=()),
+    ResourceType("rbac.authorization.k8s.io", "v1", "Role", "roles", True, f"{_RBAC}:Role", subresources=()),
+    ResourceType("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True, f"{_RBAC}:RoleBinding",
+                 subresources=()),
+    # kueue.x-k8s.io/v1beta1: team queues
+    ResourceType("kueue.x-k8s.io", "v1beta1", "ResourceFlavor", "resourceflavors", False,
+                 "gpufleet.api.kueue:ResourceFlavor", ("flavor", "flavors", "rf"), subresources=()),
+    ResourceType("kueue.x-k8s.io", "v1beta1", "ClusterQueue", "clusterqueues", False,
+                 "gpufleet.api.kueue:ClusterQueue", ("cq",)),
+    ResourceType("kueue.x-k8s.io", "v1beta1", "LocalQueue", "localqueues", True,
+                 "gpufleet.api.kueue:LocalQueue", ("queue", "queues", "lq")),
+    ResourceType("kueue.x-k8s.io", "v1beta1", "Workload", "workloads", True,
+                 "gpufleet.api.kueue:Workload", ("wl",)),
+    # scheduling.x-k8s.io/v1alpha1 (scheduler-plugins coscheduling)
+    ResourceType("scheduling.x-k8s.io", "v1alpha1", "PodGroup", "podgroups", True,
+                 "gpufleet.api.podgroup:PodGroup", ("pg", "pgs")),
+    # kubeflow.org/v1: distributed training; /scale moves the Workers (upstream's CRD paths)
+    ResourceType("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", True,
+                 "gpufleet.api.kubeflow:PyTorchJob", subresources=("status", "scale"),
+                 extra={"scale": {"specReplicasPath": "spec.pytorchReplicaSpecs.Worker.replicas",
+                                  "statusReplicasPath": "status.replicaStatuses.Worker.active",
+                                  "labelSelectorPath": "status.replicaStatuses.Worker.selector"}}),
 ]
 
 

@@ -1627,11 +1627,24 @@ def _validate_job(job: k8s.Job, errs: Errs) -> None:
     )
 
 
+def _without_scheduling_directives(template: k8s.PodTemplateSpec) -> k8s.PodTemplateSpec:
+    meta = template.metadata.model_copy(update={"labels": None, "annotations": None}) if template.metadata else None
+    spec = (template.spec.model_copy(update={"node_selector": None, "tolerations": None, "scheduling_gates": None})
+            if template.spec else None)
+    return template.model_copy(update={"metadata": meta, "spec": spec})
+
+
 def _validate_job_update(new: k8s.Job, old: k8s.Job, errs: Errs) -> None:
     if new.spec is None or old.spec is None:
         return
     _immutable(new.spec.selector, old.spec.selector, "spec.selector", errs)
-    _immutable(new.spec.template, old.spec.template, "spec.template", errs)
+    if old.spec.suspend and new.spec.template is not None and old.spec.template is not None:
+        # Kubernetes lets a queue steer a suspended Job before it starts (KEP-2926): the
+        # template's node selector, tolerations, labels, annotations and scheduling gates.
+        _immutable(_without_scheduling_directives(new.spec.template),
+                   _without_scheduling_directives(old.spec.template), "spec.template", errs)
+    else:
+        _immutable(new.spec.template, old.spec.template, "spec.template", errs)
     _immutable(new.spec.completion_mode, old.spec.completion_mode, "spec.completionMode", errs)
     # An Indexed job may be resized when completions moves together with parallelism.
     elastic = new.spec.completion_mode == "Indexed" and new.spec.completions == new.spec.parallelism
@@ -2012,6 +2025,11 @@ def _validate_resource_quota(rq: k8s.ResourceQuota, errs: Errs) -> None:
             and not _is_standard_quota_resource(name)
         ):
             errs.append(invalid(p, name, "must be a standard resource for quota"))
+        elif not name.startswith(("requests.", "count/")) and is_extended_resource(name.removeprefix("limits.")):
+            # Kubernetes accepts these and then never enforces them: an extended resource
+            # cannot be overcommitted, so only its requests are counted.
+            bare = name.removeprefix("limits.")
+            errs.append(invalid(p, name, f"quota of an extended resource must be written requests.{bare}"))
         _validate_quantity_value(name, raw, p, errs)
     scopes = spec.scopes or []
     for scope in scopes:

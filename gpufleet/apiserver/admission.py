@@ -46,3 +46,15 @@ class ValidatingPlugin(Protocol):
 
     async def validate(self, ctx: AdmissionContext, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
         """Raise an ApiException to reject. Must not change obj."""
+
+
+def standard_plugins() -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
+    """kube-apiserver's default chain for what is served here: LimitRanger and Priority
+    mutate; LimitRanger, Priority and then ResourceQuota (last, so it charges exactly what
+    will be stored) validate."""
+    from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
+    from gpufleet.apiserver.admission_priority import PriorityAdmission
+    from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
+
+    limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
+    return [limit_ranger, priority], [limit_ranger, priority, ResourceQuotaAdmission()]

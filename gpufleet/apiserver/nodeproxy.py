@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -87,6 +87,8 @@ class NodeProxy:
         self.summary_ttl = summary_ttl
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False, transport=transport)
         self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
+        # Headers that authenticate this server to a node's agent (set by the auth setup).
+        self.node_headers: Callable[[str], dict[str, str]] = lambda node: {}
 
     def install(self, api: Any) -> None:
         """Serve pods/log and metrics.k8s.io through ``api`` (an ApiServer)."""
@@ -134,11 +136,11 @@ class NodeProxy:
         follow = (req.param("follow") or "").lower() in ("true", "1")
         try:
             if not follow:
-                resp = await self._http.get(url, params=params)
+                resp = await self._http.get(url, params=params, headers=self.node_headers(node_name))
                 if resp.status_code >= 400:
                     return self._agent_error(resp.status_code, resp.content)
                 return RawResponse(200, {"content-type": "text/plain"}, resp.content)
-            request = self._http.build_request("GET", url, params=params,
+            request = self._http.build_request("GET", url, params=params, headers=self.node_headers(node_name),
                                                timeout=httpx.Timeout(self.summary_timeout * 5, read=None))
             resp = await self._http.send(request, stream=True)
         except httpx.HTTPError as exc:

@@ -23,7 +23,8 @@ class RequestInfo:
 
 def parse_request(method: str, path: str, is_watch: bool) -> RequestInfo:
     parts = [p for p in path.split("/") if p]
-    info = RequestInfo(is_resource_request=False, path=path)
+    # A non-resource request's verb is the lower-cased HTTP method, as RBAC matches it.
+    info = RequestInfo(is_resource_request=False, path=path, verb=method.lower())
     if not parts or parts[0] not in ("api", "apis"):
         return info
     if parts[0] == "api":
@@ -66,7 +67,7 @@ def parse_request(method: str, path: str, is_watch: bool) -> RequestInfo:
         if len(rest) > 2:
             info.subresource = rest[2]
         if len(rest) > 3:
-            return RequestInfo(is_resource_request=False, path=path)
+            return RequestInfo(is_resource_request=False, path=path, verb=method.lower())
 
     info.is_resource_request = True
     m = method.upper()

@@ -30,7 +30,13 @@ from gpufleet.api.selectors import (
     parse_label_selector,
 )
 from gpufleet.apiserver import discovery, managedfields, openapi, tables
-from gpufleet.apiserver.admission import AdmissionContext, MutatingPlugin, UserInfo, ValidatingPlugin
+from gpufleet.apiserver.admission import (
+    AdmissionContext,
+    MutatingPlugin,
+    UserInfo,
+    ValidatingPlugin,
+    standard_plugins,
+)
 from gpufleet.apiserver.errors import (
     ApiException,
     already_exists,
@@ -41,6 +47,7 @@ from gpufleet.apiserver.errors import (
     method_not_allowed,
     not_found,
 )
+from gpufleet.apiserver.eviction import evict
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_json, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
 from gpufleet.store import base as store_base
@@ -183,6 +190,8 @@ class ApiServer:
         self.registry = registry
         self.clock = clock
         self.event_ttl = event_ttl
+        if mutating is None and validating is None:
+            mutating, validating = standard_plugins()
         self.mutating = list(mutating or [])
         self.validating = list(validating or [])
         self.authenticator = authenticator
@@ -203,6 +212,10 @@ class ApiServer:
             except ApiException as e:
                 if e.code != 409:
                     raise
+        for plugin in dict.fromkeys([*self.mutating, *self.validating]):
+            start = getattr(plugin, "start", None)
+            if start is not None:
+                await start(self)  # e.g. the built-in PriorityClasses
 
     # ------------------------------------------------------------------ dispatch
 
@@ -231,13 +244,17 @@ class ApiServer:
                 what = f'{info.resource}{"/" + info.subresource if info.subresource else ""}'
                 scope = f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"
                 group = f' in API group "{info.group}"' if info.is_resource_request else ""
+                # Kubernetes' wording: the group-qualified resource, then what was refused.
+                qualified_resource = f"{info.resource}.{info.group}" if info.group else info.resource
                 msg = (
-                    f'{what}{" " + repr(info.name).replace(chr(39), chr(34)) if info.name else ""} is forbidden: '
+                    f'{qualified_resource}{f" {chr(34)}{info.name}{chr(34)}" if info.name else ""} is forbidden: '
                     f'User "{user.name}" cannot {info.verb} resource "{what}"{group}{scope}'
                     if info.is_resource_request
                     else f'forbidden: User "{user.name}" cannot {method.lower()} path "{path}"'
                 )
-                raise ApiException(403, "Forbidden", msg)
+                details = ({"name": info.name, "group": info.group, "kind": info.resource}
+                           if info.is_resource_request else None)
+                raise ApiException(403, "Forbidden", msg, details)
         if not info.is_resource_request:
             return await self._non_resource(req, path)
         ext = self.extra_groups.get((info.group, info.version))
@@ -536,7 +553,11 @@ class ApiServer:
                 {"reason": e.type, "message": e.message().split(": ", 1)[1] if e.field else e.message(),
                  "field": e.field} for e in errors
             ])
-        out = model.to_dict()
+        try:
+            out = model.to_dict()
+        except ValueError as e:  # pydantic refuses to serialize nesting past its depth limit
+            raise bad_request(f"{rt.kind} in version \"{rt.version}\" cannot be handled as a {rt.kind}: "
+                              f"{e}: the object nests too deeply") from None
         meta = out.get("metadata")
         if meta:
             # Kubernetes omits empty metadata maps and lists (a removed last label leaves no `labels: {}`).
@@ -1286,14 +1307,20 @@ class ApiServer:
 
     def _scale_view(self, rt: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
         meta = obj.get("metadata", {})
+        # A kind may keep its replicas elsewhere, as a CRD's scale subresource declares
+        # (specReplicasPath, statusReplicasPath, labelSelectorPath).
+        paths = rt.extra.get("scale") or {}
+        spec_path = paths.get("specReplicasPath", "spec.replicas")
+        status_path = paths.get("statusReplicasPath", "status.replicas")
+        selector_path = paths.get("labelSelectorPath")
+        selector = _dotted(obj, selector_path) if selector_path else self._selector_string(obj)
         return {
             "kind": "Scale",
             "apiVersion": "autoscaling/v1",
             "metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "creationTimestamp")
                          if k in meta},
-            "spec": {"replicas": (obj.get("spec") or {}).get("replicas", 0)},
-            "status": {"replicas": (obj.get("status") or {}).get("replicas", 0),
-                       "selector": self._selector_string(obj)},
+            "spec": {"replicas": _dotted(obj, spec_path) or 0},
+            "status": {"replicas": _dotted(obj, status_path) or 0, "selector": selector or ""},
         }
 
     async def _apply_scale(self, rt: ResourceType, ns: str, name: str, scale: dict[str, Any],
@@ -1308,7 +1335,14 @@ class ApiServer:
         if want_rv and want_rv != current["metadata"].get("resourceVersion"):
             raise conflict(rt, name)
         new = orjson.loads(orjson.dumps(current))
-        new.setdefault("spec", {})["replicas"] = replicas
+        *parents, leaf = ((rt.extra.get("scale") or {}).get("specReplicasPath") or "spec.replicas").split(".")
+        target = new
+        for part in parents:
+            if not isinstance(target.get(part), dict):
+                raise invalid(rt, name, [{"reason": "FieldValueRequired", "field": ".".join(parents),
+                                          "message": "Required value: the object has nothing to scale there"}])
+            target = target[part]
+        target[leaf] = replicas
         updated, _ = await self.update_object(rt, ns, name, new, user=user, dry_run=dry_run, current=current)
         return self._scale_view(rt, updated)
 
@@ -1372,8 +1406,7 @@ class ApiServer:
 
     async def evict_pod(self, rt: ResourceType, ns: str, name: str, eviction: Any, user: UserInfo) -> dict[str, Any]:
         options = check_delete_options(eviction.get("deleteOptions") if isinstance(eviction, dict) else None)
-        await self.delete_object(rt, ns, name, options, user=user)
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+        return await evict(self, rt, ns, name, eviction, user, options)
 
     async def _pod_log(self, req: RawRequest, rt: ResourceType, ns: str, name: str) -> RawResponse:
         pod = await self.get_object(rt, ns, name)
@@ -1386,3 +1419,12 @@ class ApiServer:
                                f"no node agent is reachable to serve logs of pod {name}")
         return await self.log_provider(pod, req)
 
+
+def _dotted(obj: dict[str, Any], path: str) -> Any:
+    """The value at a dotted path ('spec.replicas'), or None where the path runs out."""
+    value: Any = obj
+    for part in path.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value

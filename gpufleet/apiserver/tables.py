@@ -1045,6 +1045,38 @@ for _group, _kind, _columns, _row in (
     register_printer(_kind, _columns, _row, group=_group)
 
 
+def _podgroup_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import podgroup
+
+    return [_name(obj), *podgroup.printer_cells(obj), age_cell(obj, now)]
+
+
+def _register_podgroup_printer() -> None:
+    from gpufleet.api import podgroup
+
+    columns = (NAME_COLUMN, *(Column(**c) for c in podgroup.PRINTER_COLUMNS), AGE_COLUMN)
+    register_printer("PodGroup", columns, _podgroup_row, group=podgroup.GROUP)
+
+
+_register_podgroup_printer()
+
+
+def _pytorchjob_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import kubeflow
+
+    return [_name(obj), *kubeflow.printer_cells(obj), age_cell(obj, now)]
+
+
+def _register_pytorchjob_printer() -> None:
+    from gpufleet.api import kubeflow
+
+    columns = (NAME_COLUMN, *(Column(**c) for c in kubeflow.PRINTER_COLUMNS), AGE_COLUMN)
+    register_printer(kubeflow.KIND, columns, _pytorchjob_row, group=kubeflow.GROUP)
+
+
+_register_pytorchjob_printer()
+
+
 # --- the Table -----------------------------------------------------------------------------
 
 INCLUDE_OBJECT = ("None", "Metadata", "Object")

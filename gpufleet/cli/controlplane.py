@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,13 +37,53 @@ class ControlPlane:
     http: HttpServer | None = None
     client: Client | None = None
     node_proxy: NodeProxy | None = None
+    # TLS and authentication (see gpufleet/apiserver/auth). secure=False serves plain HTTP
+    # and lets every request in as an administrator: for development only.
+    secure: bool = True
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = None  # the CA that signed tls_cert_file, for the kubeconfig
+    token_auth_file: Path | None = None  # more static tokens, Kubernetes' CSV format
+    admin_token: str | None = None
+    join_token: str | None = None
+    loopback_token: str | None = None
+    ca_pem: bytes | None = None
+    # The service gateway (gpufleet.gateway) on its own port (0 picks a free one; None: none),
+    # and how often the HPA controller evaluates each autoscaler.
+    gateway_port: int | None = None
+    hpa_sync_period: float = 15.0
+    gateway: Any = None
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
 
     @property
     def url(self) -> str:
         assert self.http is not None
-        return f"http://{self.host}:{self.http.port}"
+        return f"{'https' if self.secure else 'http'}://{self.host}:{self.http.port}"
+
+    def _security(self):
+        """Tokens, PKI and the Security assembly; the admin and join tokens live in the
+        state dir (tokens.csv, join-token) so they survive a restart."""
+        from gpufleet.apiserver.auth import Security
+        from gpufleet.apiserver.auth.certs import ensure_pki, serving_hosts
+        from gpufleet.apiserver.auth.tokens import ensure_admin_token, ensure_join_token, load_token_file
+
+        state = self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-"))
+        state.mkdir(parents=True, exist_ok=True)
+        tokens_csv = state / "tokens.csv"
+        self.admin_token = ensure_admin_token(tokens_csv)
+        self.join_token = ensure_join_token(state / "join-token")
+        static = load_token_file(tokens_csv)
+        if self.token_auth_file is not None:
+            static.update(load_token_file(self.token_auth_file))
+        if self.tls_cert_file is None:
+            pki = ensure_pki(state / "pki", serving_hosts(self.host))
+            self.tls_cert_file, self.tls_key_file, self.tls_ca_file = pki.cert, pki.key, pki.ca_cert
+        ca = self.tls_ca_file or self.tls_cert_file
+        self.ca_pem = ca.read_bytes() if ca is not None else None
+        self.loopback_token = secrets.token_urlsafe(32)
+        return Security(self.store, static_tokens=static, join_token=self.join_token,
+                        loopback_token=self.loopback_token)
 
     async def start(self) -> None:
         self.store = open_store(self.store_url, clock=self.clock)
@@ -50,23 +92,65 @@ class ControlPlane:
         self.node_proxy = NodeProxy(self.store, clock=self.clock)
         self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider)
         self.node_proxy.install(self.api)
+        # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
+        from gpufleet.queueing.serverside import install as install_queues
+
+        install_queues(self.api)
+        security = self._security() if self.secure else None
+        if security is not None:
+            security.install(self.api)
         await self.api.start()
-        self.http = HttpServer(self.api, host=self.host, port=self.port)
+        if security is not None:
+            await security.ensure_policy(self.api)
+            await security.ensure_proxy_key(self.api)
+            self.node_proxy.node_headers = security.node_proxy_headers
+        certs = dict(certfile=str(self.tls_cert_file), keyfile=str(self.tls_key_file)) if self.secure else {}
+        self.http = HttpServer(self.api, host=self.host, port=self.port, **certs)
         await self.http.start()
-        self.client = Client(LocalTransport(self.api))
+        self.client = Client(self.local_transport())
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
-            write_kubeconfig(self.state_dir / "kubeconfig", self.url)
+            write_kubeconfig(self.state_dir / "kubeconfig", self.kubeconfig_url, token=self.admin_token,
+                             ca_data=self.ca_pem)
+        if self.gateway_port is not None:
+            from gpufleet.gateway import Gateway
+
+            gateway = Gateway(self.client, host=self.host, port=self.gateway_port, clock=self.clock)
+            try:
+                await gateway.start()
+            except OSError as exc:
+                # A taken port must not take the API down with it.
+                log.error("gateway: cannot listen on %s:%s (%s); running without a gateway "
+                          "(choose another with --gateway-port)", self.host, self.gateway_port, exc)
+            else:
+                self.gateway = gateway
+                self._stoppables.append(gateway)
+                if self.state_dir is not None:
+                    (self.state_dir / "gateway-url").write_text(gateway.url + "\n")
         if self.run_controllers:
             from gpufleet.controllers.manager import start_controllers
 
-            self._stoppables.append(await start_controllers(self.client, clock=self.clock))
+            self._stoppables.append(await start_controllers(
+                self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
+                hpa_gateway_url=self.gateway.url if self.gateway is not None else None))
         if self.run_scheduler if self.run_scheduler is not None else self.run_controllers:
             from gpufleet.scheduler import Scheduler
 
             scheduler = Scheduler(self.client, clock=self.clock)
             await scheduler.start()
             self._stoppables.append(scheduler)
+
+    @property
+    def kubeconfig_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else "::1" if self.host == "::" else self.host
+        host = f"[{host}]" if ":" in host else host
+        assert self.http is not None
+        return f"{'https' if self.secure else 'http'}://{host}:{self.http.port}"
+
+    def local_transport(self, token: str | None = None) -> LocalTransport:
+        """An in-process transport; without ``token`` it acts as the control plane itself."""
+        assert self.api is not None
+        return LocalTransport(self.api, token=token or self.loopback_token)
 
     async def stop(self) -> None:
         for s in reversed(self._stoppables):

@@ -15,7 +15,7 @@ app = typer.Typer(
 )
 
 # module name -> the commands it defines with `register(app)`
-_COMMAND_MODULES = ["up", "server", "apply", "get", "describe", "delete", "scale", "cordon", "version", "agent", "logs", "top"]
+_COMMAND_MODULES = ["up", "server", "apply", "get", "describe", "delete", "scale", "cordon", "version", "agent", "logs", "top", "token"]
 
 
 def _register() -> None:

@@ -99,10 +99,12 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
 
 
 class LocalTransport:
-    """Calls an in-process API server's handler directly: no sockets, same semantics."""
+    """Calls an in-process API server's handler directly: no sockets, same semantics.
+    ``token`` is sent as a bearer token, as over HTTP, for a server that authenticates."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, token: str | None = None) -> None:
         self.handler = handler
+        self.token = token
 
     def _request(
         self,
@@ -119,6 +121,8 @@ class LocalTransport:
             query = parse_qsl(parts.query, keep_blank_values=True) + query
             path = parts.path
         headers.setdefault("user-agent", USER_AGENT)
+        if self.token:
+            headers.setdefault("authorization", f"Bearer {self.token}")
         if body:
             headers.setdefault("content-length", str(len(body)))
         return RawRequest(method=method.upper(), path=path, query=query, headers=headers, body=body)

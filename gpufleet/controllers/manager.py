@@ -24,6 +24,11 @@ _CLASSES = {
     "nodelifecycle": "gpufleet.controllers.nodelifecycle:NodeLifecycleController",
     "endpoints": "gpufleet.controllers.endpoints:EndpointsController",
     "garbagecollector": "gpufleet.controllers.garbagecollector:GarbageCollector",
+    "resourcequota": "gpufleet.controllers.resourcequota:ResourceQuotaController",
+    "disruption": "gpufleet.controllers.disruption:DisruptionController",
+    "horizontalpodautoscaler": "gpufleet.controllers.hpa:HorizontalPodAutoscalerController",
+    "pytorchjob": "gpufleet.controllers.pytorchjob:PyTorchJobController",
+    "kueue": "gpufleet.controllers.kueue:KueueController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -47,6 +52,26 @@ class ControllerOptions:
     # How long the informers may take to fill before controllers start anyway.
     sync_timeout: float = 30.0
     workers: int = 2
+    # A quota's usage is lowered (objects gone) only after it went this long without an
+    # admission charge, so a charged object still on its way to the store is not forgotten.
+    quota_charge_grace: float = 5.0
+    # How often every quota is recomputed (kinds other than pods are not watched).
+    quota_resync_period: float = 30.0
+    # How often each HorizontalPodAutoscaler is evaluated (Kubernetes: 15 s), and where the
+    # gateway serves the per-pod request metrics (custom.metrics.k8s.io) it may scale on.
+    hpa_sync_period: float = 15.0
+    hpa_gateway_url: str | None = None
+    # PyTorchJob: back-off before a gang is recreated (base * 2**restarts, capped), where
+    # checkpoints go without the gpufleet.io/checkpoint-dir annotation, and the least time
+    # between two automatic elastic resizes of one job.
+    pytorchjob_restart_backoff: float = 1.0
+    pytorchjob_restart_backoff_max: float = 60.0
+    pytorchjob_checkpoint_root: str = "/var/tmp/gpufleet/checkpoints"
+    pytorchjob_resize_interval: float = 30.0
+    # Team queues: among ClusterQueues of a cohort, lend spare quota to the lowest
+    # weighted share first (Kueue's fairSharing.enable; also on when any ClusterQueue
+    # declares spec.fairSharing); otherwise by priority and age.
+    kueue_fair_sharing: bool = False
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -97,6 +122,18 @@ class ControllerManager:
             },
             "endpoints": common,
             "garbagecollector": common,
+            "resourcequota": {**common, "charge_grace": opts.quota_charge_grace,
+                              "resync_period": opts.quota_resync_period},
+            "disruption": {**common, "recorder": recorder("controllermanager")},
+            "horizontalpodautoscaler": {**common, "recorder": recorder("horizontal-pod-autoscaler"),
+                                        "sync_period": opts.hpa_sync_period,
+                                        "gateway_url": opts.hpa_gateway_url},
+            "pytorchjob": {**common, "recorder": recorder("pytorchjob-controller"),
+                           "restart_backoff": opts.pytorchjob_restart_backoff,
+                           "restart_backoff_max": opts.pytorchjob_restart_backoff_max,
+                           "checkpoint_root": opts.pytorchjob_checkpoint_root,
+                           "elastic_resize_interval": opts.pytorchjob_resize_interval},
+            "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
         }
         self.controllers: list[Any] = [
             _controller_class(name)(client, self.informers, **kwargs[name])

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from gpufleet.agent.agent import AgentConfig, NodeAgent
+from gpufleet.agent.bootstrap import node_token, saved_log_token
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.process import ProcessRuntime
 from gpufleet.cli.controlplane import ControlPlane
@@ -69,8 +70,13 @@ class Harness:
 
     async def start_agent(self, name: str = NODE, gpus: int = 4, **config: Any) -> NodeAgent:
         assert self.cp is not None
-        client = Client(HttpTransport(self.cp.url), read_retries=1)
         state = self.tmp / f"agent-{name}"
+
+        def connect(token: str | None) -> Client:
+            return Client(HttpTransport(self.cp.url, token=token, ca_data=self.cp.ca_pem), read_retries=1)
+        # Joins as a remote agent does: the join token buys this node's own (restricted) token.
+        client = connect(await node_token(connect, self.cp.join_token, name, state))
+        config.setdefault("log_token", saved_log_token(state))
         settings = dict(
             node_name=name, state_dir=state, heartbeat_interval=0.3, backoff_initial=0.4, backoff_cap=1.6,
             probe_period_scale=0.2, api_retry_max=0.5, labels={"gpufleet.io/rack": "r1",
@@ -568,7 +574,7 @@ async def test_logs_through_the_api(h, tmp_path):
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z line 2\n", stamped), stamped
 
     # Following streams through the API server's HTTP adapter until the container exits.
-    async with Client(HttpTransport(h.cp.url)) as remote:
+    async with Client(HttpTransport(h.cp.url, token=h.cp.admin_token, ca_data=h.cp.ca_pem)) as remote:
         lines = await remote.log("talk", follow=True)
         got = [await lines.__anext__() for _ in range(3)]
         await asyncio.to_thread(go.write_text, "")
@@ -671,7 +677,8 @@ async def test_cli_agent_logs_and_top(h, tmp_path):
 
     state = tmp_path / "cli-agent"
     proc = await asyncio.create_subprocess_exec(
-        PY, "-m", "gpufleet.cli.main", "agent", "--server", h.cp.url, "--name", "cli-node", "--gpus", "2",
+        PY, "-m", "gpufleet.cli.main", "agent", "--server", h.cp.url, "--token-file", str(h.tmp / "cp" / "join-token"),
+        "--certificate-authority", str(h.tmp / "cp" / "pki" / "ca.crt"), "--name", "cli-node", "--gpus", "2",
         "--gpu-model", "A100-SXM4-40GB", "--gpu-memory", "40960", "--state-dir", str(state),
         "--labels", "gpufleet.io/rack=r9", "--taints", "dedicated=ml:NoSchedule", "--cpus", "4",
         "--memory", "8Gi", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,

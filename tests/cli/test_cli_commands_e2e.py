@@ -58,13 +58,13 @@ def cluster(tmp_path_factory):
     state = home / "state"
     out_path, err_path = home / "up.out", home / "up.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        server = subprocess.Popen([*_gpufleet(), "up", "--state-dir", str(state), "--port", "0"],
+        server = subprocess.Popen([*_gpufleet(), "up", "--state-dir", str(state), "--port", "0", "--gateway-port", "0"],
                                   stdout=out, stderr=err, env={**os.environ, "HOME": str(home)})
     try:
         url = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and url is None:
-            m = re.search(r"API server listening on (http://\S+)", out_path.read_text())
+            m = re.search(r"API server listening on (https?://\S+)", out_path.read_text())
             if m:
                 url = m.group(1)
                 break

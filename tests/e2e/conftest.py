@@ -62,7 +62,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state_dir), "--port", "0",
              # No local node: the objects these tests make must stay as created (pods Pending),
              # so what kubectl prints is deterministic.
-             "--no-agent"],
+             "--no-agent",
+             # Any free port: tests running side by side must not fight over the default 8080.
+             "--gateway-port", "0"],
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,

@@ -116,6 +116,14 @@ class Cluster:
     log_path: Path
     proc: subprocess.Popen[str]
 
+    @property
+    def token(self) -> str:
+        """The admin's bearer token, from the kubeconfig `gpufleet up` wrote."""
+        import yaml
+
+        doc = yaml.safe_load(Path(self.kubeconfig).read_text())
+        return doc["users"][0]["user"]["token"]
+
     def log_tail(self, n: int = 60) -> str:
         with contextlib.suppress(OSError):
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])

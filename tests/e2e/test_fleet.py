@@ -179,6 +179,12 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
                         "agent",
                         "--server",
                         url,
+                        # Joins as an agent on another machine would: the join token is traded
+                        # for this node's own token, and the server is verified with its CA.
+                        "--token-file",
+                        str(state / "join-token"),
+                        "--certificate-authority",
+                        str(state / "pki" / "ca.crt"),
                         "--name",
                         name,
                         "--gpus",

@@ -8,6 +8,7 @@ it expects an object fails here even when kubectl would not notice.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 import urllib.request
@@ -231,7 +232,9 @@ def test_watch_query_flag_is_case_insensitive(cluster: Cluster, core: client.Cor
     # answers with a list, and that client's watch then yields nothing at all.
     core.create_namespaced_pod("default", pod_body("py-caps"))
     url = f"{cluster.url}/api/v1/namespaces/default/pods?watch=True&timeoutSeconds=1"
-    with urllib.request.urlopen(url, timeout=10) as resp:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {cluster.token}"})
+    tls = ssl.create_default_context(cafile=str(cluster.state_dir / "pki" / "ca.crt"))
+    with urllib.request.urlopen(request, timeout=10, context=tls) as resp:
         first = json.loads(resp.readline())
     assert first["type"] == "ADDED" and first["object"]["kind"] == "Pod"
     core.delete_namespaced_pod("py-caps", "default")

@@ -934,7 +934,8 @@ def test_format_label_selector() -> None:
 
 # --- kinds registered later -------------------------------------------------------------------
 
-PYTORCHJOB = ResourceType("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs", True, "tests:Nope", ("pytj",))
+# A kind no printer knows (kubeflow.org's PyTorchJob has its own printer now).
+PYTORCHJOB = ResourceType("training.example.org", "v1", "PyTorchJob", "pytorchjobs", True, "tests:Nope", ("pytj",))
 
 
 def test_unknown_kind_gets_name_and_age() -> None:
@@ -970,7 +971,7 @@ def test_register_printer(restore_printers: None) -> None:
     assert table["rows"][0]["cells"] == ["bert", "Running", "2m"]
 
     # A group-qualified printer wins over a kind-only one, and does not leak to other groups.
-    register_printer("PyTorchJob", [tables.NAME_COLUMN], lambda o, now: ["mine"], group="kubeflow.org")
+    register_printer("PyTorchJob", [tables.NAME_COLUMN], lambda o, now: ["mine"], group="training.example.org")
     assert to_table(PYTORCHJOB, [obj], resource_version="1", now=NOW)["rows"][0]["cells"] == ["mine"]
     other = ResourceType("example.com", "v1", "PyTorchJob", "pytorchjobs", True, "tests:Nope")
     assert to_table(other, [obj], resource_version="1", now=NOW)["rows"][0]["cells"][1] == "Running"

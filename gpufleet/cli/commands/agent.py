@@ -18,7 +18,14 @@ def register(app: typer.Typer) -> None:
         server: Annotated[str | None, typer.Option(
             "--server", help="API server URL (default: the kubeconfig's).")] = None,
         token_file: Annotated[Path | None, typer.Option(
-            "--token-file", help="File holding the bearer token to join with.")] = None,
+            "--token-file", help="File holding the token to join with: the cluster's join token "
+            "(<state-dir>/join-token of `gpufleet up`), exchanged at the first start for this node's own "
+            "token, kept in the agent's state dir.")] = None,
+        token: Annotated[str | None, typer.Option(
+            "--token", envvar="GPUFLEET_TOKEN", help="The token itself, instead of --token-file.")] = None,
+        certificate_authority: Annotated[Path | None, typer.Option(
+            "--certificate-authority", help="CA certificate (PEM) to verify the API server with "
+            "(<state-dir>/pki/ca.crt of `gpufleet up`).")] = None,
         kubeconfig: Annotated[Path | None, typer.Option(
             "--kubeconfig", help="Kubeconfig to reach the API server with (when --server is not given).")] = None,
         name: Annotated[str | None, typer.Option("--name", help="Node name (default: the host name).")] = None,
@@ -62,26 +69,40 @@ def register(app: typer.Typer) -> None:
         node_name = name or hostname()
         config = AgentConfig(node_name=node_name, state_dir=state_dir.expanduser().resolve(), address=address,
                              port=port, labels=node_labels, taints=node_taints, cpus=cpus, memory_bytes=memory_bytes)
-        token = token_file.expanduser().read_text().strip() if token_file else None
+        if token is not None and token_file is not None:
+            raise typer.BadParameter("give --token or --token-file, not both", param_hint="--token")
+        if token_file is not None:
+            token = token_file.expanduser().read_text().strip()
+        if certificate_authority is not None and not certificate_authority.expanduser().is_file():
+            raise typer.BadParameter(f"{certificate_authority} does not exist", param_hint="--certificate-authority")
         code = asyncio.run(_run(config, server, token, kubeconfig, runtime,
                                 dict(gpus=gpus, gpu_model=gpu_model, gpu_memory_mib=gpu_memory,
-                                     inventory=gpu_inventory)))
+                                     inventory=gpu_inventory),
+                                str(certificate_authority.expanduser()) if certificate_authority else None))
         raise typer.Exit(code)
 
 
 async def _run(config, server: str | None, token: str | None, kubeconfig: Path | None, runtime_kind: str,
-               gpu_options: dict) -> int:
+               gpu_options: dict, certificate_authority: str | None = None) -> int:
     from gpufleet.agent.agent import NodeAgent
+    from gpufleet.agent.bootstrap import node_token, saved_log_token
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.client import Client, HttpTransport
-    from gpufleet.client.kubeconfig import load_kubeconfig, transport_from_config
+    from gpufleet.client.kubeconfig import KubeConfig, load_kubeconfig
 
-    if server:
-        transport = HttpTransport(server, token=token)
-    else:
-        transport = transport_from_config(load_kubeconfig(kubeconfig))
-    client = Client(transport)
+    # The kubeconfig (when given, or when there is no --server) supplies what the flags do not.
+    cfg = load_kubeconfig(kubeconfig) if kubeconfig is not None or not server else KubeConfig(server=server or "")
+    url = server or cfg.server
+    ca_file = certificate_authority or cfg.ca_file
+    ca_data = None if certificate_authority else cfg.ca_data
+
+    def connect(t: str | None) -> Client:
+        return Client(HttpTransport(url, token=t, ca_file=ca_file, ca_data=ca_data, insecure=cfg.insecure,
+                                    client_cert=cfg.client_cert))
+
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    client = connect(await node_token(connect, token or cfg.token, config.node_name, config.state_dir))
+    config.log_token = saved_log_token(config.state_dir)
     agent = NodeAgent(client, build_runtime(runtime_kind, config.state_dir),
                       build_devices(config.node_name, **gpu_options), config)
     await serve_agent(agent)

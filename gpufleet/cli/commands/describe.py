@@ -661,6 +661,51 @@ async def _describe_namespace(session: Session, rt: ResourceType, ns: dict[str, 
         doc.table(1, ["Resource", "Used", "Hard"], [[k, str(used.get(k, "0")), str(v)] for k, v in sorted(hard.items())])
 
 
+_SCOPE_HELP = {
+    "Terminating": "Matches all pods that have an active deadline. These pods have a limited lifespan on a node "
+                   "before being actively terminated by the system.",
+    "NotTerminating": "Matches all pods that do not have an active deadline. These pods usually include long "
+                      "running pods whose container command is not expected to terminate.",
+    "BestEffort": "Matches all pods that do not have resource requirements set. These pods have a best effort "
+                  "quality of service.",
+    "NotBestEffort": "Matches all pods that have at least one resource requirement set. These pods have a "
+                     "burstable or guaranteed quality of service.",
+}
+
+
+async def _describe_quota(session: Session, rt: ResourceType, rq: dict[str, Any], doc: Doc) -> None:
+    """kubectl's layout: name, namespace, scopes with what they match, then Used/Hard per resource."""
+    doc.kv(0, "Name", meta(rq).get("name", ""))
+    doc.kv(0, "Namespace", meta(rq).get("namespace", ""))
+    spec, status = rq.get("spec") or {}, rq.get("status") or {}
+    scopes = sorted(spec.get("scopes") or [])
+    if scopes:
+        doc.kv(0, "Scopes", ", ".join(scopes))
+        for scope in scopes:
+            if scope in _SCOPE_HELP:
+                doc.title(0, f" * {_SCOPE_HELP[scope]}")
+    for expr in (spec.get("scopeSelector") or {}).get("matchExpressions") or []:
+        values = expr.get("values") or []
+        doc.kv(0, "Scope Selector", f"{expr.get('scopeName')} {expr.get('operator')}"
+                                    + (f" [{', '.join(values)}]" if values else ""))
+    hard = status.get("hard") or spec.get("hard") or {}
+    used = status.get("used") or {}
+    doc.table(0, ["Resource", "Used", "Hard"], [[k, str(used.get(k, "0")), str(v)] for k, v in sorted(hard.items())])
+
+
+async def _describe_limitrange(session: Session, rt: ResourceType, lr: dict[str, Any], doc: Doc) -> None:
+    """kubectl's layout: one row per limited resource of each item, '-' where unset."""
+    doc.kv(0, "Name", meta(lr).get("name", ""))
+    doc.kv(0, "Namespace", meta(lr).get("namespace", ""))
+    rows = []
+    for item in (lr.get("spec") or {}).get("limits") or []:
+        columns = [item.get(k) or {} for k in ("min", "max", "defaultRequest", "default", "maxLimitRequestRatio")]
+        for name in sorted(set().union(*(c.keys() for c in columns))):
+            rows.append([item.get("type", ""), name, *(str(c[name]) if name in c else "-" for c in columns)])
+    doc.table(0, ["Type", "Resource", "Min", "Max", "Default Request", "Default Limit", "Max Limit/Request Ratio"],
+              rows)
+
+
 async def _describe_generic(session: Session, rt: ResourceType, obj: dict[str, Any], doc: Doc) -> None:
     """Any other kind (jobs of training frameworks, queues, ...): the metadata, then spec and
     status written out as nested fields."""
@@ -802,4 +847,6 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("", "Node"): _describe_node,
     ("", "Namespace"): _describe_namespace,
     ("", "ConfigMap"): _describe_configmap,
+    ("", "ResourceQuota"): _describe_quota,
+    ("", "LimitRange"): _describe_limitrange,
 }

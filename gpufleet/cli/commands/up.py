@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
 import signal
 from pathlib import Path
 
@@ -14,6 +12,46 @@ import typer
 from rich.console import Console
 
 console = Console(stderr=True)
+
+
+def security_options(insecure: bool, tls_cert_file: Path | None, tls_key_file: Path | None,
+                     tls_ca_file: Path | None, token_auth_file: Path | None) -> dict:
+    """ControlPlane keyword arguments for the TLS and authentication flags of up and server."""
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise typer.BadParameter("give --tls-cert-file and --tls-private-key-file together",
+                                 param_hint="--tls-cert-file")
+    for p in (tls_cert_file, tls_key_file, tls_ca_file, token_auth_file):
+        if p is not None and not p.expanduser().is_file():
+            raise typer.BadParameter(f"{p} does not exist")
+    if token_auth_file is not None:
+        from gpufleet.apiserver.auth.tokens import TokenFileError, load_token_file
+
+        try:
+            load_token_file(token_auth_file.expanduser())
+        except TokenFileError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--token-auth-file") from None
+
+    def path(p: Path | None) -> Path | None:
+        return p.expanduser().resolve() if p is not None else None
+    return dict(secure=not insecure, tls_cert_file=path(tls_cert_file), tls_key_file=path(tls_key_file),
+                tls_ca_file=path(tls_ca_file), token_auth_file=path(token_auth_file))
+
+
+InsecureOption = typer.Option(False, "--insecure", help="Serve plain HTTP and let every request in as an "
+                              "administrator (development only; the default is TLS with tokens and RBAC).")
+TlsCertOption = typer.Option(None, "--tls-cert-file", help="Serving certificate (PEM) instead of the one "
+                             "made under <state-dir>/pki.")
+TlsKeyOption = typer.Option(None, "--tls-private-key-file", help="Key of --tls-cert-file (PEM).")
+TlsCaOption = typer.Option(None, "--tls-ca-file", help="CA that signed --tls-cert-file, written into the "
+                           "kubeconfig.")
+TokenFileOption = typer.Option(None, "--token-auth-file", help="More static tokens, one per line: "
+                               'token,user,uid,"group1,group2".')
+
+
+GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
+                                 "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
+HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
+                                   "each HorizontalPodAutoscaler.")
 
 
 def register(app: typer.Typer) -> None:
@@ -31,33 +69,36 @@ def register(app: typer.Typer) -> None:
         gpu_model: str | None = typer.Option(None, "--gpu-model", help="Model of the declared GPUs."),
         runtime: str = typer.Option("process", "--runtime", help="The local agent's runtime: process, podman "
                                     "or simulated."),
+        insecure: bool = InsecureOption,
+        tls_cert_file: Path | None = TlsCertOption,
+        tls_key_file: Path | None = TlsKeyOption,
+        tls_ca_file: Path | None = TlsCaOption,
+        token_auth_file: Path | None = TokenFileOption,
+        gateway_port: int = GatewayPortOption,
+        hpa_sync_period: float = HpaSyncPeriodOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted)."""
         from gpufleet.cli.controlplane import ControlPlane
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # One line per probe and per metrics read is noise unless asked for.
+        logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
         state_dir = state_dir.expanduser().resolve()
         state_dir.mkdir(parents=True, exist_ok=True)
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
-                          state_dir=state_dir)
+                          state_dir=state_dir, **security_options(insecure, tls_cert_file, tls_key_file,
+                                                                  tls_ca_file, token_auth_file))
+        cp.gateway_port = gateway_port if gateway_port >= 0 else None
+        cp.hpa_sync_period = hpa_sync_period
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
-
-
-def _write_join_token(state_dir: Path) -> Path:
-    """The token agents on other machines join with; kept across restarts."""
-    path = state_dir / "join-token"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32) + "\n")
-    return path
 
 
 async def _start_local_agent(cp, state_dir: Path, options: dict):
     """An agent for this machine in the same process, talking to the API in-process."""
     from gpufleet.agent.agent import AgentConfig, NodeAgent
+    from gpufleet.agent.bootstrap import node_token, saved_log_token
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.agent.node import hostname
     from gpufleet.client import Client, LocalTransport
@@ -66,9 +107,15 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
     agent_dir = state_dir / "agent"
     agent_dir.mkdir(parents=True, exist_ok=True)
     address = options["address"] if options["address"] not in ("0.0.0.0", "::") else "127.0.0.1"
-    agent = NodeAgent(Client(LocalTransport(cp.api)), build_runtime(options["runtime"], agent_dir),
+    # It joins like any other agent (join token -> its own node token), so NodeRestriction
+    # holds for it too; with --insecure there is no token and it runs unrestricted.
+    token = None
+    if cp.secure:
+        token = await node_token(lambda t: Client(LocalTransport(cp.api, token=t)), cp.join_token, name, agent_dir)
+    agent = NodeAgent(Client(LocalTransport(cp.api, token=token)), build_runtime(options["runtime"], agent_dir),
                       build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"]),
-                      AgentConfig(node_name=name, state_dir=agent_dir, address=address))
+                      AgentConfig(node_name=name, state_dir=agent_dir, address=address,
+                                  log_token=saved_log_token(agent_dir) if token else None))
     await agent.start()
     return agent
 
@@ -82,7 +129,6 @@ async def _serve(cp, state_dir: Path, local_agent: dict | None = None) -> None:
     await cp.start()
     agent = None
     if local_agent is not None:
-        _write_join_token(state_dir)
         agent = await _start_local_agent(cp, state_dir, local_agent)
     kubeconfig = state_dir / "kubeconfig"
     console.print(f"[green]gpufleet is up[/green]: API at [bold]{cp.url}[/bold]")
@@ -90,7 +136,13 @@ async def _serve(cp, state_dir: Path, local_agent: dict | None = None) -> None:
     console.print(f"  export KUBECONFIG={kubeconfig}   # for kubectl and the kubernetes client")
     if agent is not None:
         console.print(f"node {agent.name}: {len(agent.gpus)} GPU(s), {agent.runtime.name} runtime; "
-                      f"join more with `gpufleet agent --server {cp.url} --token-file {state_dir / 'join-token'}`")
+                      f"join more with `gpufleet agent --server {cp.kubeconfig_url} --token-file "
+                      f"{state_dir / 'join-token'}"
+                      f"{' --certificate-authority ' + str(cp.tls_ca_file) if cp.secure and cp.tls_ca_file else ''}`")
+    if cp.gateway is not None:
+        console.print(f"gateway: [bold]{cp.gateway.url}[/bold]/services/<namespace>/<name>/  "
+                      f"(address also in {state_dir / 'gateway-url'})")
+        print(f"Gateway listening on {cp.gateway.url}", flush=True)
     print(f"API server listening on {cp.url}", flush=True)
     await stop.wait()
     console.print("stopping ...")
