@@ -18,6 +18,10 @@ What it does, as Kubeflow's training operator does:
   the pods of the gang (runPolicy.schedulingPolicy.minAvailable when given; minReplicas plus
   the Master when Workers are resized in place, below); every pod carries
   ``scheduling.x-k8s.io/pod-group``;
+- while the scheduler holds the gang back (a PodGroup is placed whole or not at all), an
+  Event GangPending on the job carries the scheduler's reason (e.g. "pod group default/b:
+  2 of 6 members fit, needs minMember 6; ..."), once per distinct reason; GangScheduled
+  follows once every member is placed. The conditions stay Kubeflow's;
 - ``runPolicy.suspend`` deletes the pods (condition Suspended); resuming creates them again;
   a job whose ``runPolicy.managedBy`` names another controller (MultiKueue) is left alone;
   ``activeDeadlineSeconds`` fails the job (DeadlineExceeded); ``cleanPodPolicy`` and
@@ -149,6 +153,8 @@ GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PODGROUP_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
 DEFAULT_CHECKPOINT_ROOT = "/var/tmp/gpufleet/checkpoints"
+GANG_PENDING = "GangPending"
+GANG_SCHEDULED = "GangScheduled"
 PORT_BASE = 20000
 PORT_SPAN = 20000
 
@@ -320,6 +326,26 @@ def set_job_condition(conditions: list[dict[str, Any]], type_: str, status: str,
     return True
 
 
+def _bound(pod: Any) -> bool:
+    return bool(pod.spec is not None and pod.spec.node_name)
+
+
+def gang_wait_reason(pods: list[Any]) -> str | None:
+    """Why the scheduler holds the gang back: the message of the PodScheduled=False
+    condition that the scheduler writes, the same for the whole gang, on each member it
+    did not place. None when no member waits, or while the members disagree (a gang cycle
+    is under way, or a member arrived after the last one)."""
+    messages: set[str | None] = set()
+    for p in pods:
+        if _bound(p) or pod_phase(p) != "Pending" or is_being_deleted(p):
+            continue
+        conds = (p.status.conditions if p.status is not None else None) or []
+        messages.add(next((c.message for c in conds if c.type == "PodScheduled" and c.status == "False"), None))
+    if len(messages) != 1:
+        return None
+    return messages.pop() or None
+
+
 def _reason(what: str) -> str:
     return f"PyTorchJob{what}"
 
@@ -361,6 +387,9 @@ class PyTorchJobController:
         self._deleting: set[str] = set()
         # What was last written of the objects around the pods, so a sync does not rewrite them.
         self._known: dict[tuple[str, str, str], Any] = {}
+        # Job key -> the scheduler's last reason for holding its gang back, as reported in a
+        # GangPending Event (one Event per distinct reason, not one per sync).
+        self._gang_wait: dict[str, str] = {}
         self.job_informer = informers.informer(PyTorchJob)
         self.pod_informer = informers.informer(Pod)
         self.node_informer = informers.informer(Node)
@@ -426,6 +455,7 @@ class PyTorchJobController:
             self._not_before.pop(key, None)
             self._last_resize.pop(key, None)
             self._created.pop(key, None)
+            self._gang_wait.pop(key, None)
             ns, _, name = key.rpartition("/")
             for kind in ("svc", "pg", "cm"):
                 self._known.pop((kind, ns, name), None)
@@ -591,6 +621,7 @@ class PyTorchJobController:
         await self._ensure_rendezvous(job, attempt)
         status["replicaStatuses"] = self._replica_statuses(job, pods)
         all_running = not missing and all(pod_phase(by_member[m]) == "Running" for m in wanted if m in by_member)
+        await self._report_gang_wait(key, job, current)
         if all_running:
             msg = f"PyTorchJob {name} is running."
             if set_job_condition(conditions, RUNNING, "True", _reason("Running"), msg, now_str):
@@ -599,6 +630,25 @@ class PyTorchJobController:
         if self._autoscale_enabled(job) and self.elastic_resize_interval > 0:
             requeue = min(requeue or self.elastic_resize_interval, self.elastic_resize_interval)
         return Requeue(after=requeue) if requeue is not None else None
+
+    async def _report_gang_wait(self, key: str, job: Any, current: list[Any]) -> None:
+        """Say on the job why its gang waits: the scheduler holds every member back together
+        (nothing bound, no GPU held) and writes its reason into each member's PodScheduled
+        condition; that reason becomes a GangPending Event on the job, once per distinct
+        reason, and GangScheduled once the whole gang is placed."""
+        # While members are still being created, the scheduler's word is about a gang not yet whole.
+        reason = gang_wait_reason(current) if len(current) >= len(gang_members(job)) else None
+        if reason is not None:
+            if self._gang_wait.get(key) != reason:
+                self._gang_wait[key] = reason
+                await self.recorder.record(job, NORMAL, GANG_PENDING,
+                                           f"PyTorchJob {objects.name_of(job)} waits for its gang: {reason}")
+            return
+        if key in self._gang_wait and current and all(_bound(p) for p in current):
+            del self._gang_wait[key]
+            await self.recorder.record(job, NORMAL, GANG_SCHEDULED,
+                                       f"All {len(current)} pods of pod group {objects.namespace_of(job)}/"
+                                       f"{objects.name_of(job)} are placed.")
 
     def _gang_trouble(self, job: Any, current: list[Any], wanted: set[tuple[str, int]],
                       all_pods: list[Any]) -> tuple[Any, str, bool] | None:

@@ -717,6 +717,84 @@ async def _describe_generic(session: Session, rt: ResourceType, obj: dict[str, A
         _nested(doc, 0, smart_label(key), value, raw_key=key)
 
 
+# -- gangs: PodGroup and the training jobs placed through one -----------------------------
+
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+
+
+def _waiting_reasons(pods: list[dict]) -> list[str]:
+    """What the scheduler says of the members it holds back (their PodScheduled=False
+    messages), each distinct message once, the most frequent first."""
+    counts: dict[str, int] = {}
+    for p in pods:
+        if (p.get("spec") or {}).get("nodeName") or meta(p).get("deletionTimestamp"):
+            continue
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("message"):
+                text = " ".join(str(c["message"]).split())
+                counts[text] = counts.get(text, 0) + 1
+    return sorted(counts, key=lambda m: -counts[m])
+
+
+async def _gang_members(session: Session, group: dict[str, Any]) -> list[dict]:
+    m = meta(group)
+    return sorted(await _list(session, "pods", m.get("namespace"),
+                              labelSelector=f"{POD_GROUP_LABEL}={m.get('name', '')}"),
+                  key=lambda p: meta(p).get("name", ""))
+
+
+def _gang_status(doc: Doc, level: int, group: dict[str, Any], members: list[dict]) -> None:
+    spec, status = group.get("spec") or {}, group.get("status") or {}
+    doc.kv(level, "Phase", status.get("phase") or "Pending")
+    doc.kv(level, "Min Member", spec.get("minMember", 1))
+    doc.kv(level, "Members", len([p for p in members if not meta(p).get("deletionTimestamp")]))
+    for key in ("scheduled", "running", "succeeded", "failed"):
+        doc.kv(level, key.capitalize(), status.get(key, 0))
+    if status.get("occupiedBy"):
+        doc.kv(level, "Occupied By", status["occupiedBy"])
+    if status.get("scheduleStartTime"):
+        doc.kv(level, "Schedule Start Time", when(status["scheduleStartTime"]))
+    reasons = _waiting_reasons(members)
+    if reasons:
+        doc.lines(level, "Waiting", reasons)
+
+
+async def _describe_podgroup(session: Session, rt: ResourceType, group: dict[str, Any], doc: Doc) -> None:
+    """The gang as the scheduler sees it: phase, counts, why its members wait, and who they are."""
+    spec = group.get("spec") or {}
+    _header(doc, rt, group)
+    _controlled_by(doc, group)
+    if spec.get("scheduleTimeoutSeconds"):
+        doc.kv(0, "Schedule Timeout", f"{spec['scheduleTimeoutSeconds']}s")
+    if spec.get("minResources"):
+        doc.mapping(0, "Min Resources", spec["minResources"])
+    members = await _gang_members(session, group)
+    _gang_status(doc, 0, group, members)
+    if members:
+        doc.title(0, "Member Pods:")
+        doc.table(1, ["Name", "Phase", "Node"], [
+            [meta(p).get("name", ""), (p.get("status") or {}).get("phase") or "Pending",
+             (p.get("spec") or {}).get("nodeName") or "<none>"] for p in members])
+
+
+async def _describe_training_job(session: Session, rt: ResourceType, job: dict[str, Any], doc: Doc) -> None:
+    """A training job written out field by field, then its gang: the PodGroup of the job's
+    name (what the scheduler holds its pods back for, and why)."""
+    await _describe_generic(session, rt, job, doc)
+    m = meta(job)
+    pg_rt = REGISTRY.by_key("podgroups.scheduling.x-k8s.io")
+    if pg_rt is None:
+        return
+    try:
+        resp = await session.client.raw_request("GET", pg_rt.path(m.get("namespace"), m.get("name", "")))
+    except ApiError:
+        return
+    group = json.loads(resp.body)
+    doc.title(0, "Gang:")
+    doc.kv(1, "Pod Group", meta(group).get("name", ""))
+    _gang_status(doc, 1, group, await _gang_members(session, group))
+
+
 # Maps whose keys are data (label keys, resource names, config keys), written as they are
 # instead of as field labels.
 _VERBATIM_MAPS = {"labels", "annotations", "matchLabels", "nodeSelector", "selector", "data", "binaryData",
@@ -849,4 +927,6 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("", "ConfigMap"): _describe_configmap,
     ("", "ResourceQuota"): _describe_quota,
     ("", "LimitRange"): _describe_limitrange,
+    ("scheduling.x-k8s.io", "PodGroup"): _describe_podgroup,
+    ("kubeflow.org", "PyTorchJob"): _describe_training_job,
 }
