@@ -1392,6 +1392,14 @@ class ApiServer:
                                          f"\"{pod['spec']['nodeName']}\"")
             new = orjson.loads(orjson.dumps(pod))
             new["spec"]["nodeName"] = node
+            # As kube-apiserver's binding REST: the Binding's annotations land on the pod
+            # (the scheduler hands the GPU indices over this way, in the same write).
+            annotations = (bmeta or {}).get("annotations")
+            if annotations:
+                if not isinstance(annotations, dict) or not all(
+                        isinstance(k, str) and isinstance(v, str) for k, v in annotations.items()):
+                    raise bad_request("metadata.annotations: must be a map of strings to strings")
+                new["metadata"].setdefault("annotations", {}).update(annotations)
             status = new.setdefault("status", {})
             conds = [c for c in status.get("conditions") or [] if c.get("type") != "PodScheduled"]
             conds.append({"type": "PodScheduled", "status": "True", "lastProbeTime": None,

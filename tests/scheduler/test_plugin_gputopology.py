@@ -110,8 +110,3 @@ class TestReserve:
         handle = FrameworkHandle()
         handle.snapshot = Snapshot()
         assert not GPUTopology(handle=handle).reserve(CycleState(), pod_info("p", gpus=1), "gone").is_success
-
-    async def test_pre_bind_without_a_client_does_nothing(self):
-        state = CycleState()
-        state.write(GPU_INDICES_KEY, (0, 1))
-        assert (await GPUTopology().pre_bind(state, pod_info("p", gpus=2), "a")).is_success

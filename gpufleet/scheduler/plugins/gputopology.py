@@ -13,8 +13,9 @@ so as few groups as possible are touched.
   50 for a placement across groups.
 - Reserve: picks the indices and leaves them in the CycleState (``GPU_INDICES_KEY``); the
   scheduler cache then marks them used when it assumes the pod.
-- PreBind: writes them to the pod annotation ``gpufleet.io/gpu-indices`` before the pod is
-  bound, so the node agent never sees the pod on its node without its GPUs.
+- The binder hands them over as the annotation ``gpufleet.io/gpu-indices`` on the Binding,
+  which the API server copies onto the pod in the same write that sets its node, so the
+  node agent never sees the pod on its node without its GPUs.
 """
 
 from __future__ import annotations
@@ -36,10 +37,8 @@ from gpufleet.scheduler.framework import (
     Status,
 )
 from gpufleet.scheduler.gpu import (
-    GPU_INDICES_ANNOTATION,
     GPU_TOPOLOGY_ANNOTATION,
     SAME_GROUP,
-    format_gpu_indices,
 )
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 
@@ -155,15 +154,6 @@ class GPUTopology:
 
     def unreserve(self, state: CycleState, pod_info: PodInfo, node_name: str) -> None:
         state.delete(GPU_INDICES_KEY)
-
-    async def pre_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
-        indices = state.read(GPU_INDICES_KEY)
-        client = self.handle.client
-        if not indices or client is None:
-            return OK
-        patch = {"metadata": {"annotations": {GPU_INDICES_ANNOTATION: format_gpu_indices(indices)}}}
-        await client.patch("pods", pod_info.name, patch, pod_info.namespace, patch_type="merge", raw=True)
-        return OK
 
     def events_to_register(self) -> set[str]:
         return {NODE_ADD, NODE_ALLOCATABLE, NODE_ANNOTATION, POD_DELETE}
