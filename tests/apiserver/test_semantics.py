@@ -851,6 +851,23 @@ async def test_delete_preconditions(api: Api) -> None:
     assert (await api.get(f"{CONFIGMAPS}/c")).status == 404
 
 
+async def test_binding_annotations_are_copied_onto_the_pod(api: Api) -> None:
+    """As kube-apiserver does: the scheduler's GPU indices travel in the Binding itself."""
+    await api.create(PODS, pod("p"))
+    body = binding("p", "node-1")
+    body.setdefault("metadata", {})["annotations"] = {"gpufleet.io/gpu-indices": "0,3"}
+    r = await api.post(f"{PODS}/p/binding", body)
+    assert r.status == 201, r
+    bound = await api.must_get(f"{PODS}/p")
+    assert bound["spec"]["nodeName"] == "node-1"
+    assert bound["metadata"]["annotations"]["gpufleet.io/gpu-indices"] == "0,3"
+    await api.create(PODS, pod("q"))
+    bad = binding("q", "node-1")
+    bad.setdefault("metadata", {})["annotations"] = {"a": 1}
+    assert_status(await api.post(f"{PODS}/q/binding", bad), 400, "BadRequest")
+    assert not (await api.must_get(f"{PODS}/q"))["spec"].get("nodeName")
+
+
 async def test_binding_is_validated(api: Api) -> None:
     await api.create(PODS, pod("p"))
     obj = await api.must_get(f"{PODS}/p")
