@@ -123,6 +123,7 @@ from gpufleet.controllers._common import (
     pod_from_template,
     pod_phase,
     resolve_controller,
+    slow_start_batch,
     status_dict,
     timestamp,
 )
@@ -708,13 +709,16 @@ class PyTorchJobController:
         if created[0] != attempt:
             created = self._created[key] = (attempt, set())
         self.expectations.expect_creations(key, len(members))
-        for rtype, index in members:
+        pending = list(members)
+
+        async def create_one() -> None:
+            rtype, index = pending.pop(0)
             body = self._pod_body(job, rtype, index, attempt)
             try:
                 await self.client.create(body, objects.namespace_of(job), raw=True)
             except AlreadyExists:
                 self.expectations.creation_observed(key)
-                continue
+                return
             except ApiError as e:
                 self.expectations.creation_observed(key)
                 await self.recorder.record(job, WARNING, "FailedCreatePod", f"Error creating: {error_text(e)}")
@@ -722,6 +726,15 @@ class PyTorchJobController:
             created[1].add((rtype, index))
             await self.recorder.record(job, NORMAL, "SuccessfulCreatePod",
                                        f"Created pod: {body['metadata']['name']}")
+
+        # Doubling batches (1, 2, 4, ...) as the ReplicaSet controller does: a 64-pod gang is
+        # created in 7 rounds, and a create refused for quota or admission stops after one.
+        _, error = await slow_start_batch(len(members), create_one)
+        # Members never sent will never be observed.
+        for _ in range(len(pending)):
+            self.expectations.creation_observed(key)
+        if error is not None:
+            raise error
 
     def _pod_body(self, job: Any, rtype: str, index: int, attempt: int) -> dict[str, Any]:
         name = objects.name_of(job)
