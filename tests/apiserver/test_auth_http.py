@@ -232,6 +232,123 @@ async def test_node_token_writes_only_its_own_node(cp: ControlPlane, tmp_path: P
                            params={"gracePeriodSeconds": "0"})).status == 200
 
 
+def secret(name: str, ns: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
+            "data": {"token": "czNjcjN0"}}
+
+
+def configmap(name: str, ns: str = "default") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns},
+            "data": {"mode": "fast"}}
+
+
+def pod_using(name: str, node: str | None, *, env_secret: str = "", pull_secret: str = "",
+              projected_configmap: str = "", ns: str = "default") -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "c", "image": "python:3.12"}
+    spec: dict[str, Any] = {"containers": [container]}
+    if node:
+        spec["nodeName"] = node
+    if env_secret:
+        container["env"] = [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": env_secret, "key": "token"}}}]
+    if pull_secret:
+        spec["imagePullSecrets"] = [{"name": pull_secret}]
+    if projected_configmap:
+        spec["volumes"] = [{"name": "v", "projected": {"sources": [{"configMap": {"name": projected_configmap}}]}}]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns}, "spec": spec}
+
+
+def message(resp: RawResponse) -> str:
+    return json.loads(resp.body)["message"]
+
+
+async def test_node_reads_only_the_secrets_and_configmaps_of_its_own_pods(cp: ControlPlane, tmp_path: Path) -> None:
+    n1 = await node_token(lambda t: connect(cp, t), cp.join_token, "n1", tmp_path / "agent-n1")
+    async with connect(cp, cp.admin_token) as admin, connect(cp, n1) as agent:
+        await namespaces(admin, "team-a")
+        for name in ("mine", "pulled", "theirs", "nobodys", "pending"):
+            await admin.create(secret(name), raw=True)
+        await admin.create(secret("mine", "team-a"), raw=True)
+        for name in ("cfg", "other-cfg"):
+            await admin.create(configmap(name), raw=True)
+        await admin.create(pod_using("p1", "n1", env_secret="mine", pull_secret="pulled",
+                                     projected_configmap="cfg"), raw=True)
+        await admin.create(pod_using("p2", "n2", env_secret="theirs", projected_configmap="other-cfg"), raw=True)
+        await admin.create(pod_using("p3", None, env_secret="pending"), raw=True)
+        await admin.create(pod_using("p4", "n1", env_secret="missing"), raw=True)
+
+        base = "/api/v1/namespaces/default"
+        for path in (f"{base}/secrets/mine", f"{base}/secrets/pulled", f"{base}/configmaps/cfg"):
+            resp = await send(agent, "GET", path)
+            assert resp.status == 200, f"{path}: {resp.status} {resp.body!r}"
+        assert json.loads((await send(agent, "GET", f"{base}/secrets/mine")).body)["data"] == {"token": "czNjcjN0"}
+        # A referenced object that does not exist is a plain 404, so the agent can say so.
+        assert (await send(agent, "GET", f"{base}/secrets/missing")).status == 404
+
+        # Referenced only by a pod of another node, by a pod not yet bound, by nobody, or
+        # by the same name in another namespace: 403 with the Node authorizer's reason.
+        for path in (f"{base}/secrets/theirs", f"{base}/secrets/pending", f"{base}/secrets/nobodys",
+                     f"{base}/configmaps/other-cfg", "/api/v1/namespaces/team-a/secrets/mine"):
+            resp = await send(agent, "GET", path)
+            assert resp.status == 403, f"{path}: {resp.status} {resp.body!r}"
+        assert message(await send(agent, "GET", f"{base}/secrets/theirs")) == (
+            'secrets "theirs" is forbidden: User "system:node:n1" cannot get resource "secrets" in API group "" '
+            "in the namespace \"default\": no relationship found between node 'n1' and this object")
+
+        # No listing or watching, which would show every one of them.
+        for path in (f"{base}/secrets", "/api/v1/secrets", f"{base}/configmaps", "/api/v1/configmaps"):
+            resp = await send(agent, "GET", path)
+            assert resp.status == 403, f"{path}: {resp.status} {resp.body!r}"
+            resp = await send(agent, "GET", path, params={"watch": "true", "timeoutSeconds": "1"})
+            assert resp.status == 403, f"watch {path}: {resp.status} {resp.body!r}"
+        assert message(await send(agent, "GET", f"{base}/secrets")) == (
+            'secrets is forbidden: User "system:node:n1" cannot list resource "secrets" in API group "" '
+            'in the namespace "default": can only get individual resources of this type')
+        # Nor writing them.
+        resp = await send(agent, "PATCH", f"{base}/secrets/mine", {"metadata": {"labels": {"a": "b"}}},
+                          content_type=MERGE)
+        assert resp.status == 403
+
+        # Decided on the store at each request: once its pod is gone, so is the access.
+        await admin.delete("pods", "p1", "default", raw=True, grace_period_seconds=0)
+        assert (await send(agent, "GET", f"{base}/secrets/mine")).status == 403
+        await admin.create(pod_using("p5", "n1", env_secret="theirs"), raw=True)
+        assert (await send(agent, "GET", f"{base}/secrets/theirs")).status == 200
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p3", "namespace": "default"},
+                   "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}
+        assert (await send(admin, "POST", f"{base}/pods/p3/binding", binding)).status == 201
+        assert (await send(agent, "GET", f"{base}/secrets/pending")).status == 200
+        # Also when the store's history has been compacted since the last decision.
+        await admin.delete("pods", "p5", "default", raw=True, grace_period_seconds=0)
+        assert cp.api is not None
+        await cp.api.store.compact(await cp.api.store.revision())
+        assert (await send(agent, "GET", f"{base}/secrets/theirs")).status == 403
+
+        # RBAC can still grant a node more, as in Kubernetes (Node,RBAC).
+        await admin.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                            "metadata": {"name": "n1-view", "namespace": "default"},
+                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                        "name": "view"},
+                            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                          "name": "system:node:n1"}]}, raw=True)
+        assert (await send(agent, "GET", f"{base}/configmaps")).status == 200
+        assert (await send(agent, "GET", f"{base}/secrets")).status == 403
+
+        # kubectl auth can-i as the node gives the same answers.
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": "get", "resource": "secrets", "namespace": "default",
+                                                  "name": "nobodys"}}}
+        resp = await send(agent, "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review)
+        assert json.loads(resp.body)["status"] == {
+            "allowed": False, "reason": "no relationship found between node 'n1' and this object"}
+        # and `kubectl auth can-i --list` says its list of rules is not the whole story.
+        rules = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectRulesReview",
+                 "spec": {"namespace": "default"}}
+        resp = await send(agent, "POST", "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews", rules)
+        status = json.loads(resp.body)["status"]
+        assert status["incomplete"] is True
+        assert not any("secrets" in r["resources"] for r in status["resourceRules"])
+
+
 async def test_join_token_buys_one_node_identity_only(cp: ControlPlane, tmp_path: Path) -> None:
     async with connect(cp, cp.join_token) as joiner:
         who = await whoami(joiner)

@@ -11,6 +11,7 @@ from cryptography import x509
 
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.auth.certs import ensure_pki
+from gpufleet.apiserver.auth.nodeauthz import pod_references
 from gpufleet.apiserver.auth.rbac import Attributes, bootstrap_policy, rule_allows, subject_matches
 from gpufleet.apiserver.auth.tokens import TokenFileError, ensure_admin_token, parse_token_csv
 from gpufleet.apiserver.requestinfo import parse_request
@@ -114,3 +115,35 @@ def test_pki_is_made_once_and_verifies(tmp_path: Path) -> None:
     leaf.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "gpu-head.example" in names.get_values_for_type(x509.DNSName)
+
+
+def test_every_way_a_pod_references_secrets_and_configmaps() -> None:
+    pod = {"spec": {
+        "imagePullSecrets": [{"name": "pull"}],
+        "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "init-env"}}]}],
+        "containers": [{"name": "c",
+                        "envFrom": [{"configMapRef": {"name": "cm-env"}, "prefix": "X_"}],
+                        "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "key", "key": "k"}}},
+                                {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "cm-key", "key": "k"}}},
+                                {"name": "C", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                                {"name": "D", "value": "plain"}]}],
+        "ephemeralContainers": [{"name": "e", "env": [{"name": "E", "valueFrom": {
+            "secretKeyRef": {"name": "debug", "key": "k"}}}]}],
+        "volumes": [
+            {"name": "v1", "secret": {"secretName": "vol"}},
+            {"name": "v2", "configMap": {"name": "cm-vol"}},
+            {"name": "v3", "projected": {"sources": [{"secret": {"name": "proj"}},
+                                                     {"configMap": {"name": "cm-proj"}},
+                                                     {"serviceAccountToken": {"path": "t"}}]}},
+            {"name": "v4", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "csi"}}},
+            {"name": "v5", "azureFile": {"secretName": "azure", "shareName": "s"}},
+            {"name": "v6", "emptyDir": {}},
+        ]}}
+    assert pod_references(pod) == {
+        "secrets": {"pull", "init-env", "key", "debug", "vol", "proj", "csi", "azure"},
+        "configmaps": {"cm-env", "cm-key", "cm-vol", "cm-proj"},
+    }
+    assert pod_references({"spec": {"containers": [{"name": "c"}]}}) == {"secrets": set(), "configmaps": set()}
+    # Malformed shapes (the authorizer reads whatever the store holds) reference nothing.
+    assert pod_references({"spec": {"volumes": "x", "containers": [{"env": [None, {"valueFrom": 3}]}]}}) == {
+        "secrets": set(), "configmaps": set()}

@@ -4,6 +4,8 @@ prints as it would against a real cluster."""
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import subprocess
 import sys
 import tempfile
@@ -12,6 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 from e2e_helpers import Cluster, Kubectl
+
+from gpufleet.agent.bootstrap import request_node_token
+from gpufleet.client import Client, HttpTransport
 
 pytestmark = pytest.mark.e2e
 
@@ -85,3 +90,67 @@ def test_requests_without_a_valid_token_are_turned_away(cluster: Cluster, kubect
     for path in (forged, revoked):
         result = as_user(kubectl, path)("get", "pods").failed()
         assert "You must be logged in to the server" in result.stderr, result
+
+
+def node_kubeconfig(cluster: Cluster, node: str, path: Path) -> Path:
+    """A kubeconfig for ``system:node:<node>``, whose token is bought with the join token as
+    an agent buys it."""
+    doc = yaml.safe_load(Path(cluster.kubeconfig).read_text())
+    ca = base64.b64decode(doc["clusters"][0]["cluster"]["certificate-authority-data"])
+    join = (cluster.state_dir / "join-token").read_text().strip()
+
+    async def join_as_node() -> str:
+        async with Client(HttpTransport(cluster.url, token=join, ca_data=ca)) as client:
+            return await request_node_token(client, node)
+
+    doc["users"][0]["user"] = {"token": asyncio.run(join_as_node())}
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+POD_USING_MINE = """
+apiVersion: v1
+kind: Node
+metadata: {name: e2e-node}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: uses-mine, namespace: default}
+spec:
+  nodeName: e2e-node
+  containers:
+  - name: c
+    image: python:3.12
+    env:
+    - name: TOKEN
+      valueFrom: {secretKeyRef: {name: mine, key: token}}
+"""
+
+
+def test_a_node_reads_only_the_secrets_of_its_own_pods(cluster: Cluster, kubectl: Kubectl, tmp_path: Path) -> None:
+    for name in ("mine", "other"):
+        kubectl("create", "secret", "generic", name, "--from-literal=token=s3cr3t").ok()
+    kubectl("apply", "-f", "-", input=POD_USING_MINE).ok()
+    node = as_user(kubectl, node_kubeconfig(cluster, "e2e-node", tmp_path / "node.kubeconfig"))
+    assert node("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}").ok().stdout == \
+        "system:node:e2e-node"
+    token = node("get", "secret", "mine", "-o", "jsonpath={.data.token}").ok().stdout
+    assert base64.b64decode(token) == b"s3cr3t"
+    assert node("auth", "can-i", "get", "secret/mine").ok().stdout.strip() == "yes"
+    # Kubernetes' Node authorizer, word for word.
+    denied = node("get", "secret", "other").failed()
+    assert denied.stderr.strip() == (
+        'Error from server (Forbidden): secrets "other" is forbidden: User "system:node:e2e-node" cannot get '
+        'resource "secrets" in API group "" in the namespace "default": '
+        "no relationship found between node 'e2e-node' and this object")
+    denied = node("get", "secrets").failed()
+    assert denied.stderr.strip() == (
+        'Error from server (Forbidden): secrets is forbidden: User "system:node:e2e-node" cannot list '
+        'resource "secrets" in API group "" in the namespace "default": '
+        "can only get individual resources of this type")
+    no = node("auth", "can-i", "list", "secrets")
+    assert (no.returncode, no.stdout.strip()) == (1, "no - can only get individual resources of this type")
+    # What it reads broadly, as a kubelet does.
+    node("get", "services").ok()
+    kubectl("delete", "pod", "uses-mine", "--grace-period=0", "--force").ok()
+    assert "Forbidden" in node("get", "secret", "mine").failed().stderr

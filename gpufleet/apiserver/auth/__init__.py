@@ -1,8 +1,9 @@
 """Authentication, authorization and admission for who-may-do-what.
 
-`Security` assembles them for one ApiServer: bearer tokens (tokens.py), RBAC with the
-default roles (rbac.py), NodeRestriction for node agents (node.py) and the review APIs
-(reviews.py). TLS material lives in certs.py.
+`Security` assembles them for one ApiServer: bearer tokens (tokens.py), the Node authorizer
+(nodeauthz.py: a node reads only the secrets and config maps of its own pods) ahead of RBAC
+with the default roles (rbac.py), NodeRestriction for node agents (node.py) and the review
+APIs (reviews.py). TLS material lives in certs.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.auth.node import NodeRestriction
+from gpufleet.apiserver.auth.nodeauthz import NodeAuthorizer
 from gpufleet.apiserver.auth.rbac import (
     Attributes,
     Decision,
@@ -24,7 +26,13 @@ from gpufleet.apiserver.auth.rbac import (
     bootstrap_policy,
 )
 from gpufleet.apiserver.auth.reviews import Reviews
-from gpufleet.apiserver.auth.tokens import LOOPBACK_USER, SUPERUSER_GROUP, TOKEN_NAMESPACE, TokenAuthenticator
+from gpufleet.apiserver.auth.tokens import (
+    LOOPBACK_USER,
+    SUPERUSER_GROUP,
+    TOKEN_NAMESPACE,
+    TokenAuthenticator,
+    node_name_of,
+)
 from gpufleet.apiserver.errors import ApiException
 from gpufleet.apiserver.requestinfo import RequestInfo
 from gpufleet.store import base as store_base
@@ -46,6 +54,7 @@ class Security:
         self.authenticator = TokenAuthenticator(store, static=static_tokens, join_token=join_token,
                                                 loopback_token=loopback_token)
         self.rbac = RbacAuthorizer(store)
+        self.node_authorizer = NodeAuthorizer(store)
         self.node_restriction = NodeRestriction()
         self.escalation = RbacEscalationCheck(self.rbac)
         self.reviews = Reviews(self.authenticator, self.decide, self.rbac.rules, self.log_token)
@@ -63,10 +72,22 @@ class Security:
         return {"authorization": f"Bearer {token}"} if token else {}
 
     async def decide(self, user: UserInfo, attrs: Attributes) -> Decision:
-        return await self.rbac.decide(user, attrs)
+        """The Node authorizer, then RBAC (Kubernetes' ``--authorization-mode=Node,RBAC``): the
+        first that allows wins; a refusal carries the Node authorizer's reason, if it had one."""
+        node = node_name_of(user)
+        verdict = await self.node_authorizer.decide(node, attrs) if node is not None else None
+        if verdict is not None and verdict.allowed:
+            return verdict
+        decision = await self.rbac.decide(user, attrs)
+        if decision.allowed or verdict is None:
+            return decision
+        return verdict
 
     async def authorize(self, user: UserInfo, info: RequestInfo) -> bool:
-        return (await self.decide(user, Attributes.from_request(info))).allowed
+        decision = await self.decide(user, Attributes.from_request(info))
+        if not decision.allowed and decision.reason and info.is_resource_request:
+            raise _forbidden(user, info, decision.reason)
+        return decision.allowed
 
     def install(self, api: ApiServer) -> None:
         api.authenticator = self.authenticator
@@ -122,3 +143,15 @@ class Security:
                 await api.update_object(rt, "", name, updated, user=system)
             except ApiException as e:
                 log.warning("could not update the default %s %s: %s", obj["kind"], name, e.message)
+
+
+def _forbidden(user: UserInfo, info: RequestInfo, reason: str) -> ApiException:
+    """Kubernetes' 403 for a refused resource request, with the authorizer's reason appended
+    (``... in the namespace "default": no relationship found between node 'n1' and this object``)."""
+    what = f'{info.resource}{"/" + info.subresource if info.subresource else ""}'
+    scope = f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"
+    qualified_resource = f"{info.resource}.{info.group}" if info.group else info.resource
+    named = f' "{info.name}"' if info.name else ""
+    msg = (f'{qualified_resource}{named} is forbidden: User "{user.name}" cannot {info.verb} resource "{what}" '
+           f'in API group "{info.group}"{scope}: {reason}')
+    return ApiException(403, "Forbidden", msg, {"name": info.name, "group": info.group, "kind": info.resource})

@@ -316,14 +316,15 @@ _DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "
                    "/version/", "/openapi", "/openapi/*"]
 
 # The `system:node` role: what a node agent may do. NodeRestriction narrows the writes to
-# the agent's own Node, Lease and pods.
+# the agent's own Node, Lease and pods; secrets and config maps are not here: the Node
+# authorizer (nodeauthz.py) lets a node get those its own pods reference, and no others.
 _NODE_RULES = [
     _rule([""], ["nodes"], [*_READ, "create", "update", "patch", "delete"]),
     _rule([""], ["nodes/status"], ["get", "update", "patch"]),
     _rule([""], ["pods"], [*_READ, "update", "patch", "delete"]),
     _rule([""], ["pods/status"], ["get", "update", "patch"]),
     _rule(["", "events.k8s.io"], ["events"], ["create", "update", "patch"]),
-    _rule([""], ["configmaps", "secrets", "services", "endpoints", "namespaces"], _READ),
+    _rule([""], ["services", "endpoints", "namespaces"], _READ),
     _rule(["coordination.k8s.io"], ["leases"], [*_READ, "create", "update", "patch", "delete"]),
 ]
 

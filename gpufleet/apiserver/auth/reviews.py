@@ -23,6 +23,7 @@ from gpufleet.apiserver.auth.tokens import (
     SUPERUSER_GROUP,
     TOKEN_NAMESPACE,
     new_token,
+    node_name_of,
     node_token_id,
     secret_name,
     token_secret,
@@ -250,7 +251,9 @@ class Reviews:
         return _json(201, {"apiVersion": f"{AUTHZ_GROUP}/v1", "kind": "SelfSubjectRulesReview",
                            "metadata": {"creationTimestamp": None}, "spec": spec,
                            "status": {"resourceRules": resource_rules, "nonResourceRules": non_resource_rules,
-                                      "incomplete": False}})
+                                      # A node's reads of secrets and config maps depend on its pods
+                                      # (the Node authorizer) and cannot be listed as rules.
+                                      "incomplete": node_name_of(user) is not None}})
 
     async def node_token(self, api: ApiServer, req: RawRequest, info: RequestInfo) -> RawResponse:
         """Trade the join token for a token of one node: the first join of a name binds it.
