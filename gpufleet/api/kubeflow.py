@@ -72,9 +72,11 @@ IntOrWord = Annotated[str, BeforeValidator(_int_to_str)]
 class ReplicaSpec(K8sModel):
     """How many pods of one replica type, made from which template, restarted how."""
 
-    replicas: int | None = None
-    template: PodTemplateSpec | None = None
-    restart_policy: str | None = Field(default=None, alias="restartPolicy")
+    replicas: int | None = Field(default=None, description="How many pods of this type; the Master has exactly 1.")
+    template: PodTemplateSpec | None = Field(default=None, description="The pod template of this type.")
+    restart_policy: str | None = Field(
+        default=None, alias="restartPolicy",
+        description="Always, OnFailure, Never or ExitCode (restart on retryable exit codes only).")
 
 
 class SchedulingPolicy(K8sModel):
@@ -90,13 +92,26 @@ class SchedulingPolicy(K8sModel):
 class RunPolicy(K8sModel):
     """The policy shared by Kubeflow's job kinds: cleanup, limits, scheduling, suspension."""
 
-    clean_pod_policy: str | None = Field(default=None, alias="cleanPodPolicy")
-    ttl_seconds_after_finished: int | None = Field(default=None, alias="ttlSecondsAfterFinished")
-    active_deadline_seconds: int | None = Field(default=None, alias="activeDeadlineSeconds")
-    backoff_limit: int | None = Field(default=None, alias="backoffLimit")
-    scheduling_policy: SchedulingPolicy | None = Field(default=None, alias="schedulingPolicy")
-    suspend: bool | None = None
-    managed_by: str | None = Field(default=None, alias="managedBy")
+    clean_pod_policy: str | None = Field(
+        default=None, alias="cleanPodPolicy",
+        description="Which pods to delete when the job finishes: All, Running or None.")
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, alias="ttlSecondsAfterFinished",
+        description="Delete the finished job this many seconds after it succeeded or failed.")
+    active_deadline_seconds: int | None = Field(
+        default=None, alias="activeDeadlineSeconds",
+        description="Fail the job once it has been active this many seconds.")
+    backoff_limit: int | None = Field(
+        default=None, alias="backoffLimit", description="How many restarts before the job is marked Failed.")
+    scheduling_policy: SchedulingPolicy | None = Field(
+        default=None, alias="schedulingPolicy",
+        description="Gang scheduling: the minimum members, queue, priority class and timeout of its PodGroup.")
+    suspend: bool | None = Field(
+        default=None, description="While true no pods run; setting it deletes the running ones.")
+    managed_by: str | None = Field(
+        default=None, alias="managedBy",
+        description="The controller that reconciles the job: kubeflow.org/training-operator (the default) "
+                    "or kueue.x-k8s.io/multikueue.")
 
 
 class RDZVConf(K8sModel):
@@ -107,24 +122,50 @@ class RDZVConf(K8sModel):
 class ElasticPolicy(K8sModel):
     """torchrun's elastic settings: how many nodes (Workers), rendezvous, restarts."""
 
-    min_replicas: int | None = Field(default=None, alias="minReplicas")
-    max_replicas: int | None = Field(default=None, alias="maxReplicas")
-    rdzv_backend: str | None = Field(default=None, alias="rdzvBackend")
-    rdzv_port: int | None = Field(default=None, alias="rdzvPort")
-    rdzv_host: str | None = Field(default=None, alias="rdzvHost")
-    rdzv_id: str | None = Field(default=None, alias="rdzvId")
-    rdzv_conf: list[RDZVConf] | None = Field(default=None, alias="rdzvConf")
-    standalone: bool | None = None
-    n_proc_per_node: int | None = Field(default=None, alias="nProcPerNode")
-    max_restarts: int | None = Field(default=None, alias="maxRestarts")
-    metrics: list[MetricSpec] | None = None
+    min_replicas: int | None = Field(
+        default=None, alias="minReplicas",
+        description="The fewest Workers the job may shrink to; `kubectl scale` below it is refused.")
+    max_replicas: int | None = Field(
+        default=None, alias="maxReplicas",
+        description="The most Workers the job may grow to; at least minReplicas.")
+    rdzv_backend: str | None = Field(
+        default=None, alias="rdzvBackend", description="torchrun's rendezvous backend: c10d, etcd or etcd-v2.")
+    rdzv_port: int | None = Field(default=None, alias="rdzvPort", description="The rendezvous endpoint's port.")
+    rdzv_host: str | None = Field(default=None, alias="rdzvHost", description="The rendezvous endpoint's host.")
+    rdzv_id: str | None = Field(default=None, alias="rdzvId", description="The rendezvous id (--rdzv_id).")
+    rdzv_conf: list[RDZVConf] | None = Field(
+        default=None, alias="rdzvConf",
+        description="Further rendezvous settings as key/value pairs (--rdzv_conf key1=value1,...).")
+    standalone: bool | None = Field(
+        default=None, description="Run a local c10d rendezvous on port 29400 (--standalone).")
+    n_proc_per_node: int | None = Field(
+        default=None, alias="nProcPerNode",
+        description="Deprecated: processes per Worker; use spec.nprocPerNode instead.")
+    max_restarts: int | None = Field(
+        default=None, alias="maxRestarts",
+        description="How often torchrun restarts the worker group before the job fails (--max_restarts).")
+    metrics: list[MetricSpec] | None = Field(
+        default=None,
+        description="Metrics to scale the Workers on between minReplicas and maxReplicas, as in an "
+                    "autoscaling/v2 HorizontalPodAutoscaler.")
 
 
 class PyTorchJobSpec(K8sModel):
-    run_policy: RunPolicy | None = Field(default=None, alias="runPolicy")
-    elastic_policy: ElasticPolicy | None = Field(default=None, alias="elasticPolicy")
-    pytorch_replica_specs: dict[str, ReplicaSpec] | None = Field(default=None, alias="pytorchReplicaSpecs")
-    nproc_per_node: IntOrWord | None = Field(default=None, alias="nprocPerNode")
+    """What to train: the Master and Workers, the run policy and, for torchrun, the elastic policy."""
+
+    run_policy: RunPolicy | None = Field(
+        default=None, alias="runPolicy",
+        description="Cleanup, restart limit, deadline, gang scheduling and suspension of the job.")
+    elastic_policy: ElasticPolicy | None = Field(
+        default=None, alias="elasticPolicy",
+        description="Makes the job elastic under torchrun: the Workers may be resized between minReplicas "
+                    "and maxReplicas.")
+    pytorch_replica_specs: dict[str, ReplicaSpec] | None = Field(
+        default=None, alias="pytorchReplicaSpecs",
+        description="The replica types, Master and Worker, each with its count and pod template.")
+    nproc_per_node: IntOrWord | None = Field(
+        default=None, alias="nprocPerNode",
+        description="Processes per Worker pod: auto, cpu, gpu or a number (torchrun --nproc_per_node).")
 
 
 class JobCondition(K8sModel):

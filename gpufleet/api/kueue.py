@@ -59,10 +59,17 @@ FUNGIBILITY_PREEMPT = ("Preempt", "TryNextFlavor")
 
 
 class ResourceFlavorSpec(K8sModel):
-    node_labels: dict[str, str] | None = Field(default=None, alias="nodeLabels")
-    node_taints: list[Taint] | None = Field(default=None, alias="nodeTaints")
-    tolerations: list[Toleration] | None = None
-    topology_name: str | None = Field(default=None, alias="topologyName")
+    node_labels: dict[str, str] | None = Field(
+        default=None, alias="nodeLabels",
+        description="The labels of the nodes that provide this flavor; admitted pods get them as a node "
+                    "selector.")
+    node_taints: list[Taint] | None = Field(
+        default=None, alias="nodeTaints",
+        description="Taints of those nodes; a workload is admitted to the flavor only if it tolerates them.")
+    tolerations: list[Toleration] | None = Field(
+        default=None, description="Tolerations added to the pods admitted to this flavor.")
+    topology_name: str | None = Field(default=None, alias="topologyName",
+                                      description="The Topology that describes these nodes.")
 
 
 class ResourceFlavor(K8sModel):
@@ -81,20 +88,38 @@ class ResourceFlavor(K8sModel):
 
 
 class ResourceQuota(K8sModel):
-    name: str
-    nominal_quota: Quantity = Field(alias="nominalQuota")
-    borrowing_limit: Quantity | None = Field(default=None, alias="borrowingLimit")
-    lending_limit: Quantity | None = Field(default=None, alias="lendingLimit")
+    """The quota of one resource in one flavor."""
+
+    name: str = Field(description="The resource, such as cpu, memory or nvidia.com/gpu.")
+    nominal_quota: Quantity = Field(
+        alias="nominalQuota",
+        description="How much of the resource the queue's admitted workloads may use without borrowing.")
+    borrowing_limit: Quantity | None = Field(
+        default=None, alias="borrowingLimit",
+        description="How much more the queue may borrow from its cohort; unlimited when unset. "
+                    "Only valid in a cohort.")
+    lending_limit: Quantity | None = Field(
+        default=None, alias="lendingLimit",
+        description="How much of the nominal quota the cohort may borrow; all of it when unset. "
+                    "Only valid in a cohort.")
 
 
 class FlavorQuotas(K8sModel):
-    name: str
-    resources: list[ResourceQuota]
+    """The quotas a ClusterQueue holds in one ResourceFlavor."""
+
+    name: str = Field(description="The ResourceFlavor's name.")
+    resources: list[ResourceQuota] = Field(
+        description="The quota of each covered resource.")
 
 
 class ResourceGroup(K8sModel):
-    covered_resources: list[str] = Field(alias="coveredResources")
-    flavors: list[FlavorQuotas]
+    """Resources whose quota is given together, flavor by flavor: a workload gets all of them
+    from the same flavor, tried in the order listed."""
+
+    covered_resources: list[str] = Field(
+        alias="coveredResources", description="The resources this group covers, such as cpu and nvidia.com/gpu.")
+    flavors: list[FlavorQuotas] = Field(
+        description="The flavors, in the order in which workloads try them, with their quotas.")
 
 
 class BorrowWithinCohort(K8sModel):
@@ -127,9 +152,16 @@ class AdmissionChecksStrategy(K8sModel):
 
 
 class ClusterQueueSpec(K8sModel):
-    resource_groups: list[ResourceGroup] | None = Field(default=None, alias="resourceGroups")
-    cohort: str | None = None
-    queueing_strategy: str | None = Field(default=None, alias="queueingStrategy")
+    resource_groups: list[ResourceGroup] | None = Field(
+        default=None, alias="resourceGroups",
+        description="The quota, per group of resources and per flavor. A resource may be in one group only.")
+    cohort: str | None = Field(
+        default=None,
+        description="The cohort whose ClusterQueues lend each other their unused quota.")
+    queueing_strategy: str | None = Field(
+        default=None, alias="queueingStrategy",
+        description="StrictFIFO or BestEffortFIFO (the default): whether a workload that does not fit "
+                    "blocks the ones behind it.")
     namespace_selector: LabelSelector | None = Field(default=None, alias="namespaceSelector")
     flavor_fungibility: FlavorFungibility | None = Field(default=None, alias="flavorFungibility")
     preemption: ClusterQueuePreemption | None = None
@@ -185,8 +217,11 @@ class ClusterQueue(K8sModel):
 
 
 class LocalQueueSpec(K8sModel):
-    cluster_queue: str | None = Field(default=None, alias="clusterQueue")
-    stop_policy: str | None = Field(default=None, alias="stopPolicy")
+    cluster_queue: str | None = Field(
+        default=None, alias="clusterQueue", description="The ClusterQueue this queue's workloads are admitted by.")
+    stop_policy: str | None = Field(
+        default=None, alias="stopPolicy",
+        description="None, Hold (admit no new workloads) or HoldAndDrain (also evict the admitted ones).")
 
 
 class LocalQueueFlavorUsage(K8sModel):

@@ -45,9 +45,16 @@ DEFAULT_SCHEDULE_TIMEOUT_SECONDS = 60
 class PodGroupSpec(K8sModel):
     """How many members must be placed together, and how long to wait for them."""
 
-    min_member: int | None = Field(default=None, alias="minMember")
-    min_resources: dict[str, Quantity] | None = Field(default=None, alias="minResources")
-    schedule_timeout_seconds: int | None = Field(default=None, alias="scheduleTimeoutSeconds")
+    min_member: int | None = Field(
+        default=None, alias="minMember",
+        description="The fewest members that must fit at once; none is bound until that many are placed.")
+    min_resources: dict[str, Quantity] | None = Field(
+        default=None, alias="minResources",
+        description="The resources the group needs in all before any member is placed.")
+    schedule_timeout_seconds: int | None = Field(
+        default=None, alias="scheduleTimeoutSeconds",
+        description="How long placed members wait for the rest before their reservations are released "
+                    "(60 when unset).")
 
 
 class PodGroupStatus(K8sModel):

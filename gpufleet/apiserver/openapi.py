@@ -23,7 +23,7 @@ import gzip
 import hashlib
 import json
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -171,11 +171,21 @@ class _Schemas:
     # short name (as pydantic names it) -> schema (pydantic's, unconverted), per kind
     per_kind: dict[ResourceType, dict[str, dict[str, Any]]]
     names: dict[str, str]  # short name -> Kubernetes-style qualified name
+    # Per kind, short names that mean another type than `names` says: kueue's ResourceQuota
+    # is not core's, Kubeflow's JobStatus is not batch's. They are filed under the kind's own
+    # package instead.
+    own_names: dict[ResourceType, dict[str, str]] = field(default_factory=dict)
+
+    def names_for(self, rt: ResourceType) -> dict[str, str]:
+        own = self.own_names.get(rt)
+        return {**self.names, **own} if own else self.names
 
 
 def _collect_schemas(types: tuple[ResourceType, ...]) -> _Schemas:
     per_kind: dict[ResourceType, dict[str, dict[str, Any]]] = {}
     names: dict[str, str] = {}
+    first: dict[str, dict[str, Any]] = {}  # short name -> the schema that claimed it
+    own_names: dict[ResourceType, dict[str, str]] = {}
     for rt in types:
         schema = _model_schema(rt)
         if schema is None:
@@ -185,20 +195,27 @@ def _collect_schemas(types: tuple[ResourceType, ...]) -> _Schemas:
         defs[short] = schema
         per_kind[rt] = {"__root__": {"$ref": f"#/$defs/{short}"}, **defs}
         names[short] = f"{schema_package(rt.group, rt.version)}.{rt.kind}"
+        first.setdefault(short, schema)
     # Each shared type is filed under the first kind (in registration order, core first) that
     # uses it, which puts PodSpec under core/v1 as in Kubernetes.
     for rt, defs in per_kind.items():
         package = schema_package(rt.group, rt.version)
-        for short in defs:
-            if short == "__root__" or short in names:
+        for short, schema in defs.items():
+            if short == "__root__":
                 continue
+            if short in names:
+                if first.get(short, schema) != schema:
+                    # Same class name, different type (another group's model).
+                    own_names.setdefault(rt, {})[short] = f"{package}.{short}"
+                continue
+            first[short] = schema
             if short in _META_TYPES:
                 names[short] = f"{_META_PACKAGE}.{short}"
             elif short in _CORE_TYPES:
                 names[short] = f"{schema_package('', 'v1')}.{short}"
             else:
                 names[short] = f"{package}.{short}"
-    return _Schemas(per_kind, names)
+    return _Schemas(per_kind, names, own_names)
 
 
 def _ref_name(ref: str) -> str:
@@ -283,9 +300,10 @@ def _descriptions() -> dict[str, str]:
     return texts if isinstance(texts, dict) else {}
 
 
-def _describe(short: str, schema: dict[str, Any]) -> dict[str, Any]:
+def _describe(short: str, schema: dict[str, Any], qualified: str | None = None) -> dict[str, Any]:
     texts = _descriptions()
-    if not texts:
+    # The texts are Kubernetes' own; the other groups' types keep their models' descriptions.
+    if not texts or (qualified is not None and not qualified.startswith("io.k8s.")):
         return schema
     out = dict(schema)
     # Replaces what pydantic took from the class docstring: k8s.py keeps only its first sentence.
@@ -308,20 +326,21 @@ def _describe(short: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _components(kinds: list[ResourceType], schemas: _Schemas) -> dict[str, Any]:
-    conv = _Converter(schemas.names)
     out: dict[str, Any] = {}
     for rt in kinds:
         defs = schemas.per_kind.get(rt)
         if not defs:
             continue
+        names = schemas.names_for(rt)
+        conv = _Converter(names)
         for short, schema in defs.items():
             if short == "__root__":
                 continue
-            name = schemas.names.get(short, short)
+            name = names.get(short, short)
             if name in out:
                 continue
-            out[name] = _describe(short, conv.convert(schema))
-        root = schemas.names.get(_ref_name(defs["__root__"]["$ref"]))
+            out[name] = _describe(short, conv.convert(schema), name)
+        root = names.get(_ref_name(defs["__root__"]["$ref"]))
         if root in out:
             out[root] = {**out[root], "x-kubernetes-group-version-kind": [_gvk(rt)]}
     return dict(sorted(out.items()))
@@ -332,7 +351,7 @@ def _schema_ref(rt: ResourceType, schemas: _Schemas) -> dict[str, Any] | None:
     if not defs:
         return None
     short = _ref_name(defs["__root__"]["$ref"])
-    return {"$ref": "#/components/schemas/" + schemas.names.get(short, short)}
+    return {"$ref": "#/components/schemas/" + schemas.names_for(rt).get(short, short)}
 
 
 # --- v3 paths ------------------------------------------------------------------------------

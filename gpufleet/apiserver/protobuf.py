@@ -21,7 +21,9 @@ client would have sent them.
 
 Coverage is what kubectl's imperative creates and ordinary workloads carry (ObjectMeta,
 Namespace, ConfigMap, Secret, ServiceAccount, ResourceQuota, Service, Pod/PodSpec/Container,
-Deployment, ReplicaSet, Job, CronJob, PriorityClass). Errors are explicit rather than lossy:
+Deployment, ReplicaSet, Job, CronJob, PriorityClass, Role, ClusterRole, RoleBinding,
+ClusterRoleBinding, PodDisruptionBudget, HorizontalPodAutoscaler). Errors are explicit rather
+than lossy:
 
 * a field number a modelled message does not define -> 400 BadRequest naming the message and
   the number (a newer client may set a field this table predates; dropping it silently would
@@ -619,7 +621,125 @@ _SCHEDULING: dict[str, dict[int, tuple[str, str]]] = {
     },
 }
 
-SCHEMA: dict[str, dict[int, tuple[str, str]]] = {**_META, **_CORE, **_APPS, **_BATCH, **_SCHEDULING}
+# rbac.authorization.k8s.io/v1: `kubectl create role|clusterrole|rolebinding|clusterrolebinding`.
+_RBAC: dict[str, dict[int, tuple[str, str]]] = {
+    "Role": {1: ("metadata", "ObjectMeta"), 2: ("rules", "![]PolicyRule")},
+    "ClusterRole": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("rules", "![]PolicyRule"),
+        3: ("aggregationRule", "*AggregationRule"),
+    },
+    "AggregationRule": {1: ("clusterRoleSelectors", "[]LabelSelector")},
+    "PolicyRule": {
+        1: ("verbs", "![]string"),
+        2: ("apiGroups", "[]string"),
+        3: ("resources", "[]string"),
+        4: ("resourceNames", "[]string"),
+        5: ("nonResourceURLs", "[]string"),
+    },
+    "RoleBinding": {1: ("metadata", "ObjectMeta"), 2: ("subjects", "[]Subject"), 3: ("roleRef", "RoleRef")},
+    "ClusterRoleBinding": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("subjects", "[]Subject"),
+        3: ("roleRef", "RoleRef"),
+    },
+    "Subject": {
+        1: ("kind", "!string"),
+        2: ("apiGroup", "string"),
+        3: ("name", "!string"),
+        4: ("namespace", "string"),
+    },
+    "RoleRef": {1: ("apiGroup", "!string"), 2: ("kind", "!string"), 3: ("name", "!string")},
+}
+
+# policy/v1: `kubectl create poddisruptionbudget`.
+_POLICY: dict[str, dict[int, tuple[str, str]]] = {
+    "PodDisruptionBudget": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("spec", "PodDisruptionBudgetSpec"),
+        3: ("status", "PodDisruptionBudgetStatus"),
+    },
+    "PodDisruptionBudgetSpec": {
+        1: ("minAvailable", "*IntOrString"),
+        2: ("selector", "*LabelSelector"),
+        3: ("maxUnavailable", "*IntOrString"),
+        4: ("unhealthyPodEvictionPolicy", "*string"),
+    },
+    "PodDisruptionBudgetStatus": {
+        1: ("observedGeneration", "int64"),
+        2: ("disruptedPods", "map[Time]"),
+        3: ("disruptionsAllowed", "!int32"),
+        4: ("currentHealthy", "!int32"),
+        5: ("desiredHealthy", "!int32"),
+        6: ("expectedPods", "!int32"),
+        7: ("conditions", "[]Condition"),
+    },
+}
+
+# autoscaling/v2: `kubectl autoscale` (1.33 and later; earlier ones post autoscaling/v1).
+_AUTOSCALING: dict[str, dict[int, tuple[str, str]]] = {
+    "HorizontalPodAutoscaler": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("spec", "HorizontalPodAutoscalerSpec"),
+        3: ("status", "HorizontalPodAutoscalerStatus"),
+    },
+    "HorizontalPodAutoscalerSpec": {
+        1: ("scaleTargetRef", "CrossVersionObjectReference"),
+        2: ("minReplicas", "*int32"),
+        3: ("maxReplicas", "!int32"),
+        4: ("metrics", "[]MetricSpec"),
+        5: ("behavior", "*HorizontalPodAutoscalerBehavior"),
+    },
+    "CrossVersionObjectReference": {1: ("kind", "!string"), 2: ("name", "!string"), 3: ("apiVersion", "string")},
+    "MetricSpec": {
+        1: ("type", "!string"),
+        2: ("object", "*ObjectMetricSource"),
+        3: ("pods", "*PodsMetricSource"),
+        4: ("resource", "*ResourceMetricSource"),
+        5: ("external", "*ExternalMetricSource"),
+        7: ("containerResource", "*ContainerResourceMetricSource"),
+    },
+    "ObjectMetricSource": {
+        1: ("describedObject", "CrossVersionObjectReference"),
+        2: ("target", "MetricTarget"),
+        3: ("metric", "MetricIdentifier"),
+    },
+    "PodsMetricSource": {1: ("metric", "MetricIdentifier"), 2: ("target", "MetricTarget")},
+    "ResourceMetricSource": {1: ("name", "!string"), 2: ("target", "MetricTarget")},
+    "ExternalMetricSource": {1: ("metric", "MetricIdentifier"), 2: ("target", "MetricTarget")},
+    "ContainerResourceMetricSource": {
+        1: ("name", "!string"),
+        2: ("target", "MetricTarget"),
+        3: ("container", "!string"),
+    },
+    "MetricIdentifier": {1: ("name", "!string"), 2: ("selector", "*LabelSelector")},
+    "MetricTarget": {
+        1: ("type", "!string"),
+        2: ("value", "*Quantity"),
+        3: ("averageValue", "*Quantity"),
+        4: ("averageUtilization", "*int32"),
+    },
+    "HorizontalPodAutoscalerBehavior": {1: ("scaleUp", "*HPAScalingRules"), 2: ("scaleDown", "*HPAScalingRules")},
+    "HPAScalingRules": {
+        1: ("selectPolicy", "*string"),
+        2: ("policies", "[]HPAScalingPolicy"),
+        3: ("stabilizationWindowSeconds", "*int32"),
+        4: ("tolerance", "*Quantity"),
+    },
+    "HPAScalingPolicy": {1: ("type", "!string"), 2: ("value", "!int32"), 3: ("periodSeconds", "!int32")},
+    "HorizontalPodAutoscalerStatus": {
+        1: ("observedGeneration", "*int64"),
+        2: ("lastScaleTime", "*Time"),
+        3: ("currentReplicas", "int32"),
+        4: ("desiredReplicas", "!int32"),
+        5: ("currentMetrics", "?[]MetricStatus"),
+        6: ("conditions", "?[]HorizontalPodAutoscalerCondition"),
+    },
+}
+
+SCHEMA: dict[str, dict[int, tuple[str, str]]] = {
+    **_META, **_CORE, **_APPS, **_BATCH, **_SCHEDULING, **_RBAC, **_POLICY, **_AUTOSCALING,
+}
 
 # Top-level kinds this module decodes, by (apiVersion, kind). A registered kind that is not here
 # keeps the old 415 answer.
@@ -636,6 +756,12 @@ KINDS: dict[tuple[str, str], str] = {
     ("batch/v1", "Job"): "Job",
     ("batch/v1", "CronJob"): "CronJob",
     ("scheduling.k8s.io/v1", "PriorityClass"): "PriorityClass",
+    ("rbac.authorization.k8s.io/v1", "Role"): "Role",
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): "ClusterRole",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "RoleBinding",
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "ClusterRoleBinding",
+    ("policy/v1", "PodDisruptionBudget"): "PodDisruptionBudget",
+    ("autoscaling/v2", "HorizontalPodAutoscaler"): "HorizontalPodAutoscaler",
 }
 
 _SCALARS = {"string", "int32", "int64", "bool", "bytes"}

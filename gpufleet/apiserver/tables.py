@@ -1016,6 +1016,40 @@ _PDB_COLUMNS = (
 )
 
 
+def _rbac_subjects(obj: Obj) -> tuple[str, str, str]:
+    """rbac.SubjectsStrings: users, groups and service accounts (namespace/name), comma-joined."""
+    users: list[str] = []
+    groups: list[str] = []
+    sas: list[str] = []
+    for subject in obj.get("subjects") or []:
+        name = subject.get("name") or ""
+        kind = subject.get("kind")
+        if kind == "User":
+            users.append(name)
+        elif kind == "Group":
+            groups.append(name)
+        elif kind == "ServiceAccount":
+            ns = subject.get("namespace")
+            sas.append(f"{ns}/{name}" if ns else name)
+    return ", ".join(users), ", ".join(groups), ", ".join(sas)
+
+
+def _role_binding_row(obj: Obj, now: float) -> list[Any]:
+    ref = obj.get("roleRef") or {}
+    return [_name(obj), f"{ref.get('kind', '')}/{ref.get('name', '')}", age_cell(obj, now), *_rbac_subjects(obj)]
+
+
+_ROLE_BINDING_COLUMNS = (
+    NAME_COLUMN,
+    Column("Role", description="RoleRef can reference a Role in the current namespace or a ClusterRole in the "
+                               "global namespace."),
+    AGE_COLUMN,
+    Column("Users", priority=1, description="Users in the binding."),
+    Column("Groups", priority=1, description="Groups in the binding."),
+    Column("ServiceAccounts", priority=1, description="ServiceAccounts in the binding."),
+)
+
+
 def _default_row(obj: Obj, now: float) -> list[Any]:
     return [_name(obj), age_cell(obj, now)]
 
@@ -1041,6 +1075,10 @@ for _group, _kind, _columns, _row in (
     ("scheduling.k8s.io", "PriorityClass", _PRIORITY_CLASS_COLUMNS, _priority_class_row),
     ("coordination.k8s.io", "Lease", _LEASE_COLUMNS, _lease_row),
     ("policy", "PodDisruptionBudget", _PDB_COLUMNS, _pdb_row),
+    ("rbac.authorization.k8s.io", "Role", _LIMIT_RANGE_COLUMNS, _limit_range_row),
+    ("rbac.authorization.k8s.io", "ClusterRole", _LIMIT_RANGE_COLUMNS, _limit_range_row),
+    ("rbac.authorization.k8s.io", "RoleBinding", _ROLE_BINDING_COLUMNS, _role_binding_row),
+    ("rbac.authorization.k8s.io", "ClusterRoleBinding", _ROLE_BINDING_COLUMNS, _role_binding_row),
 ):
     register_printer(_kind, _columns, _row, group=_group)
 
