@@ -72,7 +72,8 @@ class AgentConfig:
     api_retry_max: float = 5.0
     # Stop the runtime's containers when the agent stops.
     close_runtime: bool = True
-    # The bearer token the API server must show to read container logs (None: anyone may).
+    # The bearer token the API server must show to read container logs, /stats/* and
+    # /metrics from this agent (None, against an --insecure server: anyone may).
     log_token: str | None = None
 
 

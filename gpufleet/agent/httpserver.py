@@ -1,6 +1,10 @@
 """The agent's own HTTP endpoint, as the kubelet's port 10250: container logs (proxied to
-users by the API server's pods/log), a stats summary (read by metrics.k8s.io), Prometheus
-metrics and a health check."""
+users by the API server's pods/log), a stats summary (read by metrics.k8s.io), the scraped
+workload metrics (read by the HPA), Prometheus metrics and a health check.
+
+Only the API server is answered (its per-node token, see ``build_app``); everyone else reads
+these through the API: ``pods/log``, ``metrics.k8s.io`` and ``nodes/{name}/proxy/{path}``
+(RBAC ``nodes/proxy``), as with the kubelet behind kube-apiserver."""
 
 from __future__ import annotations
 
@@ -50,18 +54,40 @@ def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
             "message": message, "reason": reason, "code": code}
 
 
-def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starlette:
-    """``log_token``: container logs answer only a request bearing it (the API server's node
-    proxy); stats and metrics stay readable, as the kubelet's read-only port was."""
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+class RequireToken:
+    """ASGI wrapper: every HTTP request but those of ``OPEN_PATHS`` must bear ``token``
+    (``Authorization: Bearer``), whatever its path or method; else 401 in Status shape."""
+
+    def __init__(self, app: Starlette, token: str) -> None:
+        self.app = app
+        self._token = token.encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
+            response = JSONResponse(status_body(401, "Unauthorized", "Unauthorized"), status_code=401)
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, scope: Any) -> bool:
+        header = next((v for k, v in scope.get("headers") or [] if k == b"authorization"), b"")
+        scheme, _, given = header.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
+
+
+def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starlette | RequireToken:
+    """``log_token``: the node's token from the API server (an HMAC of the node name under the
+    cluster's node proxy key, handed over at the join). With it, container logs, /stats/*,
+    /metrics and any other path answer only a request bearing it (401 otherwise); /healthz
+    answers anyone. Without it (a server run with --insecure) everything answers everyone."""
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
     async def container_logs(request: Request) -> Response:
-        if log_token is not None:
-            scheme, _, given = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), log_token.encode()):
-                return JSONResponse(status_body(401, "Unauthorized", "Unauthorized"), status_code=401)
         p = request.path_params
         answer = await endpoints.container_logs(p["namespace"], p["pod"], p.get("container", ""),
                                                 dict(request.query_params))
@@ -81,7 +107,7 @@ def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starle
         return Response(orjson.dumps(await endpoints.workload_metrics(request.query_params.get("namespace"))),
                         media_type="application/json")
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/healthz", healthz),
         Route("/containerLogs/{namespace}/{pod}/{container}", container_logs),
         Route("/containerLogs/{namespace}/{pod}", container_logs),
@@ -90,6 +116,7 @@ def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starle
         Route("/metrics", metrics),
         Route("/metrics/resource", metrics),
     ])
+    return app if log_token is None else RequireToken(app, log_token)
 
 
 class AgentHttpServer:

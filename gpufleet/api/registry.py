@@ -37,6 +37,11 @@ class ResourceType:
     # Field labels a fieldSelector may use besides metadata.name / metadata.namespace.
     field_labels: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # Set on a version served from another version's storage: the stored objects are of
+    # `storage_version`, and `conversion_path` ("module:attr") names the
+    # gpufleet.api.conversion.Conversion between the two.
+    storage_version: str = ""
+    conversion_path: str = ""
 
     @property
     def singular(self) -> str:
@@ -76,6 +81,18 @@ class ResourceType:
         module, _, attr = self.model_path.partition(":")
         return getattr(importlib.import_module(module), attr)
 
+    @property
+    def is_storage(self) -> bool:
+        return not self.storage_version
+
+    @cached_property
+    def conversion(self) -> Any:
+        """The Conversion to and from the storage version (None for a storage version)."""
+        if not self.conversion_path:
+            return None
+        module, _, attr = self.conversion_path.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
 
 _K8S = "gpufleet.api.k8s"
 _RBAC = "gpufleet.api.rbac"  # the k8s.py models, with their validation registered
@@ -85,7 +102,7 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("", "v1", "Namespace", "namespaces", False, f"{_K8S}:Namespace", ("ns",),
                  field_labels=("status.phase",), subresources=("status", "finalize")),
     ResourceType("", "v1", "Node", "nodes", False, f"{_K8S}:Node", ("no",),
-                 field_labels=("spec.unschedulable",)),
+                 field_labels=("spec.unschedulable",), subresources=("status", "proxy")),
     ResourceType("", "v1", "Pod", "pods", True, f"{_K8S}:Pod", ("po",), ("all",),
                  subresources=("status", "log", "binding", "eviction"),
                  field_labels=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
@@ -116,6 +133,10 @@ _BUILTIN: list[ResourceType] = [
     # autoscaling/v2
     ResourceType("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True,
                  f"{_K8S}:HorizontalPodAutoscaler", ("hpa",), ("all",)),
+    # autoscaling/v1: the same objects, one cpu target (kubectl 1.27-1.32 `autoscale` writes it)
+    ResourceType("autoscaling", "v1", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True,
+                 "gpufleet.api.autoscaling_v1:HorizontalPodAutoscalerV1", ("hpa",), ("all",),
+                 storage_version="v2", conversion_path="gpufleet.api.conversion:HPA_V1"),
     # scheduling.k8s.io/v1
     ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False,
                  f"{_K8S}:PriorityClass", ("pc",), subresources=()),
@@ -158,6 +179,7 @@ class Registry:
 
     def __init__(self, types: list[ResourceType] | None = None) -> None:
         self._types: list[ResourceType] = []
+        self._served: list[ResourceType] = []  # storage versions, then the versions converted from them
         self._by_gvk: dict[tuple[str, str, str], ResourceType] = {}
         self._by_gvr: dict[tuple[str, str, str], ResourceType] = {}
         self._by_key: dict[str, ResourceType] = {}
@@ -165,18 +187,30 @@ class Registry:
             self.register(t)
 
     def register(self, t: ResourceType) -> None:
-        self._types.append(t)
         self._by_gvk[t.gvk] = t
         self._by_gvr[(t.group, t.version, t.plural)] = t
+        if not t.is_storage:
+            self._served.append(t)
+            return
+        self._types.append(t)
         self._by_key[t.key] = t
 
     def all(self) -> list[ResourceType]:
+        """One entry per stored resource: its storage version."""
         return list(self._types)
 
+    def served(self) -> list[ResourceType]:
+        """Every served group-version-resource: the storage versions, then the converted ones."""
+        return self._types + self._served
+
+    def storage_of(self, t: ResourceType) -> ResourceType:
+        """The storage version of ``t`` (``t`` itself when it is one)."""
+        return self._by_key[t.key] if not t.is_storage else t
+
     def groups(self) -> dict[str, list[str]]:
-        """group -> versions, in registration order; the core group is ''."""
+        """group -> versions, the storage version of each group first; the core group is ''."""
         out: dict[str, list[str]] = {}
-        for t in self._types:
+        for t in self.served():
             versions = out.setdefault(t.group, [])
             if t.version not in versions:
                 versions.append(t.version)

@@ -1,10 +1,14 @@
 """What the API server asks node agents for: pods/log (proxied to the pod's agent, as
-kube-apiserver proxies to the kubelet) and the read-only metrics.k8s.io/v1beta1 group
+kube-apiserver proxies to the kubelet), the read-only metrics.k8s.io/v1beta1 group
 (NodeMetrics and PodMetrics built from each Ready node's /stats/summary, as metrics-server
-does), so `kubectl logs` and `kubectl top` work against gpufleet.
+does), so `kubectl logs` and `kubectl top` work against gpufleet, and the
+``nodes/{name}/proxy/{path}`` subresource (GET), through which everyone else reads an
+agent's /stats/*, /metrics and /healthz (RBAC resource ``nodes/proxy``).
 
 An agent is found through its Node: the InternalIP address and
-status.daemonEndpoints.kubeletEndpoint.Port.
+status.daemonEndpoints.kubeletEndpoint.Port. Every call to an agent carries this server's
+credentials for that node (``node_headers``); an agent of a secured cluster answers
+nobody else.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ METRICS_GROUP = "metrics.k8s.io"
 METRICS_VERSION = "v1beta1"
 METRICS_API_VERSION = f"{METRICS_GROUP}/{METRICS_VERSION}"
 GPU_METRICS_ANNOTATION = "gpufleet.io/gpu-metrics"
+# Response headers of an agent passed back through nodes/{name}/proxy.
+_PROXY_HEADERS = ("content-type", "cache-control", "last-modified", "etag")
 _LOG_PARAMS = ("follow", "tailLines", "previous", "timestamps", "sinceSeconds", "sinceTime", "limitBytes")
 
 METRICS_DISCOVERY: dict[str, Any] = {
@@ -93,6 +99,7 @@ class NodeProxy:
     def install(self, api: Any) -> None:
         """Serve pods/log and metrics.k8s.io through ``api`` (an ApiServer)."""
         api.log_provider = self.log_provider
+        api.node_proxy_provider = self.proxy
         api.extra_groups[(METRICS_GROUP, METRICS_VERSION)] = self.metrics
         if not any(d["metadata"]["name"] == METRICS_GROUP for d in api.extra_discovery):
             api.extra_discovery.append(METRICS_DISCOVERY)
@@ -165,6 +172,23 @@ class NodeProxy:
                             "message": text, "reason": "BadRequest" if code == 400 else "InternalError",
                             "code": code})
 
+    # -- nodes/{name}/proxy ---------------------------------------------------------------
+
+    async def proxy(self, node_name: str, path: str, req: RawRequest) -> RawResponse:
+        """GET ``path`` (with the request's query) from the agent of ``node_name``, as
+        kube-apiserver's node proxy does with its kubelet client credentials."""
+        base = node_endpoint(await self._node(node_name))
+        if base is None:
+            raise ApiException(503, "ServiceUnavailable", f"node {node_name} publishes no agent endpoint to proxy to")
+        url = base + quote(path, safe="/:@!$&'()*+,;=-._~%")
+        try:
+            resp = await self._http.get(url, params=list(req.query), headers=self.node_headers(node_name))
+        except httpx.HTTPError as exc:
+            raise ApiException(503, "ServiceUnavailable",
+                               f"error trying to reach node {node_name}: {exc or type(exc).__name__}") from None
+        headers = {k: v for k, v in resp.headers.items() if k.lower() in _PROXY_HEADERS}
+        return RawResponse(resp.status_code, headers, resp.content)
+
     # -- metrics.k8s.io -----------------------------------------------------------------
 
     async def _summary(self, node: dict[str, Any]) -> dict[str, Any] | None:
@@ -177,7 +201,8 @@ class NodeProxy:
         if cached is not None and now - cached[0] < self.summary_ttl:
             return cached[1]
         try:
-            resp = await self._http.get(f"{base}/stats/summary", timeout=self.summary_timeout)
+            resp = await self._http.get(f"{base}/stats/summary", headers=self.node_headers(name),
+                                        timeout=self.summary_timeout)
             resp.raise_for_status()
             summary = resp.json()
         except (httpx.HTTPError, ValueError) as exc:

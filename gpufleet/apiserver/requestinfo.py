@@ -19,9 +19,13 @@ class RequestInfo:
     name: str = ""
     subresource: str = ""
     path: str = ""
+    # The request's ?fieldSelector= as given (the Node authorizer scopes a node's pod reads by it).
+    field_selector: str = ""
 
 
-def parse_request(method: str, path: str, is_watch: bool) -> RequestInfo:
+def parse_request(method: str, path: str, is_watch: bool, field_selector: str = "") -> RequestInfo:
+    """``.../proxy/<more>`` keeps ``proxy`` as the subresource, whatever follows it (the path
+    the proxy forwards), as Kubernetes does."""
     parts = [p for p in path.split("/") if p]
     # A non-resource request's verb is the lower-cased HTTP method, as RBAC matches it.
     info = RequestInfo(is_resource_request=False, path=path, verb=method.lower())
@@ -66,10 +70,11 @@ def parse_request(method: str, path: str, is_watch: bool) -> RequestInfo:
             info.name = rest[1]
         if len(rest) > 2:
             info.subresource = rest[2]
-        if len(rest) > 3:
+        if len(rest) > 3 and rest[2] != "proxy":
             return RequestInfo(is_resource_request=False, path=path, verb=method.lower())
 
     info.is_resource_request = True
+    info.field_selector = field_selector
     m = method.upper()
     if m in ("GET", "HEAD"):
         if is_watch:

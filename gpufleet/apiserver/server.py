@@ -29,7 +29,7 @@ from gpufleet.api.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from gpufleet.apiserver import discovery, managedfields, openapi, tables
+from gpufleet.apiserver import discovery, managedfields, openapi, tables, versions
 from gpufleet.apiserver.admission import (
     AdmissionContext,
     MutatingPlugin,
@@ -68,6 +68,8 @@ _NO_GENERATION = {"Pod", "Namespace", "Node", "Service", "ResourceQuota"}
 _WATCH_DEFAULT_TIMEOUT = 1800.0
 
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
+# Serves nodes/{name}/proxy/...: (node name, the path after /proxy, the request).
+NodeProxyProvider = Callable[[str, str, RawRequest], Awaitable[RawResponse]]
 Authenticator = Callable[[RawRequest], Awaitable[UserInfo | None]]
 Authorizer = Callable[[UserInfo, RequestInfo], Awaitable[bool]]
 
@@ -197,6 +199,7 @@ class ApiServer:
         self.authenticator = authenticator
         self.authorizer = authorizer
         self.log_provider = log_provider
+        self.node_proxy_provider: NodeProxyProvider | None = None
         # Read-only groups served by other parts (e.g. metrics.k8s.io): name -> handler
         self.extra_groups: dict[tuple[str, str], Callable[[RawRequest, RequestInfo], Awaitable[RawResponse]]] = {}
         self.extra_discovery: list[dict] = []
@@ -237,7 +240,7 @@ class ApiServer:
         if path == "/version":
             return _json_response(200, discovery.VERSION_INFO)
         is_watch = _truthy(req.param("watch"))
-        info = parse_request(method, path, is_watch)
+        info = parse_request(method, path, is_watch, req.param("fieldSelector") or "")
         user = await self._authenticate(req)
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
             if not await self.authorizer(user, info):
@@ -271,6 +274,8 @@ class ApiServer:
             raise ApiException(404, "NotFound", "the server could not find the requested resource")
         if info.verb not in rt.verbs and not info.subresource:
             raise method_not_allowed()
+        if not rt.is_storage:
+            return await versions.serve(self, req, info, rt, user)
         return await self._resource(req, info, rt, user)
 
     async def _authenticate(self, req: RawRequest) -> UserInfo:
@@ -357,6 +362,8 @@ class ApiServer:
         manager = req.param("fieldManager") or managedfields.manager_from_user_agent(req.headers.get("user-agent"))
         if sub == "log":
             return await self._pod_log(req, rt, ns, info.name)
+        if sub == "proxy":
+            return await self._node_proxy(req, info)
         if sub in ("binding", "eviction"):
             if verb != "create":
                 raise method_not_allowed()
@@ -1415,6 +1422,15 @@ class ApiServer:
     async def evict_pod(self, rt: ResourceType, ns: str, name: str, eviction: Any, user: UserInfo) -> dict[str, Any]:
         options = check_delete_options(eviction.get("deleteOptions") if isinstance(eviction, dict) else None)
         return await evict(self, rt, ns, name, eviction, user, options)
+
+    async def _node_proxy(self, req: RawRequest, info: RequestInfo) -> RawResponse:
+        if info.verb != "get":
+            raise method_not_allowed()
+        if self.node_proxy_provider is None:
+            raise ApiException(503, "ServiceUnavailable", f"no node proxy is configured to reach node {info.name}")
+        prefix = f"/nodes/{info.name}/proxy"
+        rest = req.path[req.path.index(prefix) + len(prefix):] if prefix in req.path else ""
+        return await self.node_proxy_provider(info.name, rest or "/", req)
 
     async def _pod_log(self, req: RawRequest, rt: ResourceType, ns: str, name: str) -> RawResponse:
         pod = await self.get_object(rt, ns, name)

@@ -15,7 +15,8 @@ module is the I/O around it, as horizontal.go does:
   * Pods ``requests_per_second`` and ``concurrency``: the gateway's custom.metrics.k8s.io
     endpoint (over HTTP, so the gateway may run in another process);
   * any other Pods metric: what the workload exposes on its own Prometheus endpoint,
-    scraped by the node agent (``/stats/workload`` of the pod's node agent);
+    scraped by the node agent, read through the API from ``nodes/{node}/proxy/stats/workload``
+    (the API server reaches the agent with its credentials; agents answer nobody else);
 - each metric proposes a replica count, the largest wins; if some metric failed and the
   others propose a scale down, nothing changes;
 - outside [minReplicas, maxReplicas] the count is brought back first; a target at zero
@@ -40,16 +41,17 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import quote
 
 import httpx
 
-from gpufleet.api.k8s import HorizontalPodAutoscaler, Node, Pod
+from gpufleet.api.k8s import HorizontalPodAutoscaler, Pod
 from gpufleet.api.quantity import parse_quantity
 from gpufleet.api.selectors import SelectorError, parse_label_selector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
-from gpufleet.client.errors import ApiError, Conflict
+from gpufleet.client.errors import ApiError, Conflict, NotFound, TransportError
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
@@ -90,7 +92,7 @@ def _milli(q: Any) -> int:
 
 
 class ClusterMetrics:
-    """Reads metrics through the API (metrics.k8s.io), from the gateway, and from agents."""
+    """Reads metrics through the API (metrics.k8s.io and the nodes' proxy) and from the gateway."""
 
     def __init__(self, client: Client, *, gateway_url: str | None = None, clock: Clock = REAL_CLOCK,
                  timeout: float = 3.0) -> None:
@@ -172,24 +174,26 @@ class ClusterMetrics:
         return out
 
     async def _workload(self, namespace: str, pods: Sequence[Any], metric: str) -> dict[str, algo.Sample]:
-        """A metric the workload exposes itself: each pod's agent scraped it (``/stats/workload``)."""
+        """A metric the workload exposes itself: each pod's agent scraped it; read through the
+        API server's node proxy (``/api/v1/nodes/{node}/proxy/stats/workload``)."""
         nodes = {objects.field(p.spec, "node_name") for p in pods if p.spec is not None and p.spec.node_name}
         wanted = {objects.name_of(p) for p in pods}
         out: dict[str, algo.Sample] = {}
         for node_name in sorted(n for n in nodes if n):
+            path = f"/api/v1/nodes/{quote(node_name, safe='')}/proxy/stats/workload"
             try:
-                node = await self.client.get(Node, node_name, raw=True)
+                resp = await self.client.raw_request("GET", path, params={"namespace": namespace})
+                data = json.loads(resp.body)
+            except NotFound:
+                continue  # the node is gone; its pods will be too
             except ApiError as exc:
-                raise MetricsError(f"node {node_name}: {exc}") from exc
-            base = _agent_url(node)
-            if base is None:
-                continue
-            try:
-                resp = await self._http.get(f"{base}/stats/workload", params={"namespace": namespace})
-                resp.raise_for_status()
-                data = resp.json()
-            except (httpx.HTTPError, ValueError) as exc:
-                raise MetricsError(f"unable to get {metric} from the agent of {node_name}: {exc}") from exc
+                if exc.code == 503:
+                    continue  # the node publishes no agent endpoint (yet)
+                raise MetricsError(f"unable to get {metric} from node {node_name}: {exc}") from exc
+            except (TransportError, ValueError) as exc:
+                raise MetricsError(f"unable to get {metric} from node {node_name}: {exc}") from exc
+            if not isinstance(data, dict):
+                raise MetricsError(f"unable to get {metric} from node {node_name}: not a JSON object")
             for entry in data.get("pods") or []:
                 if entry.get("name") not in wanted:
                     continue
@@ -209,16 +213,6 @@ def _window(text: Any) -> float:
         except ValueError:
             return 0.0
     return 0.0
-
-
-def _agent_url(node: dict[str, Any]) -> str | None:
-    status = node.get("status") or {}
-    port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
-    addresses = status.get("addresses") or []
-    address = next((a.get("address") for a in addresses if a.get("type") == "InternalIP"), None)
-    if not port or not address:
-        return None
-    return f"http://{address}:{port}"
 
 
 # --- pods as the calculator sees them ----------------------------------------------------

@@ -604,8 +604,22 @@ async def test_metrics_summary_and_metrics_api(h):
     base = f"http://127.0.0.1:{agent.port}"
     async with httpx.AsyncClient() as http:
         assert (await http.get(f"{base}/healthz")).text == "ok"
-        summary = (await http.get(f"{base}/stats/summary")).json()
-        metrics = (await http.get(f"{base}/metrics")).text
+        # Only the API server's token for this node opens the rest, whatever the path.
+        other = h.cp.node_proxy.node_headers("another-node")
+        for path in ("/stats/summary", "/stats/workload", "/metrics", "/metrics/resource",
+                     "/containerLogs/default/busy/main", "/pods", "/"):
+            for headers in (None, other, {"authorization": "Basic eDp5"}):
+                resp = await http.get(f"{base}{path}", headers=headers)
+                assert resp.status_code == 401, (path, headers, resp.status_code)
+                assert resp.json()["reason"] == "Unauthorized"
+        assert (await http.post(f"{base}/stats/summary")).status_code == 401
+        mine = h.cp.node_proxy.node_headers(NODE)
+        assert (await http.get(f"{base}/stats/summary", headers=mine)).status_code == 200
+    # Everyone else reads them through the API server: nodes/{name}/proxy/...
+    summary = json.loads((await h.api.raw_request("GET", f"/api/v1/nodes/{NODE}/proxy/stats/summary")).body)
+    scraped = await h.api.raw_request("GET", f"/api/v1/nodes/{NODE}/proxy/metrics")
+    assert scraped.headers["content-type"].startswith("text/plain; version=0.0.4")
+    metrics = scraped.body.decode()
     assert summary["node"]["nodeName"] == NODE and summary["node"]["memory"]["workingSetBytes"] > 0
     pods = {p["podRef"]["name"]: p for p in summary["pods"]}
     assert pods["busy"]["containers"][0]["name"] == "main"

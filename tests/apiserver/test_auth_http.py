@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gpufleet.agent.bootstrap import node_token, request_node_token, saved_log_token, whoami
-from gpufleet.agent.httpserver import LogAnswer, build_app
+from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer, build_app
 from gpufleet.api.registry import REGISTRY, ResourceType
 from gpufleet.cli.commands.token import create_token
 from gpufleet.cli.controlplane import ControlPlane
@@ -232,6 +232,90 @@ async def test_node_token_writes_only_its_own_node(cp: ControlPlane, tmp_path: P
                            params={"gracePeriodSeconds": "0"})).status == 200
 
 
+async def test_node_lists_and_watches_only_its_own_pods(cp: ControlPlane, tmp_path: Path) -> None:
+    n1 = await node_token(lambda t: connect(cp, t), cp.join_token, "n1", tmp_path / "agent-n1")
+    async with connect(cp, cp.admin_token) as admin, connect(cp, n1) as agent:
+        await admin.create(pod_on("mine", "n1"), raw=True)
+        await admin.create(pod_on("theirs", "n2"), raw=True)
+        for path in ("/api/v1/pods", "/api/v1/namespaces/default/pods"):
+            for selector in ("spec.nodeName=n1", "spec.nodeName==n1", "status.phase!=Failed,spec.nodeName=n1"):
+                resp = await send(agent, "GET", path, params={"fieldSelector": selector})
+                assert resp.status == 200, (path, selector, resp.body)
+                assert [p["metadata"]["name"] for p in json.loads(resp.body)["items"]] == ["mine"]
+            watch = await send(agent, "GET", path, params={"fieldSelector": "spec.nodeName=n1", "watch": "true",
+                                                           "timeoutSeconds": "1"})
+            assert watch.status == 200
+        # Without its own node name in the selector: Kubernetes' 403.
+        resp = await send(agent, "GET", "/api/v1/pods")
+        assert resp.status == 403
+        assert message(resp) == ('pods is forbidden: User "system:node:n1" cannot list resource "pods" in API group'
+                                 ' "" at the cluster scope: can only list/watch pods with spec.nodeName field '
+                                 'selector')
+        for params in ({"fieldSelector": "spec.nodeName=n2"}, {"fieldSelector": "spec.nodeName!=n1"},
+                       {"fieldSelector": "metadata.name=mine"}, {"labelSelector": "spec.nodeName=n1"},
+                       {"fieldSelector": "spec.nodeName=n", "watch": "true", "timeoutSeconds": "1"}):
+            resp = await send(agent, "GET", "/api/v1/namespaces/default/pods", params=params)
+            assert resp.status == 403, (params, resp.status)
+            assert message(resp).endswith("can only list/watch pods with spec.nodeName field selector")
+        resp = await send(agent, "GET", "/api/v1/namespaces/default/pods",
+                          params={"watch": "true", "timeoutSeconds": "1"})
+        assert (resp.status, message(resp)) == (403, 'pods is forbidden: User "system:node:n1" cannot watch '
+                                                     'resource "pods" in API group "" in the namespace "default": '
+                                                     'can only list/watch pods with spec.nodeName field selector')
+        # kubectl auth can-i, with the selector (resourceAttributes.fieldSelector) and without.
+        review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                  "spec": {"resourceAttributes": {"verb": "list", "resource": "pods"}}}
+        ssar = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+        assert json.loads((await send(agent, "POST", ssar, review)).body)["status"]["allowed"] is False
+        review["spec"]["resourceAttributes"]["fieldSelector"] = {"rawSelector": "spec.nodeName=n1"}
+        assert json.loads((await send(agent, "POST", ssar, review)).body)["status"]["allowed"] is True
+        review["spec"]["resourceAttributes"]["fieldSelector"] = {
+            "requirements": [{"key": "spec.nodeName", "operator": "In", "values": ["n1"]}]}
+        assert json.loads((await send(agent, "POST", ssar, review)).body)["status"]["allowed"] is True
+        # Its own pods, and any other one by name, as before.
+        assert (await send(agent, "GET", "/api/v1/namespaces/default/pods/theirs")).status == 200
+        # An administrator lists everything, selector or not.
+        assert len(json.loads((await send(admin, "GET", "/api/v1/pods")).body)["items"]) == 2
+
+
+async def test_nodes_proxy_is_an_rbac_subresource(cp: ControlPlane, tmp_path: Path) -> None:
+    """GET /api/v1/nodes/{name}/proxy/{path} reaches the node's agent with the API server's
+    token for that node; RBAC resource nodes/proxy (cluster-admin, system:kubelet-api-admin)."""
+    await node_token(lambda t: connect(cp, t), cp.join_token, "n1", tmp_path / "n1")
+    server = AgentHttpServer(LogStub(), "127.0.0.1", 0, log_token=saved_log_token(tmp_path / "n1"))
+    await server.start()
+    async with connect(cp, cp.admin_token) as admin:
+        await admin.create(node_body("n1"), raw=True)
+        node = await admin.get("nodes", "n1", raw=True)
+        node["status"] = {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+                          "daemonEndpoints": {"kubeletEndpoint": {"Port": server.port}}}
+        await admin.update_status(node, raw=True)
+        bob_token = (await create_token(admin, user="bob", namespace="default", role="edit"))["token"]
+        try:
+            resp = await send(admin, "GET", "/api/v1/nodes/n1/proxy/stats/summary")
+            assert (resp.status, json.loads(resp.body)) == (200, {"node": {}})
+            assert (await send(admin, "GET", "/api/v1/nodes/n1/proxy/healthz")).body == b"ok"
+            logs = await send(admin, "GET", "/api/v1/nodes/n1/proxy/containerLogs/default/p/c")
+            assert (logs.status, logs.body) == (200, b"hello\n")
+            assert (await send(admin, "GET", "/api/v1/nodes/n1/proxy/nothing/here")).status == 404
+            assert (await send(admin, "POST", "/api/v1/nodes/n1/proxy/metrics", {})).status == 405
+            assert (await send(admin, "GET", "/api/v1/nodes/n9/proxy/metrics")).status == 404
+            async with connect(cp, bob_token) as bob:
+                resp = await send(bob, "GET", "/api/v1/nodes/n1/proxy/metrics")
+                assert (resp.status, message(resp)) == (403, 'nodes "n1" is forbidden: User "bob" cannot get '
+                                                             'resource "nodes/proxy" in API group "" at the '
+                                                             'cluster scope')
+                await admin.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                                    "metadata": {"name": "bob-kubelet"},
+                                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                                "name": "system:kubelet-api-admin"},
+                                    "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                                  "name": "bob"}]}, raw=True)
+                assert (await send(bob, "GET", "/api/v1/nodes/n1/proxy/metrics")).status == 200
+        finally:
+            await server.stop()
+
+
 def secret(name: str, ns: str = "default") -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": ns},
             "data": {"token": "czNjcjN0"}}
@@ -410,7 +494,7 @@ class LogStub:
         return {"pods": []}
 
 
-async def test_agent_logs_answer_only_the_api_server(cp: ControlPlane, tmp_path: Path) -> None:
+async def test_agent_answers_only_the_api_server(cp: ControlPlane, tmp_path: Path) -> None:
     await node_token(lambda t: connect(cp, t), cp.join_token, "n1", tmp_path / "n1")
     await node_token(lambda t: connect(cp, t), cp.join_token, "n2", tmp_path / "n2")
     mine, theirs = saved_log_token(tmp_path / "n1"), saved_log_token(tmp_path / "n2")
@@ -418,12 +502,14 @@ async def test_agent_logs_answer_only_the_api_server(cp: ControlPlane, tmp_path:
     assert cp.node_proxy is not None and cp.node_proxy.node_headers("n1") == {"authorization": f"Bearer {mine}"}
     app = build_app(LogStub(), log_token=mine)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent") as http:
-        path = "/containerLogs/default/p/c"
-        assert (await http.get(path)).status_code == 401
-        assert (await http.get(path, headers={"authorization": f"Bearer {theirs}"})).status_code == 401
-        ok = await http.get(path, headers=cp.node_proxy.node_headers("n1"))
+        for path in ("/containerLogs/default/p/c", "/stats/summary", "/stats/workload", "/metrics"):
+            assert (await http.get(path)).status_code == 401
+            assert (await http.get(path, headers={"authorization": f"Bearer {theirs}"})).status_code == 401
+            assert (await http.get(path, headers={"authorization": f"Bearer {mine}x"})).status_code == 401
+            assert (await http.get(path, headers=cp.node_proxy.node_headers("n1"))).status_code == 200
+        ok = await http.get("/containerLogs/default/p/c", headers=cp.node_proxy.node_headers("n1"))
         assert (ok.status_code, ok.text) == (200, "hello\n")
-        assert (await http.get("/stats/summary")).status_code == 200
+        assert (await http.get("/healthz")).text == "ok"
 
 
 # -- (c) without a valid token nothing but the health and version endpoints answer -----------------

@@ -11,8 +11,8 @@ from cryptography import x509
 
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.auth.certs import ensure_pki
-from gpufleet.apiserver.auth.nodeauthz import pod_references
-from gpufleet.apiserver.auth.rbac import Attributes, bootstrap_policy, rule_allows, subject_matches
+from gpufleet.apiserver.auth.nodeauthz import NodeAuthorizer, pod_references
+from gpufleet.apiserver.auth.rbac import Attributes, Decision, bootstrap_policy, rule_allows, subject_matches
 from gpufleet.apiserver.auth.tokens import TokenFileError, ensure_admin_token, parse_token_csv
 from gpufleet.apiserver.requestinfo import parse_request
 
@@ -70,6 +70,35 @@ def test_watch_and_namespace_attributes() -> None:
     assert (watch.verb, watch.namespace) == ("watch", "a")
     # A Namespace object counts as inside itself, so a RoleBinding in "a" may reach it.
     assert attrs("GET", "/api/v1/namespaces/a").namespace == "a"
+
+
+def test_proxy_paths_and_field_selectors_reach_the_authorizer() -> None:
+    proxy = Attributes.from_request(parse_request("GET", "/api/v1/nodes/n1/proxy/stats/summary", False))
+    assert (proxy.verb, proxy.resource, proxy.name, proxy.subresource) == ("get", "nodes", "n1", "proxy")
+    assert rule_allows({"apiGroups": [""], "resources": ["nodes/proxy"], "verbs": ["get"]}, proxy)
+    assert not rule_allows({"apiGroups": [""], "resources": ["nodes"], "verbs": ["*"]}, proxy)
+    # Other subresources keep refusing deeper paths (they are not resource requests).
+    assert not parse_request("GET", "/api/v1/namespaces/a/pods/p/log/more", False).is_resource_request
+    listed = Attributes.from_request(parse_request("GET", "/api/v1/pods", True, "spec.nodeName=n1"))
+    assert (listed.verb, listed.field_selector) == ("watch", "spec.nodeName=n1")
+
+
+async def test_node_authorizer_scopes_pod_lists_to_the_node() -> None:
+    node = NodeAuthorizer(store=None)  # type: ignore[arg-type]  # pods decisions read no store
+
+    async def decide(verb: str, selector: str = "", subresource: str = "") -> Decision | None:
+        return await node.decide("n1", Attributes(verb=verb, resource="pods", field_selector=selector,
+                                                  subresource=subresource))
+    refused = Decision(False, "can only list/watch pods with spec.nodeName field selector")
+    for verb in ("list", "watch"):
+        assert (await decide(verb, "spec.nodeName=n1")).allowed
+        assert (await decide(verb, "spec.nodeName==n1,status.phase=Running")).allowed
+        for selector in ("", "spec.nodeName=n2", "spec.nodeName!=n1", "spec.nodeName=n1x", "metadata.name=n1",
+                         "spec.nodeName"):
+            assert await decide(verb, selector) == refused, selector
+    # get, writes and subresources are left to RBAC and NodeRestriction.
+    assert await decide("get") is None and await decide("patch") is None
+    assert await decide("list", subresource="status") is None
 
 
 def test_subjects() -> None:

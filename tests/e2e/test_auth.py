@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -154,3 +160,102 @@ def test_a_node_reads_only_the_secrets_of_its_own_pods(cluster: Cluster, kubectl
     node("get", "services").ok()
     kubectl("delete", "pod", "uses-mine", "--grace-period=0", "--force").ok()
     assert "Forbidden" in node("get", "secret", "mine").failed().stderr
+
+
+def test_a_node_lists_only_its_own_pods(cluster: Cluster, kubectl: Kubectl, tmp_path: Path) -> None:
+    node = as_user(kubectl, node_kubeconfig(cluster, "e2e-lister", tmp_path / "lister.kubeconfig"))
+    denied = node("get", "pods", "-A").failed()
+    assert denied.stderr.strip() == (
+        'Error from server (Forbidden): pods is forbidden: User "system:node:e2e-lister" cannot list resource '
+        '"pods" in API group "" at the cluster scope: can only list/watch pods with spec.nodeName field selector')
+    assert "Forbidden" in node("get", "pods", "-A", "--field-selector", "spec.nodeName=e2e-node").failed().stderr
+    mine = node("get", "pods", "-A", "--field-selector", "spec.nodeName=e2e-lister").ok()
+    assert "No resources found" in mine.stderr
+    no = node("auth", "can-i", "list", "pods")
+    assert (no.returncode, no.stdout.strip()) == (
+        1, "no - can only list/watch pods with spec.nodeName field selector")
+
+
+POD_ON_AGENT = """
+apiVersion: v1
+kind: Pod
+metadata: {name: chatty, namespace: default}
+spec:
+  nodeName: e2e-agent
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: main
+    image: python:3.12
+    command: [__PYTHON__, -u, -c, "print('hello from e2e-agent'); import time; time.sleep(120)"]
+"""
+
+
+def test_agent_endpoints_only_through_the_api(cluster: Cluster, kubectl: Kubectl, tmp_path: Path) -> None:
+    """A joined agent answers its stats, metrics and logs only to the API server: kubectl
+    logs / top and `get --raw .../nodes/<name>/proxy/...` work; the agent's port, asked
+    directly, answers 401 to anyone but /healthz."""
+    state = tmp_path / "agent"
+    agent_log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet.cli.main", "agent", "--server", cluster.url,
+         "--token-file", str(cluster.state_dir / "join-token"),
+         "--certificate-authority", str(cluster.state_dir / "pki" / "ca.crt"), "--name", "e2e-agent",
+         "--gpus", "1", "--state-dir", str(state), "--cpus", "2", "--memory", "4Gi",
+         "--taints", "e2e=agent:NoSchedule"],
+        stdout=subprocess.DEVNULL, stderr=agent_log, text=True, start_new_session=True)
+
+    def until(what: str, check, limit: float = 40.0):  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            got = check()
+            if got:
+                return got
+            time.sleep(0.5)
+        pytest.fail(f"timed out waiting for {what}\n{(tmp_path / 'agent.log').read_text()[-3000:]}",
+                    pytrace=False)
+
+    try:
+        until("the agent's node to be Ready", lambda: kubectl(
+            "get", "node", "e2e-agent", "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}")
+            .stdout == "True")
+        kubectl("apply", "-f", "-", input=POD_ON_AGENT.replace("__PYTHON__", sys.executable)).ok()
+        logs = until("kubectl logs", lambda: (r := kubectl("logs", "chatty")).returncode == 0
+                     and "hello from e2e-agent" in r.stdout and r)
+        assert logs.stdout == "hello from e2e-agent\n"
+        top_nodes = until("kubectl top node", lambda: (r := kubectl("top", "node", "e2e-agent")).returncode == 0
+                          and r)
+        assert top_nodes.stdout.split()[:5] == ["NAME", "CPU(cores)", "CPU(%)", "MEMORY(bytes)", "MEMORY(%)"]
+        assert top_nodes.stdout.splitlines()[1].split()[0] == "e2e-agent"
+        top_pods = until("kubectl top pod", lambda: (r := kubectl("top", "pod", "chatty")).returncode == 0 and r)
+        assert top_pods.stdout.splitlines()[1].split()[0] == "chatty"
+        metrics = kubectl("get", "--raw", "/api/v1/nodes/e2e-agent/proxy/metrics").ok().stdout
+        assert "gpufleet_node_cpu_usage_cores" in metrics
+        summary = json.loads(kubectl("get", "--raw", "/api/v1/nodes/e2e-agent/proxy/stats/summary").ok().stdout)
+        assert summary["node"]["nodeName"] == "e2e-agent"
+
+        # The agent's own port, straight: 401 but for /healthz.
+        node = json.loads(kubectl("get", "node", "e2e-agent", "-o", "json").ok().stdout)
+        port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+            assert resp.read() == b"ok"
+        for path in ("/stats/summary", "/stats/workload", "/metrics", "/containerLogs/default/chatty/main"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(urllib.request.Request(
+                    f"{base}{path}", headers={"Authorization": f"Bearer {cluster.token}"}), timeout=5)
+            assert refused.value.code == 401, path
+        # A user without nodes/proxy (a team's edit token) is refused by the API server.
+        gpufleet(cluster, "token", "create", "--namespace", "default", "--role", "edit", "--user", "carol",
+                 "--write-kubeconfig", str(tmp_path / "carol.kubeconfig"))
+        carol = as_user(kubectl, tmp_path / "carol.kubeconfig")
+        denied = carol("get", "--raw", "/api/v1/nodes/e2e-agent/proxy/metrics").failed()
+        assert 'cannot get resource "nodes/proxy"' in denied.stderr, denied
+    finally:
+        kubectl("delete", "pod", "chatty", "--grace-period=0", "--force")
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        agent_log.close()

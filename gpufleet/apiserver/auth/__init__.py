@@ -61,8 +61,8 @@ class Security:
         self._proxy_key: bytes | None = None
 
     def log_token(self, node: str) -> str | None:
-        """What the API server shows a node's agent to read logs from it: an HMAC of the node
-        name, so an agent learns only its own and cannot replay it to another node."""
+        """What the API server shows a node's agent to read its logs, stats and metrics: an HMAC
+        of the node name, so an agent learns only its own and cannot replay it to another node."""
         if self._proxy_key is None:
             return None
         return hmac.new(self._proxy_key, node.encode(), hashlib.sha256).hexdigest()

@@ -1,11 +1,15 @@
-"""The Node authorizer: a node agent reads only the secrets and config maps of its own pods.
+"""The Node authorizer: a node agent reads only the secrets and config maps of its own pods,
+and lists or watches only its own pods.
 
 As Kubernetes' (plugin/pkg/auth/authorizer/node): a member of ``system:nodes`` acting as
 ``system:node:<name>`` may ``get`` a Secret or ConfigMap only when a pod bound to that node
 (``spec.nodeName``) references it, through a volume (also inside a projected volume), an
 env ``valueFrom``, an ``envFrom`` or an ``imagePullSecrets`` entry. A list or watch of them,
 which would reveal every one in a namespace, is refused. Everything else a node reads or
-writes is left to RBAC (the ``system:node`` role) and NodeRestriction.
+writes is left to RBAC (the ``system:node`` role) and NodeRestriction, except listing and
+watching pods: allowed only with the field selector ``spec.nodeName=<the node>``, as
+Kubernetes' Node authorizer does (AuthorizeNodeWithSelectors), so a node cannot read the
+pods of the whole cluster.
 
 Kubernetes keeps a graph that informers update, so a decision can lag behind a binding or a
 deletion. Here each decision reads the store as of that request: the authorizer keeps, per
@@ -21,6 +25,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api.selectors import SelectorError, parse_field_selector
 from gpufleet.apiserver.auth.rbac import Attributes, Decision
 from gpufleet.store import base as store_base
 
@@ -96,6 +101,15 @@ def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
     return {"secrets": secrets, "configmaps": configmaps}
 
 
+def _selects_node(field_selector: str, node: str) -> bool:
+    try:
+        selector = parse_field_selector(field_selector)
+    except SelectorError:
+        return False
+    return any(r.field == "spec.nodeName" and r.operator == "=" and r.value == node
+               for r in selector.requirements)
+
+
 def _no_relationship(node: str) -> Decision:
     return Decision(False, f"no relationship found between node '{node}' and this object")
 
@@ -129,15 +143,21 @@ class _Namespace:
 
 
 class NodeAuthorizer:
-    """Decides a node's requests for secrets and config maps; has no opinion on the rest
-    (``decide`` returns None), which RBAC then decides."""
+    """Decides a node's requests for secrets and config maps, and its lists and watches of
+    pods; has no opinion on the rest (``decide`` returns None), which RBAC then decides."""
 
     def __init__(self, store: store_base.Store) -> None:
         self.store = store
         self._namespaces: dict[str, _Namespace] = {}
 
     async def decide(self, node: str, attrs: Attributes) -> Decision | None:
-        if not attrs.is_resource or attrs.group != "" or attrs.resource not in GRAPH_RESOURCES:
+        if not attrs.is_resource or attrs.group != "":
+            return None
+        if attrs.resource == "pods" and not attrs.subresource and attrs.verb in ("list", "watch"):
+            if _selects_node(attrs.field_selector, node):
+                return Decision(True, f"node '{node}' lists its own pods")
+            return Decision(False, "can only list/watch pods with spec.nodeName field selector")
+        if attrs.resource not in GRAPH_RESOURCES:
             return None
         if attrs.verb != "get" or not attrs.name:
             return Decision(False, "can only get individual resources of this type")

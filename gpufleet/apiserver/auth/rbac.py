@@ -45,6 +45,8 @@ class Attributes:
     namespace: str = ""
     name: str = ""
     path: str = ""
+    # The request's field selector, as given (``spec.nodeName=n1``); RBAC ignores it.
+    field_selector: str = ""
 
     @classmethod
     def from_request(cls, info: RequestInfo) -> Attributes:
@@ -56,7 +58,7 @@ class Attributes:
             # team-a lets its subjects get the namespace team-a.
             ns = info.name
         return cls(verb=info.verb, group=info.group, resource=info.resource, subresource=info.subresource,
-                   namespace=ns, name=info.name, path=info.path)
+                   namespace=ns, name=info.name, path=info.path, field_selector=info.field_selector)
 
 
 def _verb_matches(rule: dict[str, Any], verb: str) -> bool:
@@ -316,12 +318,13 @@ _DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "
                    "/version/", "/openapi", "/openapi/*"]
 
 # The `system:node` role: what a node agent may do. NodeRestriction narrows the writes to
-# the agent's own Node, Lease and pods; secrets and config maps are not here: the Node
-# authorizer (nodeauthz.py) lets a node get those its own pods reference, and no others.
+# the agent's own Node, Lease and pods; secrets and config maps are not here, nor listing or
+# watching pods: the Node authorizer (nodeauthz.py) lets a node get the secrets and config
+# maps its own pods reference, and list/watch pods only with ``spec.nodeName=<itself>``.
 _NODE_RULES = [
     _rule([""], ["nodes"], [*_READ, "create", "update", "patch", "delete"]),
     _rule([""], ["nodes/status"], ["get", "update", "patch"]),
-    _rule([""], ["pods"], [*_READ, "update", "patch", "delete"]),
+    _rule([""], ["pods"], ["get", "update", "patch", "delete"]),
     _rule([""], ["pods/status"], ["get", "update", "patch"]),
     _rule(["", "events.k8s.io"], ["events"], ["create", "update", "patch"]),
     _rule([""], ["services", "endpoints", "namespaces"], _READ),
@@ -358,6 +361,12 @@ def bootstrap_policy() -> list[dict[str, Any]]:
             _rule(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"]),
         ]),
         _cluster_role("system:node", _NODE_RULES),
+        # Full access to the node agents' API through nodes/{name}/proxy (bound to nobody).
+        _cluster_role("system:kubelet-api-admin", [
+            _rule([""], ["nodes"], _READ),
+            _rule([""], ["nodes"], ["proxy"]),
+            _rule([""], ["nodes/proxy", "nodes/metrics", "nodes/stats", "nodes/log"], ["*"]),
+        ]),
         _cluster_role("system:node-bootstrapper", [_rule(["bootstrap.gpufleet.io"], ["nodetokenrequests"],
                                                          ["create"])]),
         _cluster_binding("cluster-admin", "cluster-admin", SUPERUSER_GROUP),

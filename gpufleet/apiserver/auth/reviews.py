@@ -157,6 +157,25 @@ def _body(req: RawRequest) -> dict[str, Any]:
     return body
 
 
+def _field_selector(given: Any) -> str:
+    """resourceAttributes.fieldSelector (``rawSelector``, or ``requirements`` of single-value
+    ``In``) as the text a request's ?fieldSelector= would carry."""
+    if not isinstance(given, dict):
+        return ""
+    if isinstance(given.get("rawSelector"), str):
+        return given["rawSelector"]
+    terms = []
+    for r in given.get("requirements") or []:
+        if not isinstance(r, dict):
+            continue
+        values = r.get("values")
+        if r.get("operator") == "In" and isinstance(values, list) and len(values) == 1:
+            terms.append(f"{r.get('key')}={values[0]}")
+        elif r.get("operator") == "NotIn" and isinstance(values, list) and len(values) == 1:
+            terms.append(f"{r.get('key')}!={values[0]}")
+    return ",".join(terms)
+
+
 def attributes_from_spec(spec: dict[str, Any], namespace: str = "") -> Attributes:
     """An access review's spec as authorizer attributes; a 400 names a missing field."""
     ra = spec.get("resourceAttributes")
@@ -167,7 +186,8 @@ def attributes_from_spec(spec: dict[str, Any], namespace: str = "") -> Attribute
         if resource == "namespaces" and name and not ns:
             ns = name
         return Attributes(verb=ra.get("verb") or "", group=ra.get("group") or "", resource=resource,
-                          subresource=ra.get("subresource") or "", namespace=ns, name=name)
+                          subresource=ra.get("subresource") or "", namespace=ns, name=name,
+                          field_selector=_field_selector(ra.get("fieldSelector")))
     if isinstance(nra, dict):
         return Attributes(verb=nra.get("verb") or "", is_resource=False, path=nra.get("path") or "")
     raise bad_request("spec.resourceAttributes: Required value: exactly one of resourceAttributes or "
