@@ -8,6 +8,7 @@ bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
 STATE_DIR=${GPUFLEET_STATE_DIR:-$(mktemp -d /tmp/gpufleet-demo.XXXXXX)}
+mkdir -p "$STATE_DIR"
 LOG="$STATE_DIR/gpufleet-up.log"
 echo "== starting gpufleet (state in $STATE_DIR)"
 gpufleet up --state-dir "$STATE_DIR" --port 0 --gpus 4 --gpu-model H100-SXM-80GB >"$LOG" 2>&1 &

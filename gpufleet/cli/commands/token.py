@@ -59,6 +59,12 @@ async def create_token(client: Client, *, role: str, namespace: str | None, user
                        groups: list[str] | None = None, description: str = "") -> dict[str, Any]:
     """Make a token for ``user`` bound to ``role`` in ``namespace`` (cluster-wide when
     namespace is None). Returns {"id", "token", "user", "binding"}."""
+    if namespace:
+        try:
+            await client.get("namespaces", namespace, raw=True)
+        except NotFound:
+            raise CliError(f'error: --namespace {namespace}: namespace "{namespace}" does not exist; '
+                           f"create it first (kubectl create namespace {namespace})") from None
     kind = await _role_kind(client, namespace, role)
     if namespace is None and kind != "ClusterRole":
         raise CliError("error: a cluster-wide token needs a ClusterRole")

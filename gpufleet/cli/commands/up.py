@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import signal
+import socket
 from pathlib import Path
 
 import typer
 from rich.console import Console
 
-console = Console(stderr=True)
+console = Console(stderr=True, soft_wrap=True)  # no line breaks inside commands to copy
 
 
 def security_options(insecure: bool, tls_cert_file: Path | None, tls_key_file: Path | None,
@@ -35,6 +37,29 @@ def security_options(insecure: bool, tls_cert_file: Path | None, tls_key_file: P
         return p.expanduser().resolve() if p is not None else None
     return dict(secure=not insecure, tls_cert_file=path(tls_cert_file), tls_key_file=path(tls_key_file),
                 tls_ca_file=path(tls_ca_file), token_auth_file=path(token_auth_file))
+
+
+def check_port_free(host: str, port: int, flag: str = "--port") -> None:
+    """Refuse at once, naming the flag to change, when something already listens on the
+    port (another `gpufleet up` most often), instead of failing halfway through start-up."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise typer.BadParameter(f"cannot resolve {host}: {exc}", param_hint="--host") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds
+        try:
+            s.bind(addr)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise typer.BadParameter(f"cannot listen on {host}:{port} ({exc.strerror})",
+                                         param_hint="--host") from None
+            raise typer.BadParameter(
+                f"{host}:{port} is already in use (is another `gpufleet up` or `gpufleet server` running?); "
+                "stop it, or choose another port (0 picks a free one)", param_hint=flag) from None
 
 
 InsecureOption = typer.Option(False, "--insecure", help="Serve plain HTTP and let every request in as an "
@@ -84,6 +109,7 @@ def register(app: typer.Typer) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # One line per probe and per metrics read is noise unless asked for.
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
+        check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         state_dir.mkdir(parents=True, exist_ok=True)
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
