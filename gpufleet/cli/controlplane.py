@@ -16,6 +16,13 @@ from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import write_kubeconfig
+from gpufleet.client.leaderelection import (
+    CONTROLLER_MANAGER_LEASE,
+    SCHEDULER_LEASE,
+    LeaderElectionConfig,
+    LeaderElector,
+    default_identity,
+)
 from gpufleet.client.transport import LocalTransport
 from gpufleet.store.base import Store, open_store
 from gpufleet.utils.clock import REAL_CLOCK, Clock
@@ -53,6 +60,16 @@ class ControlPlane:
     gateway_port: int | None = None
     hpa_sync_period: float = 15.0
     gateway: Any = None
+    # The scheduler and the controller manager run only while this process holds their
+    # Lease (kube-system/gpufleet-scheduler, kube-system/gpufleet-controller-manager), so
+    # several servers on one PostgreSQL have one active of each. leader_elect=False runs
+    # them unconditionally (one server, or something else doing the electing).
+    leader_elect: bool = True
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    identity: str | None = None  # default: <hostname>_<pid>_<random>
+    electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
 
@@ -128,17 +145,46 @@ class ControlPlane:
                 if self.state_dir is not None:
                     (self.state_dir / "gateway-url").write_text(gateway.url + "\n")
         if self.run_controllers:
-            from gpufleet.controllers.manager import start_controllers
-
-            self._stoppables.append(await start_controllers(
-                self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
-                hpa_gateway_url=self.gateway.url if self.gateway is not None else None))
+            await self._run_leading(CONTROLLER_MANAGER_LEASE, "controller manager", self._new_controller_manager)
         if self.run_scheduler if self.run_scheduler is not None else self.run_controllers:
-            from gpufleet.scheduler import Scheduler
+            await self._run_leading(SCHEDULER_LEASE, "scheduler", self._new_scheduler)
 
-            scheduler = Scheduler(self.client, clock=self.clock)
-            await scheduler.start()
-            self._stoppables.append(scheduler)
+    def _new_controller_manager(self) -> Any:
+        from gpufleet.controllers.manager import ControllerManager
+
+        return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
+                                 hpa_gateway_url=self.gateway.url if self.gateway is not None else None)
+
+    def _new_scheduler(self) -> Any:
+        from gpufleet.scheduler import Scheduler
+
+        return Scheduler(self.client, clock=self.clock)
+
+    async def _run_leading(self, lease: str, what: str, make: Any) -> None:
+        """Run a fresh ``make()`` component for each term this process holds ``lease``.
+        When this process wins at once (one server, or the first), the component has started
+        by the time this returns, as without an election."""
+        assert self.client is not None
+        if not self.leader_elect:
+            component = make()
+            await component.start()
+            self._stoppables.append(component)
+            return
+        term = _Term(make, what)
+        if self.identity is None:
+            self.identity = default_identity()
+        config = LeaderElectionConfig(name=lease, identity=self.identity, lease_duration=self.lease_duration,
+                                      renew_deadline=self.renew_deadline, retry_period=self.retry_period)
+        elector = LeaderElector(self.client, config, clock=self.clock, on_started_leading=term.start,
+                                on_stopped_leading=term.stop,
+                                on_new_leader=lambda holder: log.info("%s: the leader is now %s", what, holder),
+                                holder_gone=_dead_on_this_host if self.store_url.startswith("sqlite:") else None)
+        self.electors.append(elector)
+        self._stoppables.append(elector)
+        elector.start()
+        await elector.first_attempt.wait()
+        if elector.is_leader():
+            await term.started.wait()
 
     @property
     def kubeconfig_url(self) -> str:
@@ -161,3 +207,49 @@ class ControlPlane:
             await self.node_proxy.close()
         if self.store is not None:
             await self.store.close()
+
+
+class _Term:
+    """One leader's component: made afresh for each term, stopped when the term ends."""
+
+    def __init__(self, make: Any, what: str) -> None:
+        self.make = make
+        self.what = what
+        self.component: Any = None
+        self.started = asyncio.Event()  # set once the first start attempt is over
+
+    async def start(self) -> None:
+        self.component = self.make()
+        try:
+            await self.component.start()
+            print(f"{self.what}: became leader", flush=True)
+        finally:
+            self.started.set()
+
+    async def stop(self) -> None:
+        component, self.component = self.component, None
+        if component is not None:
+            await component.stop()
+            print(f"{self.what}: stopped leading", flush=True)
+
+
+def _dead_on_this_host(holder: str) -> bool:
+    """Whether a Lease holder (``<hostname>_<pid>_<random>``) was a process of this host that
+    is gone: on an embedded store, a restarted `gpufleet up` takes its predecessor's Leases
+    at once instead of waiting out their duration."""
+    import os
+    import socket
+
+    parts = holder.rsplit("_", 2)
+    if len(parts) != 3 or not parts[1].isdigit() or parts[0] != socket.gethostname().split(".")[0].lower():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False

@@ -325,3 +325,75 @@ class HttpTransport:
 def _describe(exc: BaseException) -> str:
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _never_sent(exc: TransportError) -> bool:
+    """Whether the request surely never reached the server (it could not even connect), so
+    sending it to another server cannot do it twice."""
+    return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
+
+
+class FailoverTransport:
+    """Several API servers sharing one store, tried in turn: a request that cannot connect
+    goes to the next server at once; any other transport failure moves later requests to the
+    next server but is raised (the server may have acted on it). Streams fail over the same
+    way when they cannot open; one cut off midway raises, and the caller's re-watch goes on
+    to the next server."""
+
+    def __init__(self, server_urls: Iterable[str], **options: Any) -> None:
+        urls = [u.strip() for u in server_urls if u and u.strip()]
+        if not urls:
+            raise ValueError("FailoverTransport needs at least one server URL")
+        self.transports = [HttpTransport(u, **options) for u in urls]
+        self._current = 0
+
+    @property
+    def server_url(self) -> str:
+        return self.transports[self._current].server_url
+
+    def _failed(self, index: int) -> None:
+        # Concurrent requests that failed on the same server move on once, not once each.
+        if self._current == index:
+            self._current = (index + 1) % len(self.transports)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        for attempt in range(len(self.transports)):
+            index = self._current
+            try:
+                return await self.transports[index].request(
+                    method, path, params=params, json=json, content=content, headers=headers)
+            except TransportError as exc:
+                self._failed(index)
+                if not _never_sent(exc) or attempt + 1 == len(self.transports):
+                    raise
+        raise AssertionError("unreachable")
+
+    async def stream(
+        self, method: str, path: str, params: Params = None, *, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[bytes]:
+        params = list(encode_params(params))
+        for attempt in range(len(self.transports)):
+            index = self._current
+            opened = False
+            try:
+                async for line in self.transports[index].stream(method, path, params, headers=headers):
+                    opened = True
+                    yield line
+                return
+            except TransportError as exc:
+                self._failed(index)
+                if opened or not _never_sent(exc) or attempt + 1 == len(self.transports):
+                    raise
+
+    async def close(self) -> None:
+        for t in self.transports:
+            await t.close()

@@ -16,7 +16,8 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def agent(
         server: Annotated[str | None, typer.Option(
-            "--server", help="API server URL (default: the kubeconfig's).")] = None,
+            "--server", help="API server URL (default: the kubeconfig's); several, comma-separated, for a "
+            "highly available control plane: the agent moves to the next when one cannot be reached.")] = None,
         token_file: Annotated[Path | None, typer.Option(
             "--token-file", help="File holding the token to join with: the cluster's join token "
             "(<state-dir>/join-token of `gpufleet up`), exchanged at the first start for this node's own "
@@ -38,8 +39,9 @@ def register(app: typer.Typer) -> None:
             "--gpu-inventory", help="YAML file declaring the GPUs one by one.")] = None,
         runtime: Annotated[str, typer.Option(
             "--runtime", help="How containers run: process, podman or simulated.")] = "process",
-        state_dir: Annotated[Path, typer.Option(
-            "--state-dir", help="Where logs and runtime state live.")] = Path("~/.gpufleet/agent"),
+        state_dir: Annotated[Path | None, typer.Option(
+            "--state-dir", help="Where the node token, logs and runtime state live (default: "
+            "~/.gpufleet/agents/<name>, one per node, apart from the agent of `gpufleet up`).")] = None,
         address: Annotated[str, typer.Option(
             "--address", help="Address the agent serves on and reports as the node's InternalIP.")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", help="Port for logs, stats and metrics (0: any).")] = 0,
@@ -58,6 +60,8 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        # One line per lease renewal and per watch is noise unless asked for.
+        logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
         if gpu_inventory is not None and gpus is not None:
             raise typer.BadParameter("give --gpus or --gpu-inventory, not both", param_hint="--gpu-inventory")
         try:
@@ -67,6 +71,9 @@ def register(app: typer.Typer) -> None:
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         node_name = name or hostname()
+        # The node token kept there is this node's: two agents sharing a dir would take each
+        # other's identity, so each node name gets its own by default.
+        state_dir = state_dir if state_dir is not None else Path("~/.gpufleet/agents") / node_name
         config = AgentConfig(node_name=node_name, state_dir=state_dir.expanduser().resolve(), address=address,
                              port=port, labels=node_labels, taints=node_taints, cpus=cpus, memory_bytes=memory_bytes)
         if token is not None and token_file is not None:
@@ -89,16 +96,19 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.client import Client, HttpTransport
     from gpufleet.client.kubeconfig import KubeConfig, load_kubeconfig
+    from gpufleet.client.transport import FailoverTransport
 
     # The kubeconfig (when given, or when there is no --server) supplies what the flags do not.
     cfg = load_kubeconfig(kubeconfig) if kubeconfig is not None or not server else KubeConfig(server=server or "")
-    url = server or cfg.server
+    urls = [u.strip() for u in (server or cfg.server).split(",") if u.strip()]
     ca_file = certificate_authority or cfg.ca_file
     ca_data = None if certificate_authority else cfg.ca_data
 
     def connect(t: str | None) -> Client:
-        return Client(HttpTransport(url, token=t, ca_file=ca_file, ca_data=ca_data, insecure=cfg.insecure,
-                                    client_cert=cfg.client_cert))
+        options = dict(token=t, ca_file=ca_file, ca_data=ca_data, insecure=cfg.insecure, client_cert=cfg.client_cert)
+        if len(urls) > 1:
+            return Client(FailoverTransport(urls, **options))
+        return Client(HttpTransport(urls[0], **options))
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
     client = connect(await node_token(connect, token or cfg.token, config.node_name, config.state_dir))

@@ -16,6 +16,7 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    check_port_free,
     security_options,
 )
 
@@ -39,6 +40,17 @@ def register(app: typer.Typer) -> None:
         token_auth_file: Path | None = TokenFileOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
+        leader_elect: bool = typer.Option(
+            True, "--leader-elect/--no-leader-elect", help="Run the scheduler and the controllers only while "
+            "holding their Lease in kube-system, so several servers on one PostgreSQL have one active of each."),
+        lease_duration: float = typer.Option(
+            15.0, "--leader-elect-lease-duration", help="Seconds a standby waits, after it last saw the "
+            "leader renew, before it takes the Lease over."),
+        renew_deadline: float = typer.Option(
+            10.0, "--leader-elect-renew-deadline", help="Seconds the leader keeps trying to renew before it "
+            "stops leading (less than the lease duration)."),
+        retry_period: float = typer.Option(
+            2.0, "--leader-elect-retry-period", help="Seconds between two attempts to acquire or renew."),
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -48,10 +60,27 @@ def register(app: typer.Typer) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if store.startswith("sqlite:///~"):
             store = "sqlite:///" + str(Path(store.removeprefix("sqlite:///")).expanduser())
-            Path(store.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        if store.startswith("sqlite:///") and ":memory:" not in store:
+            db_dir = Path(store.removeprefix("sqlite://")).parent
+            try:
+                db_dir.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise typer.BadParameter(f"cannot create {db_dir} for the database ({exc.strerror}); "
+                                         "choose a directory you can write to", param_hint="--store") from None
+        check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
                           **security_options(insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file))
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
+        if leader_elect:
+            from gpufleet.client.leaderelection import LeaderElectionConfig
+
+            try:
+                LeaderElectionConfig(name="check", identity="check", lease_duration=lease_duration,
+                                     renew_deadline=renew_deadline, retry_period=retry_period)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--leader-elect-lease-duration") from None
+        cp.leader_elect = leader_elect
+        cp.lease_duration, cp.renew_deadline, cp.retry_period = lease_duration, renew_deadline, retry_period
         asyncio.run(_serve(cp, state_dir))
