@@ -94,7 +94,7 @@ def aggregated(registry: Registry, version: str, core: bool, extra_groups: list[
                     "version": v,
                     "freshness": "Current",
                     "resources": [
-                        _resource_entry(rt) for rt in registry.all() if rt.group == group and rt.version == v
+                        _resource_entry(rt) for rt in registry.served() if rt.group == group and rt.version == v
                     ],
                 }
                 for v in versions
@@ -137,7 +137,7 @@ def api_group(registry: Registry, group: str) -> dict | None:
 
 
 def api_resource_list(registry: Registry, group: str, version: str) -> dict | None:
-    types = [rt for rt in registry.all() if rt.group == group and rt.version == version]
+    types = [rt for rt in registry.served() if rt.group == group and rt.version == version]
     if not types:
         return None
     resources = []

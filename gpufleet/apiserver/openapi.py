@@ -494,7 +494,7 @@ _cache: dict[tuple[tuple[ResourceType, ...], str], _Built] = {}
 
 
 def _built(registry: Registry, version: str) -> tuple[tuple[ResourceType, ...], _Built]:
-    types = tuple(registry.all())
+    types = tuple(registry.served())
     key = (types, version)
     with _lock:
         built = _cache.get(key)

@@ -676,7 +676,7 @@ _POLICY: dict[str, dict[int, tuple[str, str]]] = {
     },
 }
 
-# autoscaling/v2: `kubectl autoscale` (1.33 and later; earlier ones post autoscaling/v1).
+# autoscaling/v2 (`kubectl autoscale` of 1.33 and later) and autoscaling/v1 (1.27-1.32).
 _AUTOSCALING: dict[str, dict[int, tuple[str, str]]] = {
     "HorizontalPodAutoscaler": {
         1: ("metadata", "ObjectMeta"),
@@ -735,6 +735,25 @@ _AUTOSCALING: dict[str, dict[int, tuple[str, str]]] = {
         5: ("currentMetrics", "?[]MetricStatus"),
         6: ("conditions", "?[]HorizontalPodAutoscalerCondition"),
     },
+    # autoscaling/v1 (`kubectl autoscale` of 1.32), converted to the stored v2 by the server.
+    "V1HorizontalPodAutoscaler": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("spec", "V1HorizontalPodAutoscalerSpec"),
+        3: ("status", "V1HorizontalPodAutoscalerStatus"),
+    },
+    "V1HorizontalPodAutoscalerSpec": {
+        1: ("scaleTargetRef", "CrossVersionObjectReference"),
+        2: ("minReplicas", "*int32"),
+        3: ("maxReplicas", "!int32"),
+        4: ("targetCPUUtilizationPercentage", "*int32"),
+    },
+    "V1HorizontalPodAutoscalerStatus": {
+        1: ("observedGeneration", "*int64"),
+        2: ("lastScaleTime", "*Time"),
+        3: ("currentReplicas", "!int32"),
+        4: ("desiredReplicas", "!int32"),
+        5: ("currentCPUUtilizationPercentage", "*int32"),
+    },
 }
 
 SCHEMA: dict[str, dict[int, tuple[str, str]]] = {
@@ -762,6 +781,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "ClusterRoleBinding",
     ("policy/v1", "PodDisruptionBudget"): "PodDisruptionBudget",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "HorizontalPodAutoscaler",
+    ("autoscaling/v1", "HorizontalPodAutoscaler"): "V1HorizontalPodAutoscaler",
 }
 
 _SCALARS = {"string", "int32", "int64", "bool", "bytes"}

@@ -91,7 +91,7 @@ class Client:
         self.clock = clock
         self.read_retries = read_retries
         self.read_backoff = read_backoff
-        # rt.key -> model class, or None when the models module lacks it.
+        # "<rt.key>/<version>" -> model class, or None when the models module lacks it.
         self._models: dict[str, type | None] = {}
 
     async def close(self) -> None:
@@ -148,12 +148,14 @@ class Client:
         return self.resource_type(type(obj))
 
     def model_for(self, rt: ResourceType) -> type | None:
-        if rt.key not in self._models:
+        # By version: one resource may be served in several (autoscaling/v1 and v2 HPAs).
+        key = f"{rt.key}/{rt.version}"
+        if key not in self._models:
             try:
-                self._models[rt.key] = rt.model
+                self._models[key] = rt.model
             except (ImportError, AttributeError):
-                self._models[rt.key] = None
-        return self._models[rt.key]
+                self._models[key] = None
+        return self._models[key]
 
     def _model_for_gvk(self, api_version: str, kind: str) -> type | None:
         rt = self.registry.by_api_version_kind(api_version, kind)

@@ -28,7 +28,7 @@ PROTOBUF = "application/vnd.kubernetes.protobuf"
 # CronJob is not served by gpufleet, but kubectl sends it like the others; decoding it needs the
 # kind to be registered.
 WITH_CRONJOB = Registry(
-    [*REGISTRY.all(), ResourceType("batch", "v1", "CronJob", "cronjobs", True, "unused:Unused")]
+    [*REGISTRY.served(), ResourceType("batch", "v1", "CronJob", "cronjobs", True, "unused:Unused")]
 )
 
 

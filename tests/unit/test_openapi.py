@@ -35,9 +35,10 @@ def broken_registry(*extra: ResourceType) -> Registry:
     """The built-in kinds with models that cannot be imported (k8s.py missing or broken)."""
     types = [
         ResourceType(
-            t.group, t.version, t.kind, t.plural, t.namespaced, "gpufleet.api.not_there:Nope", verbs=t.verbs
+            t.group, t.version, t.kind, t.plural, t.namespaced, "gpufleet.api.not_there:Nope", verbs=t.verbs,
+            storage_version=t.storage_version,
         )
-        for t in REGISTRY.all()
+        for t in REGISTRY.served()
     ]
     return Registry([*types, *extra])
 
@@ -78,7 +79,7 @@ def test_every_kind_delegates_validation_to_the_server(group: str, version: str)
     assert doc is not None
     assert doc["openapi"].startswith("3.0")
     assert doc["info"] == {"title": "Kubernetes", "version": "v1.32.4"}
-    for rt in REGISTRY.all():
+    for rt in REGISTRY.served():
         if (rt.group, rt.version) == (group, version):
             assert supports_field_validation_v3(doc, rt.group, rt.version, rt.kind), rt.kind
 
@@ -314,7 +315,7 @@ def test_without_models_the_document_still_serves_kubectl() -> None:
         assert doc is not None
         assert doc["components"] == {"schemas": {}}
         assert not refs(doc)
-        for rt in reg.all():
+        for rt in reg.served():
             if (rt.group, rt.version) == (g, v):
                 assert supports_field_validation_v3(doc, rt.group, rt.version, rt.kind)
     assert "api/v1" in openapi_v3_index(reg)["paths"]
@@ -506,10 +507,10 @@ def test_v2_document_decodes() -> None:
     assert "/apis/apps/v1/namespaces/{namespace}/deployments/{name}" in names
     assert "/api/v1/namespaces/{namespace}/pods/{name}" in names
     assert "/api/v1/nodes/{name}" in names
-    assert len(names) == len(set(names)) == sum("patch" in t.verbs for t in REGISTRY.all())
+    assert len(names) == len(set(names)) == sum("patch" in t.verbs for t in REGISTRY.served())
 
 
-@pytest.mark.parametrize("rt", REGISTRY.all(), ids=lambda t: t.kind)
+@pytest.mark.parametrize("rt", REGISTRY.served(), ids=lambda t: f"{t.kind}.{t.version}")
 def test_v2_every_kind_delegates_validation_to_the_server(rt: ResourceType) -> None:
     doc = decode(openapi_v2_protobuf(REGISTRY), "Document")
     assert supports_field_validation_v2(doc, rt.group, rt.version, rt.kind)
