@@ -20,13 +20,23 @@ log = logging.getLogger("gpufleet.apiserver")
 _METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
+def _headers(request: Request) -> dict[str, str]:
+    """Lower-cased names; a header sent several times (kubectl's Impersonate-Group for each
+    --as-group) is joined with ", " as HTTP allows, so no value is lost."""
+    out: dict[str, str] = {}
+    for k, v in request.headers.items():
+        k = k.lower()
+        out[k] = f"{out[k]}, {v}" if k in out else v
+    return out
+
+
 def build_asgi_app(handler: Handler) -> Starlette:
     async def endpoint(request: Request) -> Response:
         raw = RawRequest(
             method=request.method,
             path=request.url.path,
             query=list(request.query_params.multi_items()),
-            headers={k.lower(): v for k, v in request.headers.items()},
+            headers=_headers(request),
             body=await request.body(),
         )
         resp = await handler.handle(raw)

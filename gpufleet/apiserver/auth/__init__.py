@@ -1,6 +1,7 @@
 """Authentication, authorization and admission for who-may-do-what.
 
-`Security` assembles them for one ApiServer: bearer tokens (tokens.py), the Node authorizer
+`Security` assembles them for one ApiServer: bearer tokens (tokens.py), impersonation
+(impersonation.py: ``kubectl --as``, checked with the authorizers below), the Node authorizer
 (nodeauthz.py: a node reads only the secrets and config maps of its own pods) ahead of RBAC
 with the default roles (rbac.py), NodeRestriction for node agents (node.py) and the review
 APIs (reviews.py). TLS material lives in certs.py.
@@ -16,6 +17,7 @@ import secrets
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.apiserver.admission import UserInfo
+from gpufleet.apiserver.auth.impersonation import ImpersonatedUser, ImpersonatingAuthenticator
 from gpufleet.apiserver.auth.node import NodeRestriction
 from gpufleet.apiserver.auth.nodeauthz import NodeAuthorizer
 from gpufleet.apiserver.auth.rbac import (
@@ -45,7 +47,7 @@ log = logging.getLogger("gpufleet.apiserver.auth")
 # The key the API server derives each node's log token from (see Security.log_token).
 PROXY_KEY_SECRET = "gpufleet-node-proxy-key"
 
-__all__ = ["Security", "Attributes", "Decision", "NodeRestriction", "TokenAuthenticator"]
+__all__ = ["Security", "Attributes", "Decision", "ImpersonatedUser", "NodeRestriction", "TokenAuthenticator"]
 
 
 class Security:
@@ -53,11 +55,13 @@ class Security:
                  join_token: str | None = None, loopback_token: str | None = None) -> None:
         self.authenticator = TokenAuthenticator(store, static=static_tokens, join_token=join_token,
                                                 loopback_token=loopback_token)
+        # What the API server asks: the token's user, or whom it may impersonate.
+        self.impersonating = ImpersonatingAuthenticator(self.authenticator, self.decide)
         self.rbac = RbacAuthorizer(store)
         self.node_authorizer = NodeAuthorizer(store)
         self.node_restriction = NodeRestriction()
         self.escalation = RbacEscalationCheck(self.rbac)
-        self.reviews = Reviews(self.authenticator, self.decide, self.rbac.rules, self.log_token)
+        self.reviews = Reviews(self.impersonating, self.decide, self.rbac.rules, self.log_token)
         self._proxy_key: bytes | None = None
 
     def log_token(self, node: str) -> str | None:
@@ -90,7 +94,7 @@ class Security:
         return decision.allowed
 
     def install(self, api: ApiServer) -> None:
-        api.authenticator = self.authenticator
+        api.authenticator = self.impersonating
         api.authorizer = self.authorize
         for plugin in (self.node_restriction, self.escalation):
             if not any(getattr(p, "name", "") == plugin.name for p in api.validating):
