@@ -129,6 +129,10 @@ class ControlPlane:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             write_kubeconfig(self.state_dir / "kubeconfig", self.kubeconfig_url, token=self.admin_token,
                              ca_data=self.ca_pem)
+        if self.state_dir is not None:
+            # Written again below once this run's gateway listens: one left by an earlier
+            # run must not point at a gateway that is not there.
+            (self.state_dir / "gateway-url").unlink(missing_ok=True)
         if self.gateway_port is not None:
             from gpufleet.gateway import Gateway
 

@@ -13,6 +13,9 @@ The quota rules are Kueue's (v1beta1, classical preemption):
 - preemption (``reclaimWithinCohort``, ``borrowWithinCohort``, ``withinClusterQueue``) looks
   for the fewest victims: borrowers in other ClusterQueues first, lower priority first,
   most recently admitted first; victims that turn out not to be needed are kept;
+- a workload whose pods request a resource that none of the ClusterQueue's resource groups
+  covers is inadmissible ("resource nvidia.com/gpu unavailable in ClusterQueue"), however
+  much quota is free;
 - across ClusterQueues, workloads that do not borrow go first, then by priority and age;
   with fair sharing, the ClusterQueue whose share of borrowed capacity (divided by its
   ``fairSharing.weight``) would be lowest after the admission goes first.
@@ -763,6 +766,10 @@ class Cycle:
         if cq.inactive:
             self.result.waiting[wl.key] = Wait(WAIT_INADMISSIBLE, f"ClusterQueue {cq.name} is inactive: {cq.inactive}")
             return False
+        missing = uncovered_message(wl, cq)
+        if missing:
+            self.result.waiting[wl.key] = Wait(WAIT_INADMISSIBLE, missing)
+            return False
         attempt = self._attempt(wl, cq)
         if attempt.assignment is not None:
             self._record_admission(wl, attempt.assignment)
@@ -858,6 +865,19 @@ def schedule(
 
 
 # -- small helpers ----------------------------------------------------------------------------------
+
+
+def uncovered_message(wl: WorkloadInfo, cq: ClusterQueueInfo) -> str:
+    """Kueue's answer to pods that request a resource (more than 0 of it) that none of the
+    ClusterQueue's resource groups covers: no flavor can be assigned, so the workload is not
+    admitted, whatever quota is free. One reason per pod set, the first such resource in
+    name order; empty when every requested resource is covered."""
+    reasons = []
+    for ps in wl.pod_sets:
+        res = next((r for r in sorted(ps.requests) if ps.requests[r] > 0 and cq.group_of(r) is None), None)
+        if res is not None:
+            reasons.append(f"couldn't assign flavors to pod set {ps.name}: resource {res} unavailable in ClusterQueue")
+    return "; ".join(reasons)
 
 
 def _order(wl: WorkloadInfo) -> tuple:

@@ -953,24 +953,9 @@ class Scheduler:
             elif phase == "Failed":
                 failed += 1
             if not occupied_by:
-                meta = pod.metadata or k8s.ObjectMeta()
-                owner = next((r for r in meta.owner_references or () if r.controller), None)
-                if owner is not None:
-                    occupied_by = f"{meta.namespace}/{owner.name}"
-        if succeeded >= min_member and running == 0:
-            phase = pg_api.FINISHED
-        elif failed and failed + running + succeeded >= min_member:
-            phase = pg_api.FAILED
-        elif running + succeeded >= min_member:
-            phase = pg_api.RUNNING
-        elif scheduled >= min_member:
-            phase = pg_api.SCHEDULED
-        elif scheduled:
-            phase = pg_api.SCHEDULING
-        elif len(members) >= min_member:
-            phase = pg_api.PRE_SCHEDULING
-        else:
-            phase = pg_api.PENDING
+                occupied_by = _occupied_by(pod)
+        previous = pg.status.phase if pg.status is not None else None
+        phase = podgroup_phase(min_member, len(members), scheduled, running, succeeded, failed, previous)
         status: dict[str, Any] = {
             "phase": phase,
             "scheduled": scheduled,
@@ -980,12 +965,16 @@ class Scheduler:
         }
         if occupied_by:
             status["occupiedBy"] = occupied_by
+        if not members and phase in (pg_api.FINISHED, pg_api.FAILED) and pg.status is not None:
+            # An ended gang whose pods were deleted: the counts it ended with stay.
+            for key in ("scheduled", "running", "succeeded", "failed"):
+                status[key] = getattr(pg.status, key) or 0
         since = self._gang_since.get(group)
-        previous = pg.status.schedule_start_time if pg.status is not None else None
+        started = pg.status.schedule_start_time if pg.status is not None else None
         if since is not None:
             status["scheduleStartTime"] = rfc3339(since[1])
-        elif previous is not None:
-            status["scheduleStartTime"] = rfc3339(previous.timestamp())
+        elif started is not None:
+            status["scheduleStartTime"] = rfc3339(started.timestamp())
         return status
 
     async def _podgroup_status_loop(self) -> None:
@@ -1044,6 +1033,45 @@ class Scheduler:
                     metrics.PENDING_PODS.labels(name).set(count)
             except Exception:
                 log.exception("scheduler housekeeping failed")
+
+
+def podgroup_phase(min_member: int, members: int, scheduled: int, running: int, succeeded: int, failed: int,
+                   previous: str | None = None) -> str:
+    """A PodGroup's phase from the counts of its members, as scheduler-plugins' PodGroup
+    controller moves it, plus the end of a gang whose members do not all stay around.
+
+    Once every member still there has ended, the group has ended: Failed if one of them
+    failed, Finished otherwise. That holds when fewer than minMember are left to count (a
+    training job's operator deletes the workers once the master succeeded), and the group
+    keeps that phase when its last members are deleted; members that are not done (a new
+    attempt of the same gang) put it back on its way from Pending.
+    """
+    ended = succeeded + failed
+    active = members - ended
+    if succeeded >= min_member and running == 0:
+        return pg_api.FINISHED
+    if failed and failed + running + succeeded >= min_member:
+        return pg_api.FAILED
+    if members and active == 0:
+        return pg_api.FAILED if failed else pg_api.FINISHED
+    if members == 0 and previous in (pg_api.FINISHED, pg_api.FAILED):
+        return previous
+    if running + succeeded >= min_member:
+        return pg_api.RUNNING
+    if scheduled >= min_member:
+        return pg_api.SCHEDULED
+    if scheduled:
+        return pg_api.SCHEDULING
+    if members >= min_member:
+        return pg_api.PRE_SCHEDULING
+    return pg_api.PENDING
+
+
+def _occupied_by(pod: k8s.Pod) -> str:
+    """scheduler-plugins' ``status.occupiedBy``: the workload the group's pods belong to, as
+    ``<namespace>/<owner name>`` for each owner of a member (sorted, comma-separated)."""
+    meta = pod.metadata or k8s.ObjectMeta()
+    return ",".join(sorted(f"{meta.namespace}/{r.name}" for r in meta.owner_references or ()))
 
 
 def _binding_message(status: Status) -> str:

@@ -128,6 +128,21 @@ def test_default_roles_nest_view_in_edit_in_admin() -> None:
     assert can("cluster-admin", "DELETE", "/api/v1/nodes/n") and can("cluster-admin", "GET", "/metrics")
 
 
+def test_edit_and_admin_may_act_as_their_namespace_service_accounts() -> None:
+    """As Kubernetes' edit role (aggregated into admin): ``impersonate`` on serviceaccounts,
+    and nothing else to impersonate; view gets none of it."""
+    roles = {o["metadata"]["name"]: o["rules"] for o in bootstrap_policy() if o["kind"] == "ClusterRole"}
+
+    def can(role: str, attributes: Attributes) -> bool:
+        return any(rule_allows(r, attributes) for r in roles[role])
+    as_sa = Attributes(verb="impersonate", resource="serviceaccounts", namespace="a", name="builder")
+    assert can("edit", as_sa) and can("admin", as_sa) and not can("view", as_sa)
+    for other in (Attributes(verb="impersonate", resource="users", name="alice"),
+                  Attributes(verb="impersonate", resource="groups", name="system:masters"),
+                  Attributes(verb="impersonate", group="authentication.k8s.io", resource="uids", name="42")):
+        assert not can("edit", other) and not can("admin", other), other
+
+
 def test_pki_is_made_once_and_verifies(tmp_path: Path) -> None:
     pki = ensure_pki(tmp_path / "pki", ["127.0.0.1", "localhost"])
     ca = pki.ca_cert.read_bytes()

@@ -159,3 +159,37 @@ def test_server_creates_the_sqlite_directory_or_says_which_flag_is_wrong(tmp_pat
                                       "--state-dir", str(tmp_path / "state")], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output
     assert "--store" in result.output and f"cannot create {tmp_path}/a-file/db" in result.output
+
+
+async def test_a_gateway_that_cannot_listen_leaves_no_address_behind(tmp_path: Path) -> None:
+    """<state-dir>/gateway-url from an earlier run must not outlive a run whose gateway did
+    not start: it would send users to whatever now holds that port, or to nothing."""
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "gateway-url").write_text("http://127.0.0.1:8080\n")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        cp = ControlPlane(store_url="sqlite:///" + str(tmp_path / "db"), port=0, state_dir=state, secure=False,
+                          run_controllers=False, gateway_port=taken.getsockname()[1])
+        await cp.start()
+        try:
+            assert cp.gateway is None
+            assert not (state / "gateway-url").exists()
+        finally:
+            await cp.stop()
+    cp = ControlPlane(store_url="sqlite:///" + str(tmp_path / "db"), port=0, state_dir=state, secure=False,
+                      run_controllers=False, gateway_port=0)
+    await cp.start()
+    try:
+        assert (state / "gateway-url").read_text() == cp.gateway.url + "\n"
+    finally:
+        await cp.stop()
+
+
+def test_up_says_it_leads_at_once_and_where_the_election_flags_are() -> None:
+    result = CliRunner().invoke(app, ["up", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "it leads at once" in text and "Leases" in text
+    assert "run `gpufleet server` (--leader-elect and its timings)" in text

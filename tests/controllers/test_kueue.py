@@ -297,3 +297,30 @@ async def test_deactivating_a_workload_stops_its_job_and_frees_the_quota(client:
         await eventually(lambda: _one(job_pods(client, "second")), what="second running")
     assert (await client.get("jobs", "first", NS, raw=True))["spec"]["suspend"] is True
     assert condition(await workload_of(client, "first"), "Evicted")["reason"] == "InactiveWorkload"
+
+
+async def test_gpus_asked_of_a_queue_without_gpus_are_inadmissible(client: Client, kueue):
+    await gpu_node(client, "n0", 8)
+    await client.create(flavor("default"))
+    await client.create({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": "cpus"},
+                         "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+                             {"name": "default", "resources": [{"name": "cpu", "nominalQuota": 64}]}]}]}})
+    await client.create(local_queue("c", "cpus"))
+    await client.create(gpu_job("gpus", "c", 1, 1))
+    message = "couldn't assign flavors to pod set main: resource nvidia.com/gpu unavailable in ClusterQueue"
+
+    async def refused() -> dict | None:
+        wl = await workload_of(client, "gpus")
+        c = condition(wl, "QuotaReserved")
+        return wl if (c.get("status"), c.get("reason"), c.get("message")) == ("False", "Inadmissible", message) \
+            else None
+
+    wl = await eventually(refused, what="QuotaReserved=False, Inadmissible")
+    assert condition(wl, "Admitted").get("status") != "True" and not (wl.get("status") or {}).get("admission")
+    on_workload = await eventually(lambda: events_for(client, wl["metadata"]["name"], "Pending"),
+                                   what="Pending event on the workload")
+    assert on_workload[0]["message"] == message
+    on_job = await eventually(lambda: events_for(client, "gpus", "Pending"), what="Pending event on the job")
+    assert on_job[0]["message"] == f"Inadmissible: {message}"
+    assert not await job_pods(client, "gpus")
+    assert (await client.get("jobs", "gpus", NS, raw=True))["spec"]["suspend"] is True

@@ -256,6 +256,7 @@ async def _run_both(fleet: Fleet) -> None:
     assert re.search(rf"Normal\s+{GANG_PENDING}\s+.*{re.escape(reason)}", text)
     assert re.search(r"Gang:\n\s+Pod Group:\s+" + loser + r"\n\s+Phase:\s+PreScheduling", text)
     assert re.search(r"Waiting:\s+" + re.escape(reason), text)
+    assert re.search(rf"Occupied By:\s+{NS}/{loser}\n", text)
     group = await client.get("podgroups", loser, NS, raw=True)
     text = await describe_object(session, REGISTRY.by_key("podgroups.scheduling.x-k8s.io"), group)
     assert re.search(r"Phase:\s+PreScheduling", text)
@@ -270,6 +271,12 @@ async def _run_both(fleet: Fleet) -> None:
     done = await eventually(lambda: job_condition(client, winner, "Succeeded"), timeout=20,
                             what=f"{winner} Succeeded")
     assert done["reason"] == "PyTorchJobSucceeded"
+    # Its gang has ended: the PodGroup says so, and describe no longer calls it occupied.
+    await eventually(lambda: _podgroup_in(client, winner, "Finished"), what=f"{winner} Finished")
+    text = await describe_object(session, REGISTRY.by_key("pytorchjobs.kubeflow.org"),
+                                 await client.get("pytorchjobs", winner, NS, raw=True))
+    assert re.search(r"Gang:\n\s+Pod Group:\s+" + winner + r"\n\s+Phase:\s+Finished", text)
+    assert "Occupied By" not in text
     await eventually(lambda: _all_running(client, loser, n), timeout=20, what=f"{loser} placed and running")
     assert await eventually(lambda: job_events(client, loser, GANG_SCHEDULED), what="GangScheduled")
 

@@ -20,6 +20,7 @@ from gpufleet.queueing.admission import (
     Quota,
     Quotas,
     ResourceGroupInfo,
+    Wait,
     WorkloadInfo,
     schedule,
 )
@@ -289,3 +290,28 @@ def test_tainted_nodes_count_only_for_pods_that_tolerate_them():
     # A flavor's tolerations are the pods' too.
     flavors = {FLAVOR: FlavorInfo(FLAVOR, {}, (("dedicated", "Exists", "", ""),))}
     assert "ns/plain" in schedule(queues, flavors, [wl("ns/plain", "a", 1, 4)], fleet).admitted
+
+
+def test_a_resource_the_queue_does_not_cover_makes_the_workload_inadmissible():
+    """As Kueue: GPUs asked of a queue that covers only cpu are not silently left uncounted;
+    the workload waits, whatever quota is free, with Kueue's own message."""
+    cpu_only = ClusterQueueInfo("cpu", [ResourceGroupInfo(("cpu",), (FLAVOR,))], {(FLAVOR, "cpu"): Quota(64_000)})
+    queues = {"cpu": cpu_only, "a": cq("a", 8, cohort="")}
+    work = [
+        WorkloadInfo("ns/gpus", "cpu", [PodSetInfo("main", 1, {"cpu": 1000, GPU: 1})]),
+        WorkloadInfo("ns/two", "cpu", [PodSetInfo("launcher", 1, {"cpu": 500}),
+                                       PodSetInfo("workers", 2, {"cpu": 1000, "memory": 1 << 30, GPU: 2})]),
+        WorkloadInfo("ns/cpu", "cpu", [PodSetInfo("main", 1, {"cpu": 2000, GPU: 0})], timestamp=1),
+        WorkloadInfo("ns/gpu-and-cpu", "a", [PodSetInfo("main", 1, {GPU: 1, "cpu": 1000})]),
+    ]
+    r = schedule(queues, FLAVORS, work, nodes(4, 4))
+    assert r.waiting["ns/gpus"] == Wait(
+        WAIT_INADMISSIBLE, "couldn't assign flavors to pod set main: resource nvidia.com/gpu unavailable in ClusterQueue")
+    # One reason per pod set that asks for something uncovered, the first such resource by name.
+    assert r.waiting["ns/two"] == Wait(
+        WAIT_INADMISSIBLE, "couldn't assign flavors to pod set workers: resource memory unavailable in ClusterQueue")
+    # Asking for none of a resource is no request for it; and the other way round, a GPU
+    # queue that does not cover cpu does not admit cpu requests either.
+    assert set(r.admitted) == {"ns/cpu"}
+    assert r.waiting["ns/gpu-and-cpu"] == Wait(
+        WAIT_INADMISSIBLE, "couldn't assign flavors to pod set main: resource cpu unavailable in ClusterQueue")

@@ -303,6 +303,9 @@ def _edit_rules() -> list[dict[str, Any]]:
     rules = [_rule([g], rs, _ALL) for g, rs in _EDITABLE]
     rules += [_rule([g], rs, _READ) for g, rs in _VIEWABLE_ONLY]
     rules.append(_rule([""], ["pods/log"], _READ))
+    # As Kubernetes' edit role: acting as the namespace's service accounts (kubectl --as
+    # system:serviceaccount:<namespace>:<name>), which the workloads one may create run as anyway.
+    rules.append(_rule([""], ["serviceaccounts"], ["impersonate"]))
     return rules
 
 

@@ -743,6 +743,9 @@ async def _gang_members(session: Session, group: dict[str, Any]) -> list[dict]:
                   key=lambda p: meta(p).get("name", ""))
 
 
+_GANG_ENDED = ("Finished", "Succeeded", "Failed")
+
+
 def _gang_status(doc: Doc, level: int, group: dict[str, Any], members: list[dict]) -> None:
     spec, status = group.get("spec") or {}, group.get("status") or {}
     doc.kv(level, "Phase", status.get("phase") or "Pending")
@@ -750,7 +753,9 @@ def _gang_status(doc: Doc, level: int, group: dict[str, Any], members: list[dict
     doc.kv(level, "Members", len([p for p in members if not meta(p).get("deletionTimestamp")]))
     for key in ("scheduled", "running", "succeeded", "failed"):
         doc.kv(level, key.capitalize(), status.get(key, 0))
-    if status.get("occupiedBy"):
+    # The workload whose pods make up the group (scheduler-plugins keeps it once set); said
+    # only while the group is in use, not of a gang that has ended.
+    if status.get("occupiedBy") and status.get("phase") not in _GANG_ENDED:
         doc.kv(level, "Occupied By", status["occupiedBy"])
     if status.get("scheduleStartTime"):
         doc.kv(level, "Schedule Start Time", when(status["scheduleStartTime"]))

@@ -102,7 +102,14 @@ def register(app: typer.Typer) -> None:
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
     ) -> None:
-        """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted)."""
+        """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
+
+        The only server of its embedded database, it leads at once: it takes the scheduler's
+        and the controller manager's Leases as it starts, with no election to wait for (a Lease
+        left by an earlier `gpufleet up` on this machine whose process is gone is taken over
+        at once), so there are no --leader-elect flags here. For several servers on one
+        PostgreSQL, one of them leading, run `gpufleet server` (--leader-elect and its timings).
+        """
         from gpufleet.cli.controlplane import ControlPlane
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
