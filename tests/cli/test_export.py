@@ -1,0 +1,341 @@
+"""`gpufleet export`: from a control plane running its controllers (so Deployments have
+ReplicaSets and Pods, the PyTorchJob its pods, Service and PodGroup, the queued job its
+Kueue Workload), the export holds exactly the objects the user applied, each a valid
+Kubernetes object by the official `kubernetes` client's models, and applying it to a fresh
+cluster gives back the same objects."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+from typer.testing import CliRunner, Result
+
+from gpufleet.api.registry import REGISTRY
+from gpufleet.cli.controlplane import ControlPlane
+from gpufleet.cli.main import app
+from gpufleet.export import build, clean, exported
+
+NS = "ml"
+MANIFESTS = textwrap.dedent(f"""\
+    apiVersion: v1
+    kind: Namespace
+    metadata: {{name: {NS}}}
+    ---
+    apiVersion: v1
+    kind: ResourceQuota
+    metadata: {{name: gpus, namespace: {NS}}}
+    spec:
+      hard: {{requests.nvidia.com/gpu: "8"}}
+    ---
+    apiVersion: rbac.authorization.k8s.io/v1
+    kind: Role
+    metadata: {{name: trainer, namespace: {NS}}}
+    rules:
+      - apiGroups: [kubeflow.org]
+        resources: [pytorchjobs]
+        verbs: [get, list, create]
+    ---
+    apiVersion: rbac.authorization.k8s.io/v1
+    kind: RoleBinding
+    metadata: {{name: trainer, namespace: {NS}}}
+    roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: trainer}}
+    subjects:
+      - {{kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}}
+    ---
+    apiVersion: kueue.x-k8s.io/v1beta1
+    kind: ResourceFlavor
+    metadata: {{name: h100}}
+    spec:
+      nodeLabels: {{nvidia.com/gpu.product: H100-SXM-80GB}}
+    ---
+    apiVersion: kueue.x-k8s.io/v1beta1
+    kind: ClusterQueue
+    metadata: {{name: research}}
+    spec:
+      namespaceSelector: {{}}
+      resourceGroups:
+        - coveredResources: [nvidia.com/gpu]
+          flavors:
+            - name: h100
+              resources: [{{name: nvidia.com/gpu, nominalQuota: 4}}]
+    ---
+    apiVersion: kueue.x-k8s.io/v1beta1
+    kind: LocalQueue
+    metadata: {{name: gpus, namespace: {NS}}}
+    spec: {{clusterQueue: research}}
+    ---
+    apiVersion: apps/v1
+    kind: Deployment
+    metadata: {{name: web, namespace: {NS}, labels: {{app: web}}}}
+    spec:
+      replicas: 2
+      selector: {{matchLabels: {{app: web}}}}
+      template:
+        metadata: {{labels: {{app: web}}}}
+        spec:
+          containers:
+            - name: server
+              image: python:3.11
+              command: [python, -m, http.server, "$(PORT)"]
+              ports: [{{name: http, containerPort: 8000}}]
+              resources: {{requests: {{cpu: 100m}}}}
+    ---
+    apiVersion: v1
+    kind: Service
+    metadata: {{name: web, namespace: {NS}}}
+    spec:
+      selector: {{app: web}}
+      ports: [{{name: http, port: 80, targetPort: http}}]
+    ---
+    apiVersion: autoscaling/v2
+    kind: HorizontalPodAutoscaler
+    metadata: {{name: web, namespace: {NS}}}
+    spec:
+      scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: web}}
+      minReplicas: 1
+      maxReplicas: 4
+      metrics:
+        - type: Pods
+          pods:
+            metric: {{name: requests_per_second}}
+            target: {{type: AverageValue, averageValue: "5"}}
+    ---
+    apiVersion: batch/v1
+    kind: Job
+    metadata:
+      name: prep
+      namespace: {NS}
+      labels: {{kueue.x-k8s.io/queue-name: gpus}}
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers:
+            - name: prep
+              image: python:3.11
+              command: [python, -c, "print(1)"]
+              resources: {{limits: {{nvidia.com/gpu: 1}}}}
+    ---
+    apiVersion: kubeflow.org/v1
+    kind: PyTorchJob
+    metadata:
+      name: mlp
+      namespace: {NS}
+      annotations: {{gpufleet.io/checkpoint-dir: /mnt/ckpt/mlp}}
+    spec:
+      runPolicy: {{backoffLimit: 3}}
+      pytorchReplicaSpecs:
+        Master:
+          replicas: 1
+          restartPolicy: OnFailure
+          template:
+            spec:
+              containers:
+                - name: pytorch
+                  image: python:3.11
+                  command: [python, train.py]
+                  resources: {{limits: {{nvidia.com/gpu: 1}}}}
+        Worker:
+          replicas: 1
+          restartPolicy: OnFailure
+          template:
+            spec:
+              containers:
+                - name: pytorch
+                  image: python:3.11
+                  command: [python, train.py]
+                  resources: {{limits: {{nvidia.com/gpu: 1}}}}
+    """)
+
+EXPECTED = {
+    ("Namespace", None, NS), ("ResourceQuota", NS, "gpus"), ("Role", NS, "trainer"), ("RoleBinding", NS, "trainer"),
+    ("ResourceFlavor", None, "h100"), ("ClusterQueue", None, "research"), ("LocalQueue", NS, "gpus"),
+    ("Deployment", NS, "web"), ("Service", NS, "web"), ("HorizontalPodAutoscaler", NS, "web"),
+    ("Job", NS, "prep"), ("PyTorchJob", NS, "mlp"),
+}
+# Built-in kinds and their model in the official client.
+K8S_MODELS = {"Namespace": "V1Namespace", "ResourceQuota": "V1ResourceQuota", "Role": "V1Role",
+              "RoleBinding": "V1RoleBinding", "Deployment": "V1Deployment", "Service": "V1Service",
+              "HorizontalPodAutoscaler": "V2HorizontalPodAutoscaler", "Job": "V1Job"}
+SERVER_SET = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink",
+              "ownerReferences")
+
+
+class Cli:
+    def __init__(self, kubeconfig: Path) -> None:
+        self.env = {"KUBECONFIG": str(kubeconfig)}
+        self.runner = CliRunner()
+
+    async def __call__(self, *args: str, ok: bool = True) -> Result:
+        # The commands run their own event loop, so they run beside this one.
+        result = await asyncio.to_thread(self.runner.invoke, app, list(args), env=self.env)
+        if ok:
+            assert result.exit_code == 0, f"gpufleet {' '.join(args)}: {result.output}"
+        return result
+
+
+async def _plane(path: Path, controllers: bool) -> ControlPlane:
+    cp = ControlPlane(store_url=f"sqlite:///{path / 'db'}", port=0, state_dir=path / "state",
+                      run_controllers=controllers, leader_elect=False)
+    await cp.start()
+    return cp
+
+
+@pytest.fixture
+async def planes(tmp_path: Path) -> AsyncIterator[tuple[ControlPlane, ControlPlane]]:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    source = await _plane(tmp_path / "a", controllers=True)
+    target = await _plane(tmp_path / "b", controllers=False)
+    try:
+        yield source, target
+    finally:
+        await target.stop()
+        await source.stop()
+
+
+async def _everything(cp: ControlPlane) -> list[dict[str, Any]]:
+    assert cp.client is not None
+    objects: list[dict[str, Any]] = []
+    for rt in REGISTRY.all():
+        objects.extend((await cp.client.list(rt, raw=True)).items)
+    return objects
+
+
+async def _wait_for_children(cp: ControlPlane) -> None:
+    """Until the controllers made what the export must leave out."""
+    wanted = {"ReplicaSet", "Pod", "PodGroup", "Workload"}
+    for _ in range(150):
+        kinds = {o["kind"] for o in await _everything(cp) if o["metadata"].get("ownerReferences")}
+        if wanted <= kinds:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the controllers made only {sorted(kinds)}")
+
+
+def _key(doc: dict[str, Any]) -> tuple[str, str | None, str]:
+    return doc["kind"], doc["metadata"].get("namespace"), doc["metadata"]["name"]
+
+
+async def test_export_is_the_users_objects_valid_for_kubernetes_and_reapplies(planes, tmp_path: Path) -> None:
+    source, target = planes
+    manifest = tmp_path / "app.yaml"
+    manifest.write_text(MANIFESTS)
+    cli_a = Cli(tmp_path / "a" / "state" / "kubeconfig")
+    cli_b = Cli(tmp_path / "b" / "state" / "kubeconfig")
+    await cli_a("apply", "-f", str(manifest))
+    await _wait_for_children(source)
+    # A token's RoleBinding grants something that exists only here: not part of the export.
+    limited = tmp_path / "alice.kubeconfig"
+    await cli_a("token", "create", "--role", "view", "-n", NS, "--user", "alice",
+                "--write-kubeconfig", str(limited))
+
+    text = (await cli_a("export", "-A")).stdout
+    docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    assert {_key(d) for d in docs} == EXPECTED
+    assert len(docs) == len(EXPECTED)
+
+    # One pass: namespaces first, RBAC and quotas and queues before the workloads.
+    order = [d["kind"] for d in docs]
+    assert order[0] == "Namespace"
+    workloads = min(order.index(k) for k in ("Deployment", "Job", "PyTorchJob", "Service"))
+    assert max(order.index(k) for k in ("Role", "RoleBinding", "ResourceQuota", "ClusterQueue", "LocalQueue")) \
+        < workloads
+
+    api = ApiClient()
+    for d in docs:
+        assert "status" not in d, _key(d)
+        assert not set(d["metadata"]) & set(SERVER_SET), _key(d)
+        assert "kubectl.kubernetes.io/last-applied-configuration" not in (d["metadata"].get("annotations") or {})
+        if d["kind"] in K8S_MODELS:
+            # Every field is one the official model knows: it survives a round trip through it.
+            model = api._ApiClient__deserialize(d, K8S_MODELS[d["kind"]])
+            assert api.sanitize_for_serialization(model) == d, _key(d)
+        else:
+            rt = REGISTRY.by_api_version_kind(d["apiVersion"], d["kind"])
+            assert rt is not None
+            rt.model.model_validate(d)
+
+    by_key = {_key(d): d for d in docs}
+    job = by_key[("Job", NS, "prep")]["spec"]
+    assert "selector" not in job
+    assert "controller-uid" not in str(job) and "job-name" not in str(job)
+    assert "clusterIP" not in by_key[("Service", NS, "web")]["spec"]
+    ptj = by_key[("PyTorchJob", NS, "mlp")]
+    assert ptj["metadata"]["annotations"] == {"gpufleet.io/checkpoint-dir": "/mnt/ckpt/mlp"}
+    assert "suspend" not in job
+    # The comments name what the real cluster needs and what does not carry over.
+    for needed in ("Kubeflow training operator", "Kueue", "GPUFLEET_CHECKPOINT_DIR", "custom metrics adapter",
+                   "$PORT"):
+        assert needed in text, needed
+
+    # One namespace: its objects and its Namespace, no cluster-scoped ones; or named kinds only.
+    ns_docs = [d for d in yaml.safe_load_all((await cli_a("export", "-n", NS)).stdout) if d]
+    assert {_key(d) for d in ns_docs} == EXPECTED - {("ResourceFlavor", None, "h100"),
+                                                     ("ClusterQueue", None, "research")}
+    some = [d for d in yaml.safe_load_all((await cli_a("export", "-n", NS, "deploy,svc", "hpa")).stdout) if d]
+    assert [_key(d) for d in some] == [("Service", NS, "web"), ("Deployment", NS, "web"),
+                                       ("HorizontalPodAutoscaler", NS, "web")]
+    # Someone who may list only some kinds gets those, and is told what was left out.
+    viewer = Cli(limited)
+    seen = await viewer("export")
+    seen_keys = {_key(d) for d in yaml.safe_load_all(seen.stdout) if d}
+    assert ("Deployment", NS, "web") in seen_keys and seen_keys < EXPECTED
+    assert "Warning: left out" in seen.stderr
+    refused = await cli_a("export", "nodes", ok=False)
+    assert refused.exit_code == 1 and "not exported" in refused.output
+
+    # Back to a fresh cluster through a directory of numbered files.
+    out_dir = tmp_path / "export"
+    await cli_a("export", "-A", "-o", str(out_dir))
+    assert sorted(p.name for p in out_dir.iterdir())[0].startswith("01-namespace")
+    applied = (await cli_b("apply", "-f", str(out_dir))).stdout
+    assert len(applied.strip().splitlines()) == len(EXPECTED)
+    source_objects = {_key(o): clean(o) for o in await _everything(source) if exported(o)}
+    target_objects = {_key(o): clean(o) for o in await _everything(target) if exported(o)}
+    assert set(target_objects) == EXPECTED
+    for key in EXPECTED:
+        assert target_objects[key] == source_objects[key], key
+    # And the target exports the same manifests, comments and all.
+    assert (await cli_b("export", "-A")).stdout == text
+
+
+def test_children_and_system_objects_are_left_out() -> None:
+    owner = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u", "controller": True}]
+    objects = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kube-system"}},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": "ml"}},
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "system-node-critical"},
+         "value": 2000001000},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+         "metadata": {"name": "view", "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"}}},
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "t", "namespace": "ml"},
+         "type": "gpufleet.io/token"},
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web-1", "namespace": "ml",
+                                                                       "ownerReferences": owner}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "solo", "namespace": "ml", "uid": "p", "resourceVersion": "9",
+            "annotations": {"gpufleet.io/gpu-indices": "0", "gpufleet.io/scheduling-diagnosis": "x",
+                            "gpufleet.io/gpu-memory-min": "40000"}},
+         "spec": {"nodeName": "gpu-3", "containers": [{"name": "c", "image": "i"}]}, "status": {"phase": "Running"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {
+            "name": "gpufleet-token-x", "namespace": "ml", "labels": {"gpufleet.io/token-id": "x"}},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"}},
+        {"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "high"},
+         "value": 1000},
+    ]
+    export = build(objects)
+    assert [(d.kind, d.obj["metadata"]["name"]) for d in export.documents] == [("PriorityClass", "high"),
+                                                                               ("Pod", "solo")]
+    pod = export.documents[1]
+    assert pod.obj["metadata"] == {"name": "solo", "namespace": "ml",
+                                   "annotations": {"gpufleet.io/gpu-memory-min": "40000"}}
+    assert pod.obj["spec"] == {"containers": [{"name": "c", "image": "i"}]}
+    assert any("gpufleet.io/gpu-memory-min" in n for n in pod.notes)
