@@ -20,7 +20,9 @@ from pydantic import BeforeValidator, Field
 
 from gpufleet.api import defaults as d
 from gpufleet.api import validation as v
-from gpufleet.api.k8s import K8sModel, ListMeta, MetricSpec, ObjectMeta, PodTemplateSpec, Quantity, Time
+from gpufleet.api.intorstring import IntOrStringQuantity, KeepsTemplateNumbers
+from gpufleet.api.k8s import K8sModel, ListMeta, MetricSpec, ObjectMeta, PodTemplateSpec, Time
+from gpufleet.api.quantity import parse_quantity
 
 GROUP = "kubeflow.org"
 VERSION = "v1"
@@ -69,8 +71,12 @@ def _int_to_str(value: Any) -> Any:
 IntOrWord = Annotated[str, BeforeValidator(_int_to_str)]
 
 
-class ReplicaSpec(K8sModel):
-    """How many pods of one replica type, made from which template, restarted how."""
+class ReplicaSpec(KeepsTemplateNumbers):
+    """How many pods of one replica type, made from which template, restarted how.
+
+    The template is a built-in PodTemplateSpec, but the job is a custom resource: quantities
+    its client wrote as numbers (``nvidia.com/gpu: 1``) are stored as numbers, as upstream's
+    CRD (int-or-string) keeps them; the pods made from it get Kubernetes' strings."""
 
     replicas: int | None = Field(default=None, description="How many pods of this type; the Master has exactly 1.")
     template: PodTemplateSpec | None = Field(default=None, description="The pod template of this type.")
@@ -84,7 +90,7 @@ class SchedulingPolicy(K8sModel):
 
     min_available: int | None = Field(default=None, alias="minAvailable")
     queue: str | None = None
-    min_resources: dict[str, Quantity] | None = Field(default=None, alias="minResources")
+    min_resources: dict[str, IntOrStringQuantity] | None = Field(default=None, alias="minResources")
     priority_class: str | None = Field(default=None, alias="priorityClass")
     schedule_timeout_seconds: int | None = Field(default=None, alias="scheduleTimeoutSeconds")
 
@@ -353,6 +359,15 @@ def _validate_run_policy(rp: RunPolicy | None, errs: list[v.FieldError]) -> None
         if sp.schedule_timeout_seconds is not None and sp.schedule_timeout_seconds < 0:
             errs.append(v.invalid("spec.runPolicy.schedulingPolicy.scheduleTimeoutSeconds",
                                   sp.schedule_timeout_seconds, "must be greater than or equal to 0"))
+        for name, quantity in (sp.min_resources or {}).items():
+            path = f"spec.runPolicy.schedulingPolicy.minResources[{name}]"
+            try:
+                amount = parse_quantity(quantity)
+            except ValueError:
+                errs.append(v.invalid(path, quantity, "must be a quantity such as 8, 500m or 16Gi"))
+                continue
+            if amount < 0:
+                errs.append(v.invalid(path, v.Unquoted(str(quantity)), "must be non-negative"))
 
 
 def _validate_elastic(job: PyTorchJob, ep: ElasticPolicy, errs: list[v.FieldError]) -> None:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from gpufleet.api import defaults, validation
+from gpufleet.api.intorstring import IntOrStringQuantity, KeepsTemplateNumbers
 from gpufleet.api.k8s import (
     Condition,
     K8sModel,
@@ -88,17 +89,18 @@ class ResourceFlavor(K8sModel):
 
 
 class ResourceQuota(K8sModel):
-    """The quota of one resource in one flavor."""
+    """The quota of one resource in one flavor. The quantities are kept as sent (2 stays 2,
+    "2" stays "2"), as Kueue's CRD (int-or-string) keeps them."""
 
     name: str = Field(description="The resource, such as cpu, memory or nvidia.com/gpu.")
-    nominal_quota: Quantity = Field(
+    nominal_quota: IntOrStringQuantity = Field(
         alias="nominalQuota",
         description="How much of the resource the queue's admitted workloads may use without borrowing.")
-    borrowing_limit: Quantity | None = Field(
+    borrowing_limit: IntOrStringQuantity | None = Field(
         default=None, alias="borrowingLimit",
         description="How much more the queue may borrow from its cohort; unlimited when unset. "
                     "Only valid in a cohort.")
-    lending_limit: Quantity | None = Field(
+    lending_limit: IntOrStringQuantity | None = Field(
         default=None, alias="lendingLimit",
         description="How much of the nominal quota the cohort may borrow; all of it when unset. "
                     "Only valid in a cohort.")
@@ -139,7 +141,7 @@ class FlavorFungibility(K8sModel):
 
 
 class FairSharing(K8sModel):
-    weight: Quantity | None = None
+    weight: IntOrStringQuantity | None = None
 
 
 class AdmissionCheckStrategyRule(K8sModel):
@@ -256,7 +258,7 @@ class LocalQueue(K8sModel):
 # --- Workload ----------------------------------------------------------------------------
 
 
-class PodSet(K8sModel):
+class PodSet(KeepsTemplateNumbers):
     name: str
     count: int
     template: PodTemplateSpec

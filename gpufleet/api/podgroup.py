@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from gpufleet.api import validation as v
-from gpufleet.api.k8s import K8sModel, ListMeta, ObjectMeta, Quantity, Time
+from gpufleet.api.intorstring import IntOrStringQuantity
+from gpufleet.api.k8s import K8sModel, ListMeta, ObjectMeta, Time
 from gpufleet.api.quantity import parse_quantity
 
 GROUP = "scheduling.x-k8s.io"
@@ -48,7 +49,7 @@ class PodGroupSpec(K8sModel):
     min_member: int | None = Field(
         default=None, alias="minMember",
         description="The fewest members that must fit at once; none is bound until that many are placed.")
-    min_resources: dict[str, Quantity] | None = Field(
+    min_resources: dict[str, IntOrStringQuantity] | None = Field(
         default=None, alias="minResources",
         description="The resources the group needs in all before any member is placed.")
     schedule_timeout_seconds: int | None = Field(

@@ -580,3 +580,30 @@ def test_python_client_custom_objects_hpa_and_rbac(cluster: Cluster, kueue: str)
             rules=[client.V1PolicyRule(api_groups=["kubeflow.org"], resources=["pytorchjobs"], verbs=["get"])]))
         assert isinstance(role, client.V1Role) and role.rules[0].resources == ["pytorchjobs"]
         assert "py-role" in [r.metadata.name for r in rbac.list_namespaced_role("default").items]
+
+
+# --- re-applying an unchanged manifest --------------------------------------------------------
+
+
+def test_reapplying_the_training_and_queue_examples_changes_nothing(kubectl: Kubectl) -> None:
+    # Custom resources keep quantities as sent (`nvidia.com/gpu: 1`, `nominalQuota: 2`), so
+    # kubectl's JSON merge patch between the manifest and the live object comes out empty.
+    kubectl("create", "namespace", "reapply").ok()
+    training = ("-f", str(EXAMPLES / "pytorchjob.yaml"), "-n", "reapply")
+    queues = ("-f", str(REPO / "examples" / "queues" / "teams.yaml"))
+    assert kubectl("apply", *training).ok().stdout == "pytorchjob.kubeflow.org/mlp created\n"
+    kubectl("apply", *queues).ok()
+    live = json.loads(kubectl("get", "pytorchjob", "mlp", "-n", "reapply", "-o", "json").ok().stdout)
+    worker = live["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    cq = json.loads(kubectl("get", "cq", "team-a", "-o", "json").ok().stdout)
+    assert cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] == 2
+
+    want_queues = [
+        "namespace/team-a", "namespace/team-b", "resourceflavor.kueue.x-k8s.io/h100",
+        "clusterqueue.kueue.x-k8s.io/team-a", "clusterqueue.kueue.x-k8s.io/team-b",
+        "localqueue.kueue.x-k8s.io/gpus", "localqueue.kueue.x-k8s.io/gpus",
+    ]
+    for extra, suffix in (((), "unchanged"), (("--dry-run=server",), "unchanged (server dry run)")):
+        assert kubectl("apply", *training, *extra).ok().stdout == f"pytorchjob.kubeflow.org/mlp {suffix}\n"
+        assert kubectl("apply", *queues, *extra).ok().stdout.splitlines() == [f"{n} {suffix}" for n in want_queues]
