@@ -94,10 +94,13 @@ async def test_backoff_limit_fails_the_job_and_kills_its_pods(client: Client, co
 
 async def test_active_deadline(client: Client, controllers) -> None:
     await controllers(**FAST)
-    j = await client.create(job("slow", activeDeadlineSeconds=1), raw=True)
+    # A generous deadline first, so a loaded machine cannot end the Job before its pod is
+    # seen; then the deadline is shortened (the field is mutable, as in Kubernetes).
+    j = await client.create(job("slow", activeDeadlineSeconds=3600), raw=True)
     uid = j["metadata"]["uid"]
     (p,) = await eventually(lambda: active(client, uid, 1))
     await set_pod_status(client, p["metadata"]["name"], phase="Running")
+    await client.patch("jobs", "slow", {"spec": {"activeDeadlineSeconds": 1}}, NS)
     cond = await eventually(lambda: condition(client, "slow", "Failed"), timeout=5)
     assert cond["reason"] == "DeadlineExceeded"
     assert cond["message"] == "Job was active longer than specified deadline"
