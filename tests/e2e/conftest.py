@@ -12,29 +12,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
-from e2e_helpers import Cluster, Kubectl, kubectl_binary
+from e2e_helpers import Cluster, Kubectl, kubectl_binary, wait_for_url
 
 START_TIMEOUT = 60.0
-_LISTENING = re.compile(r"API server listening on (http\S+)")
-
-
-def _pump(stream, lines: queue.Queue[str | None]) -> None:
-    # Drains stdout for the life of the server so it can never block on a full pipe.
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -71,31 +59,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
             env=env,
             start_new_session=True,
         )
-    lines: queue.Queue[str | None] = queue.Queue()
-    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-    url = None
-    deadline = time.monotonic() + START_TIMEOUT
     try:
-        while url is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                pytest.fail(
-                    f"gpufleet up printed no URL within {START_TIMEOUT}s\n{log_path.read_text()}",
-                    pytrace=False,
-                )
-            try:
-                line = lines.get(timeout=remaining)
-            except queue.Empty:
-                continue
-            if line is None:
-                proc.wait()
-                pytest.fail(
-                    f"gpufleet up exited with {proc.returncode} before serving\n{log_path.read_text()}",
-                    pytrace=False,
-                )
-            m = _LISTENING.search(line)
-            if m:
-                url = m.group(1)
+        url = wait_for_url(proc, log_path, START_TIMEOUT)
         kubeconfig = state_dir / "kubeconfig"
         assert kubeconfig.exists(), f"gpufleet up did not write {kubeconfig}"
         yield Cluster(url, str(kubeconfig), state_dir, log_path, proc)

@@ -1,4 +1,5 @@
-"""Helpers for the end-to-end tests: running kubectl, reading its tables, writing manifests.
+"""Helpers for the end-to-end tests: running kubectl, reading its tables, writing manifests,
+and running a fleet (a server and node agents) as real processes.
 
 A module of its own (not conftest.py) so test modules can import it by a name no other test
 package uses.
@@ -6,13 +7,20 @@ package uses.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
+import queue
 import re
+import signal
 import subprocess
+import sys
+import threading
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,3 +256,223 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.2, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+# --- A whole fleet as separate processes: one API server and N node agents ---------------
+
+GPUFLEET = [sys.executable, "-m", "gpufleet.cli.main"]
+FLEET_START_TIMEOUT = 60.0
+_LISTENING = re.compile(r"API server listening on (http\S+)")
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL a process's group and the process itself. A pod of the process runtime leads
+    a session of its own, so its group is its pid and this also takes anything it forked."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _kill_proc(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        kill_group(proc.pid)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def process_pids(pods: Iterable[dict]) -> set[int]:
+    """Host pids of the containers of these pods (process runtime: containerID process://<pid>)."""
+    pids = set()
+    for p in pods:
+        for cs in (p.get("status") or {}).get("containerStatuses") or []:
+            cid = cs.get("containerID") or ""
+            if cid.startswith("process://"):
+                pids.add(int(cid.removeprefix("process://")))
+    return pids
+
+
+def wait_for_url(proc: subprocess.Popen, log: Path, timeout: float = FLEET_START_TIMEOUT) -> str:
+    """The URL a starting API server prints; fails the test with its log if none comes."""
+    what = " ".join(str(a) for a in proc.args[len(GPUFLEET) : len(GPUFLEET) + 1]) or "server"
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        # Keeps draining for the server's whole life so a full pipe never stalls it.
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            pytest.fail(f"gpufleet {what} printed no URL in {timeout}s\n{log.read_text()}", pytrace=False)
+        try:
+            line = lines.get(timeout=remaining)
+        except queue.Empty:
+            continue
+        if line is None:
+            proc.wait()
+            pytest.fail(f"gpufleet {what} exited with {proc.returncode}\n{log.read_text()}", pytrace=False)
+        m = _LISTENING.search(line)
+        if m:
+            return m.group(1)
+
+
+@dataclass
+class Fleet:
+    """A running fleet under `root`: server.log, server-state/, agent-<name>.log and
+    agent-<name>/ per node. `pids` are pod processes to kill at teardown (they run in
+    sessions of their own, so killing an agent's group misses them)."""
+
+    root: Path
+    env: dict[str, str]
+    url: str = ""
+    server: subprocess.Popen | None = None
+    agents: dict[str, subprocess.Popen] = field(default_factory=dict)
+    pids: set[int] = field(default_factory=set)
+    poll_interval: float = 0.25
+
+    @property
+    def state(self) -> Path:
+        return self.root / "server-state"
+
+    @property
+    def kubeconfig(self) -> str:
+        return str(self.state / "kubeconfig")
+
+    def start_server(self, args: Sequence[str]) -> None:
+        """`gpufleet <args> --port 0 --state-dir <root>/server-state`, e.g. ["server", ...] or
+        ["up", "--no-agent"]; returns once it serves."""
+        log_path = self.root / "server.log"
+        with open(log_path, "w") as log:
+            self.server = subprocess.Popen(
+                [*GPUFLEET, *args, "--port", "0", "--state-dir", str(self.state)],
+                stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, start_new_session=True,
+            )
+        self.url = wait_for_url(self.server, log_path)
+        assert Path(self.kubeconfig).exists(), f"gpufleet {args[0]} did not write {self.kubeconfig}"
+
+    def start_agent(
+        self,
+        name: str,
+        *,
+        gpus: int,
+        runtime: str = "process",
+        gpu_model: str | None = None,
+        address: str | None = None,
+        labels: dict[str, str] | None = None,
+        join: bool = True,
+    ) -> subprocess.Popen:
+        """A `gpufleet agent` for node `name`. With `join` it joins as an agent on another
+        machine would: the join token is traded for the node's own token and the server is
+        verified with its CA; without, it uses the admin kubeconfig."""
+        if join:
+            reach = ["--server", self.url, "--token-file", str(self.state / "join-token"),
+                     "--certificate-authority", str(self.state / "pki" / "ca.crt")]
+        else:
+            reach = ["--kubeconfig", self.kubeconfig]
+        argv = [*GPUFLEET, "agent", *reach, "--name", name, "--gpus", str(gpus)]
+        if gpu_model:
+            argv += ["--gpu-model", gpu_model]
+        argv += ["--state-dir", str(self.root / f"agent-{name}"), "--runtime", runtime]
+        if address:
+            argv += ["--address", address]
+        if labels:
+            argv += ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
+        with open(self.root / f"agent-{name}.log", "w") as log:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
+        self.agents[name] = proc
+        return proc
+
+    def kill_node(self, name: str, pod_pids: Iterable[int]) -> None:
+        """The node dies the hard way: its agent and these pod processes SIGKILLed."""
+        _kill_proc(self.agents[name])
+        for pid in pod_pids:
+            kill_group(pid)
+
+    def close(self) -> None:
+        procs = [*self.agents.values()][::-1] + ([self.server] if self.server else [])
+        for proc in procs:
+            _kill_proc(proc)
+        for pid in self.pids:
+            kill_group(pid)
+
+    def logs(self, n: int = 40) -> str:
+        out = []
+        for log in sorted(self.root.glob("*.log")):
+            lines = log.read_text(errors="replace").splitlines()[-n:]
+            out.append(f"--- {log.name} ---\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    def run_cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """The gpufleet command against this fleet, as a user runs it."""
+        return subprocess.run(
+            [*GPUFLEET, *args, "--kubeconfig", self.kubeconfig],
+            capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME=str(self.root)),
+        )
+
+    async def wait_until(self, check, limit: float, what: str, interval: float | None = None) -> Any:
+        """Polls the coroutine function `check` until it returns something truthy, which is
+        returned; fails with the fleet's logs after `limit` seconds."""
+        deadline = time.monotonic() + limit
+        while True:
+            got = await check()
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out after {limit}s waiting for {what}\n{self.logs()}", pytrace=False)
+            await asyncio.sleep(interval or self.poll_interval)
+
+    async def nodes_ready(self, client, limit: float = FLEET_START_TIMEOUT) -> None:
+        """Waits until every agent's Node is Ready."""
+        names = set(self.agents)
+
+        async def check() -> bool:
+            nodes = await client.list("Node", raw=True)
+            ready = {
+                n["metadata"]["name"]
+                for n in nodes
+                if any(c["type"] == "Ready" and c["status"] == "True"
+                       for c in (n.get("status") or {}).get("conditions") or [])
+            }
+            return ready >= names
+
+        await self.wait_until(check, limit, f"nodes {sorted(names)} Ready")
+
+
+@contextlib.contextmanager
+def running_fleet(
+    root: Path,
+    server: Sequence[str],
+    nodes: Sequence[str],
+    *,
+    gpus: int,
+    runtime: str = "process",
+    gpu_model: str | None = None,
+    addresses: Sequence[str] | None = None,
+    join: bool = True,
+    python_on_path: bool = False,
+    poll_interval: float = 0.25,
+) -> Iterator[Fleet]:
+    """A server started with `server` args and one agent per name in `nodes` (addresses[i]
+    for node i when given), all SIGKILLed at the end with the pods in `Fleet.pids`.
+    `python_on_path` puts this interpreter's directory first on PATH, so pods of the process
+    runtime that run `python` get the one that has torch."""
+    env = dict(os.environ, HOME=str(root), PYTHONUNBUFFERED="1")
+    if python_on_path:
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    env.pop("KUBECONFIG", None)
+    fleet = Fleet(root, env, poll_interval=poll_interval)
+    try:
+        fleet.start_server(server)
+        for i, name in enumerate(nodes):
+            fleet.start_agent(name, gpus=gpus, runtime=runtime, gpu_model=gpu_model,
+                              address=addresses[i] if addresses else None, join=join)
+        yield fleet
+    finally:
+        fleet.close()

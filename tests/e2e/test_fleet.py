@@ -11,22 +11,14 @@ controller tainting and evicting, and the ReplicaSet and scheduler placing repla
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import queue
-import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Fleet, kill_group, running_fleet
 
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import transport_from_kubeconfig
@@ -39,7 +31,6 @@ GPUS_PER_POD = 2
 DEPLOYMENT = "trainer"
 START_TIMEOUT = 60.0
 FAILOVER_LIMIT = 60.0
-_LISTENING = re.compile(r"API server listening on (http\S+)")
 
 # The pod's whole job is to say where it landed and what it was handed, then stay up.
 POD_SCRIPT = """
@@ -55,29 +46,16 @@ while True:
 """
 
 
-@dataclass
-class Fleet:
-    url: str
-    kubeconfig: str
-    root: Path
-    reports: Path
-    server: subprocess.Popen
-    agents: dict[str, subprocess.Popen] = field(default_factory=dict)
-
-    def logs(self, n: int = 40) -> str:
-        out = []
-        for log in sorted(self.root.glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()[-n:]
-            out.append(f"--- {log.name} ---\n" + "\n".join(lines))
-        return "\n".join(out)
-
-
 @dataclass(frozen=True)
 class Report:
     pod: str
     node: str
     gpus: tuple[int, ...]
     pid: int
+
+
+def report_dir(fleet: Fleet) -> Path:
+    return fleet.root / "reports"
 
 
 def read_reports(reports: Path) -> dict[str, Report]:
@@ -91,125 +69,20 @@ def read_reports(reports: Path) -> dict[str, Report]:
     return found
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
-
-
-def _kill_pid(pid: int) -> None:
-    # A pod's process leads its own session, so its group is its pid; killing the group
-    # also takes anything it forked.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _wait_for_url(proc: subprocess.Popen, log: Path) -> str:
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        # Keeps draining for the server's whole life so a full pipe never stalls it.
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            pytest.fail(
-                f"gpufleet server printed no URL in {START_TIMEOUT}s\n{log.read_text()}", pytrace=False
-            )
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.wait()
-            pytest.fail(f"gpufleet server exited with {proc.returncode}\n{log.read_text()}", pytrace=False)
-        m = _LISTENING.search(line)
-        if m:
-            return m.group(1)
-
-
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    root = tmp_path
-    reports = root / "reports"
+    reports = tmp_path / "reports"
     reports.mkdir()
-    env = dict(os.environ, HOME=str(root), PYTHONUNBUFFERED="1")
-    env.pop("KUBECONFIG", None)
-    gpufleet = [sys.executable, "-m", "gpufleet.cli.main"]
-    state = root / "server-state"
-    procs: list[subprocess.Popen] = []
     try:
-        with open(root / "server.log", "w") as log:
-            server = subprocess.Popen(
-                [
-                    *gpufleet,
-                    "server",
-                    "--store",
-                    f"sqlite:///{root / 'state.db'}",
-                    "--port",
-                    "0",
-                    "--state-dir",
-                    str(state),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=log,
-                text=True,
-                env=env,
-                start_new_session=True,
-            )
-        procs.append(server)
-        url = _wait_for_url(server, root / "server.log")
-        kubeconfig = state / "kubeconfig"
-        assert kubeconfig.exists(), f"gpufleet server did not write {kubeconfig}"
-        f = Fleet(url, str(kubeconfig), root, reports, server)
-        for name in NODES:
-            with open(root / f"agent-{name}.log", "w") as log:
-                agent = subprocess.Popen(
-                    [
-                        *gpufleet,
-                        "agent",
-                        "--server",
-                        url,
-                        # Joins as an agent on another machine would: the join token is traded
-                        # for this node's own token, and the server is verified with its CA.
-                        "--token-file",
-                        str(state / "join-token"),
-                        "--certificate-authority",
-                        str(state / "pki" / "ca.crt"),
-                        "--name",
-                        name,
-                        "--gpus",
-                        str(GPUS_PER_NODE),
-                        "--gpu-model",
-                        "H100-SXM-80GB",
-                        "--state-dir",
-                        str(root / f"agent-{name}"),
-                        "--runtime",
-                        "process",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,
-                )
-            procs.append(agent)
-            f.agents[name] = agent
-        yield f
+        with running_fleet(
+            tmp_path, ["server", "--store", f"sqlite:///{tmp_path / 'state.db'}"], NODES,
+            gpus=GPUS_PER_NODE, gpu_model="H100-SXM-80GB", runtime="process",
+        ) as f:
+            yield f
     finally:
-        for proc in reversed(procs):
-            _kill_group(proc)
-        # Pod processes run in sessions of their own, so killing an agent's group misses them.
+        # The pods report their own pids; the fleet is down by now, so none comes back.
         for r in read_reports(reports).values():
-            _kill_pid(r.pid)
+            kill_group(r.pid)
 
 
 def deployment(replicas: int, reports: Path) -> dict:
@@ -263,54 +136,30 @@ async def live_pods(client: Client) -> list[dict]:
     ]
 
 
-async def wait_until(check, limit: float, what: str, fleet: Fleet, interval: float = 0.25):
-    deadline = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {limit}s waiting for {what}\n{fleet.logs()}", pytrace=False)
-        await asyncio.sleep(interval)
-
-
 async def reported(fleet: Fleet, pods: list[dict], limit: float = 20.0) -> dict[str, Report]:
     """The reports of these pods; a container can be Running a moment before it has written."""
     names = {p["metadata"]["name"] for p in pods}
 
     async def check():
-        reps = read_reports(fleet.reports)
+        reps = read_reports(report_dir(fleet))
         return {n: reps[n] for n in names} if names <= set(reps) else None
 
-    return await wait_until(check, limit, f"reports from {sorted(names)}", fleet)
+    return await fleet.wait_until(check, limit, f"reports from {sorted(names)}")
 
 
 async def test_gpu_packing_and_node_failover(fleet: Fleet) -> None:
     async with Client(transport_from_kubeconfig(fleet.kubeconfig)) as client:
-
-        async def nodes_ready():
-            nodes = await client.list("Node", raw=True)
-            ready = {
-                n["metadata"]["name"]
-                for n in nodes
-                if any(
-                    c["type"] == "Ready" and c["status"] == "True"
-                    for c in (n.get("status") or {}).get("conditions") or []
-                )
-            }
-            return ready >= set(NODES)
-
-        await wait_until(nodes_ready, START_TIMEOUT, "all three nodes Ready", fleet)
+        await fleet.nodes_ready(client, START_TIMEOUT)
 
         total = len(NODES) * GPUS_PER_NODE
         full = total // GPUS_PER_POD
-        await client.create(deployment(full, fleet.reports), "default", raw=True)
+        await client.create(deployment(full, report_dir(fleet)), "default", raw=True)
 
         async def all_running():
             pods = await live_pods(client)
             return pods if len(pods) == full else None
 
-        pods = await wait_until(all_running, 60, f"{full} pods Running", fleet)
+        pods = await fleet.wait_until(all_running, 60, f"{full} pods Running")
         reps = await reported(fleet, pods)
 
         # The agent's view (pod.spec.nodeName) and the container's view (downward API) agree.
@@ -338,16 +187,14 @@ async def test_gpu_packing_and_node_failover(fleet: Fleet) -> None:
             # victim choice below sees the final layout.
             return pods if len(pods) == keep and len(every) == keep else None
 
-        pods = await wait_until(scaled_down, 60, f"{keep} pods Running", fleet)
+        pods = await fleet.wait_until(scaled_down, 60, f"{keep} pods Running")
         reps = await reported(fleet, pods)
         survivors = Counter(p["spec"]["nodeName"] for p in pods)
         victim, lost = survivors.most_common(1)[0]
         assert lost >= 1
 
         victim_pids = [reps[p["metadata"]["name"]].pid for p in pods if p["spec"]["nodeName"] == victim]
-        _kill_group(fleet.agents[victim])
-        for pid in victim_pids:
-            _kill_pid(pid)
+        fleet.kill_node(victim, victim_pids)
         t0 = time.monotonic()
 
         async def recovered():
@@ -356,7 +203,7 @@ async def test_gpu_packing_and_node_failover(fleet: Fleet) -> None:
                 return pods
             return None
 
-        pods = await wait_until(recovered, FAILOVER_LIMIT + 30, f"{keep} pods Running off {victim}", fleet)
+        pods = await fleet.wait_until(recovered, FAILOVER_LIMIT + 30, f"{keep} pods Running off {victim}")
         elapsed = time.monotonic() - t0
         print(f"failover: {lost} replicas lost on {victim}, Running elsewhere after {elapsed:.1f} s")
         assert elapsed < FAILOVER_LIMIT

@@ -10,21 +10,13 @@ prints how long B's jobs waited, and what `gpufleet get queues` / `get workloads
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import os
-import queue
 import re
-import signal
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from e2e_helpers import Fleet, running_fleet
 
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import transport_from_kubeconfig
@@ -37,92 +29,21 @@ GPU = "nvidia.com/gpu"
 KUEUE = "kueue.x-k8s.io/v1beta1"
 NS = "default"
 START_TIMEOUT = 60.0
-_LISTENING = re.compile(r"API server listening on (http\S+)")
-
-
-@dataclass
-class Fleet:
-    url: str
-    kubeconfig: str
-    root: Path
-    procs: list[subprocess.Popen] = field(default_factory=list)
-
-    def logs(self, n: int = 30) -> str:
-        out = []
-        for log in sorted(self.root.glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()[-n:]
-            out.append(f"--- {log.name} ---\n" + "\n".join(lines))
-        return "\n".join(out)
-
-    def cli(self, *args: str) -> str:
-        res = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", *args, "--kubeconfig", self.kubeconfig],
-                             capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME=str(self.root)))
-        assert res.returncode == 0, f"gpufleet {' '.join(args)}: {res.stderr}"
-        return res.stdout
-
-
-def _wait_for_url(proc: subprocess.Popen, log: Path) -> str:
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            pytest.fail(f"gpufleet server printed no URL in {START_TIMEOUT}s\n{log.read_text()}", pytrace=False)
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.wait()
-            pytest.fail(f"gpufleet server exited with {proc.returncode}\n{log.read_text()}", pytrace=False)
-        m = _LISTENING.search(line)
-        if m:
-            return m.group(1)
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=10)
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
-    env = dict(os.environ, HOME=str(tmp_path), PYTHONUNBUFFERED="1")
-    env.pop("KUBECONFIG", None)
-    gpufleet = [sys.executable, "-m", "gpufleet.cli.main"]
-    state = tmp_path / "server-state"
-    procs: list[subprocess.Popen] = []
-    try:
-        with open(tmp_path / "server.log", "w") as log:
-            server = subprocess.Popen(
-                [*gpufleet, "server", "--store", f"sqlite:///{tmp_path / 'state.db'}", "--port", "0",
-                 "--state-dir", str(state), "--gateway-port", "-1"],
-                stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
-        procs.append(server)
-        url = _wait_for_url(server, tmp_path / "server.log")
-        f = Fleet(url, str(state / "kubeconfig"), tmp_path, procs)
-        for name in NODES:
-            with open(tmp_path / f"agent-{name}.log", "w") as log:
-                procs.append(subprocess.Popen(
-                    [*gpufleet, "agent", "--server", url, "--token-file", str(state / "join-token"),
-                     "--certificate-authority", str(state / "pki" / "ca.crt"), "--name", name,
-                     "--gpus", str(GPUS_PER_NODE), "--gpu-model", "H100-SXM-80GB",
-                     "--state-dir", str(tmp_path / f"agent-{name}"), "--runtime", "simulated"],
-                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True))
+    with running_fleet(
+        tmp_path, ["server", "--store", f"sqlite:///{tmp_path / 'state.db'}", "--gateway-port", "-1"], NODES,
+        gpus=GPUS_PER_NODE, gpu_model="H100-SXM-80GB", runtime="simulated", poll_interval=0.2,
+    ) as f:
         yield f
-    finally:
-        for proc in reversed(procs):
-            _kill_group(proc)
+
+
+def cli(fleet: Fleet, *args: str) -> str:
+    res = fleet.run_cli(*args)
+    assert res.returncode == 0, f"gpufleet {' '.join(args)}: {res.stderr}"
+    return res.stdout
 
 
 def team_objects() -> list[dict]:
@@ -154,17 +75,6 @@ def gang_job(name: str, team: str) -> dict:
                 "name": "train", "image": "trainer:v1", "resources": {"limits": {GPU: "2"}}}]}},
         },
     }
-
-
-async def wait_until(check, limit: float, what: str, fleet: Fleet, interval: float = 0.2):
-    deadline = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {limit}s waiting for {what}\n{fleet.logs()}", pytrace=False)
-        await asyncio.sleep(interval)
 
 
 async def running_pods(client: Client) -> dict[str, list[dict]]:
@@ -199,13 +109,7 @@ def condition(obj: dict, type_: str) -> dict:
 
 async def test_team_b_reclaims_what_team_a_borrowed(fleet: Fleet) -> None:
     async with Client(transport_from_kubeconfig(fleet.kubeconfig)) as client:
-
-        async def nodes_ready():
-            nodes = await client.list("Node", raw=True)
-            return len([n for n in nodes if any(c["type"] == "Ready" and c["status"] == "True"
-                                                for c in (n.get("status") or {}).get("conditions") or [])]) == 4
-
-        await wait_until(nodes_ready, START_TIMEOUT, "four nodes Ready", fleet)
+        await fleet.nodes_ready(client, START_TIMEOUT)
         for obj in team_objects():
             await client.create(obj)
 
@@ -218,7 +122,7 @@ async def test_team_b_reclaims_what_team_a_borrowed(fleet: Fleet) -> None:
             pods = await running_pods(client)
             return all(len(pods.get(j, [])) == 2 for j in a_jobs)
 
-        await wait_until(a_running, 30, "team A's 12 GPUs running", fleet)
+        await fleet.wait_until(a_running, 30, "team A's 12 GPUs running")
         cq_a = await client.get("clusterqueues", "team-a", raw=True)
         usage = cq_a["status"]["flavorsUsage"][0]["resources"][0]
         assert (usage["total"], usage["borrowed"]) == ("12", "4"), usage
@@ -237,7 +141,7 @@ async def test_team_b_reclaims_what_team_a_borrowed(fleet: Fleet) -> None:
                     started[j] = time.monotonic() - submitted
             return len(started) == len(b_jobs)
 
-        await wait_until(b_running, 40, "team B's 8 GPUs running", fleet)
+        await fleet.wait_until(b_running, 40, "team B's 8 GPUs running")
         for j in b_jobs:
             print(f"team B job {j} waited {started[j]:.2f}s from submission to both pods Running")
 
@@ -255,7 +159,7 @@ async def test_team_b_reclaims_what_team_a_borrowed(fleet: Fleet) -> None:
         async def victim_gone():
             return not await all_pods_of(client, victim)
 
-        await wait_until(victim_gone, 10, f"every pod of {victim} gone", fleet)
+        await fleet.wait_until(victim_gone, 10, f"every pod of {victim} gone")
         pods = await running_pods(client)
         assert sorted(j for j in pods if j) == sorted({*a_jobs, *b_jobs} - {victim})
         gpus = sum(int(c["resources"]["limits"][GPU]) for ps in pods.values() for p in ps
@@ -267,22 +171,22 @@ async def test_team_b_reclaims_what_team_a_borrowed(fleet: Fleet) -> None:
             c = condition(await workload(client, victim), "QuotaReserved")
             return c if c.get("status") == "False" and c.get("reason") == "Quota" else None
 
-        await wait_until(victim_waits, 10, f"{victim} waiting for quota", fleet)
-        queues = fleet.cli("get", "queues")
+        await fleet.wait_until(victim_waits, 10, f"{victim} waiting for quota")
+        queues = cli(fleet, "get", "queues")
         print(queues)
         assert re.search(r"^a\s+team-a\s+1\s+2\s+Quota=1", queues, re.M), queues
         assert re.search(r"^b\s+team-b\s+0\s+2\s+<none>", queues, re.M), queues
-        cqs = fleet.cli("get", "cq")
+        cqs = cli(fleet, "get", "cq")
         print(cqs)
         assert re.search(r"^team-a\s+lab\s+1\s+2\s+Quota=1", cqs, re.M), cqs
-        workloads = fleet.cli("get", "workloads")
+        workloads = cli(fleet, "get", "workloads")
         print(workloads)
         assert re.search(rf"job-{victim}-\w+\s+a\s+\S*\s*False\s+Quota", workloads), workloads
         name = (await workload(client, victim))["metadata"]["name"]
-        described = fleet.cli("describe", "workload", name)
+        described = cli(fleet, "describe", "workload", name)
         print(described)
         assert re.search(r"Type:\s+QuotaReserved", described) and "4 more needed" in described, described
-        described = fleet.cli("describe", "job", victim)
+        described = cli(fleet, "describe", "job", victim)
         print(described)
         assert "Preempted to accommodate a workload" in described, described
         assert "insufficient unused quota for nvidia.com/gpu in flavor h100" in described, described

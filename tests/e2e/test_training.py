@@ -12,22 +12,16 @@ real model with torch.distributed (gloo) under a PyTorchJob.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import queue
 import re
-import signal
 import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import kubectl_binary
+from e2e_helpers import Fleet, kubectl_binary, process_pids, running_fleet
 
 from gpufleet.client.api import Client
 from gpufleet.client.errors import ApiError
@@ -39,61 +33,9 @@ REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "examples" / "training" / "train.py")
 NODES = ("node-a", "node-b", "node-c")
 GPUS_PER_NODE = 2
-START_TIMEOUT = 60.0
 NS = "default"
-_LISTENING = re.compile(r"API server listening on (http\S+)")
 _STEP = re.compile(r"^step=(\d+) loss=([0-9.]+) world_size=(\d+) rank=(\d+)$", re.M)
 _RESUMED = re.compile(r"^resumed from step=(\d+)", re.M)
-
-
-@dataclass
-class Fleet:
-    url: str
-    kubeconfig: str
-    root: Path
-    server: subprocess.Popen
-    agents: dict[str, subprocess.Popen] = field(default_factory=dict)
-    pids: set[int] = field(default_factory=set)
-
-    def logs(self, n: int = 30) -> str:
-        out = []
-        for log in sorted(self.root.glob("*.log")):
-            lines = log.read_text(errors="replace").splitlines()[-n:]
-            out.append(f"--- {log.name} ---\n" + "\n".join(lines))
-        return "\n".join(out)
-
-
-def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, signal.SIGKILL)
-
-
-def _wait_for_url(proc: subprocess.Popen, log: Path) -> str:
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def pump() -> None:
-        for line in proc.stdout:
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            pytest.fail(f"gpufleet up printed no URL in {START_TIMEOUT}s\n{log.read_text()}", pytrace=False)
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            proc.wait()
-            pytest.fail(f"gpufleet up exited with {proc.returncode}\n{log.read_text()}", pytrace=False)
-        m = _LISTENING.search(line)
-        if m:
-            return m.group(1)
 
 
 @pytest.fixture
@@ -101,76 +43,19 @@ def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     """Server and agents. Parametrized with "spread", each agent has an address of its own
     (127.0.0.1, .2, .3, all loopback), as servers of a real fleet do."""
     spread = getattr(request, "param", "") == "spread"
-    root = tmp_path
+    addresses = [f"127.0.0.{i + 1}" if spread else "127.0.0.1" for i in range(len(NODES))]
     # The agents run `python` from their PATH: the interpreter running these tests has torch.
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    env = dict(os.environ, HOME=str(root), PYTHONUNBUFFERED="1", PATH=path)
-    env.pop("KUBECONFIG", None)
-    gpufleet = [sys.executable, "-m", "gpufleet.cli.main"]
-    state = root / "server-state"
-    procs: list[subprocess.Popen] = []
-    f: Fleet | None = None
-    try:
-        with open(root / "server.log", "w") as log:
-            server = subprocess.Popen(
-                [*gpufleet, "up", "--no-agent", "--port", "0", "--state-dir", str(state)],
-                stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True,
-            )
-        procs.append(server)
-        url = _wait_for_url(server, root / "server.log")
-        f = Fleet(url, str(state / "kubeconfig"), root, server)
-        for i, name in enumerate(NODES):
-            address = f"127.0.0.{i + 1}" if spread else "127.0.0.1"
-            with open(root / f"agent-{name}.log", "w") as log:
-                agent = subprocess.Popen(
-                    [*gpufleet, "agent", "--kubeconfig", f.kubeconfig, "--name", name,
-                     "--gpus", str(GPUS_PER_NODE), "--state-dir", str(root / f"agent-{name}"),
-                     "--runtime", "process", "--address", address],
-                    stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                )
-            procs.append(agent)
-            f.agents[name] = agent
+    with running_fleet(
+        tmp_path, ["up", "--no-agent"], NODES, gpus=GPUS_PER_NODE, runtime="process",
+        addresses=addresses, join=False, python_on_path=True, poll_interval=0.3,
+    ) as f:
         yield f
-    finally:
-        # Pod processes lead sessions of their own: killing an agent's group misses them.
-        for pid in f.pids if f is not None else ():
-            _kill_group(pid)
-        for proc in reversed(procs):
-            if proc.poll() is None:
-                _kill_group(proc.pid)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-
-
-async def wait_until(check, limit: float, what: str, fleet: Fleet, interval: float = 0.3) -> Any:
-    deadline = time.monotonic() + limit
-    while True:
-        got = await check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {limit}s waiting for {what}\n{fleet.logs()}", pytrace=False)
-        await asyncio.sleep(interval)
-
-
-async def nodes_ready(client: Client, fleet: Fleet) -> None:
-    async def check() -> bool:
-        nodes = await client.list("Node", raw=True)
-        ready = {n["metadata"]["name"] for n in nodes
-                 if any(c["type"] == "Ready" and c["status"] == "True"
-                        for c in (n.get("status") or {}).get("conditions") or [])}
-        return ready >= set(NODES)
-
-    await wait_until(check, START_TIMEOUT, "all nodes Ready", fleet)
 
 
 async def job_pods(client: Client, job: str, fleet: Fleet) -> list[dict[str, Any]]:
     pods = await client.list("Pod", NS, label_selector={"training.kubeflow.org/job-name": job}, raw=True)
-    for p in pods:
-        for cs in (p.get("status") or {}).get("containerStatuses") or []:
-            cid = cs.get("containerID") or ""
-            if cid.startswith("process://"):
-                fleet.pids.add(int(cid.removeprefix("process://")))
+    # Pod processes lead sessions of their own: the fleet kills them by pid at teardown.
+    fleet.pids |= process_pids(pods)
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
@@ -196,8 +81,7 @@ async def condition(client: Client, name: str, type_: str) -> dict[str, Any] | N
 
 async def gpufleet_cli(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
     """The gpufleet command, as a user runs it."""
-    argv = [sys.executable, "-m", "gpufleet.cli.main", *args, "--kubeconfig", fleet.kubeconfig]
-    return await asyncio.to_thread(subprocess.run, argv, capture_output=True, text=True, timeout=60)
+    return await asyncio.to_thread(fleet.run_cli, *args)
 
 
 def container(args: list[str], *, elastic: bool = False) -> dict[str, Any]:
@@ -227,14 +111,14 @@ async def test_gang_restarts_from_checkpoint_when_a_server_dies(fleet: Fleet) ->
                  "pytorchReplicaSpecs": {"Master": replica(1, args), "Worker": replica(1, args)}},
     }
     async with Client(transport_from_kubeconfig(fleet.kubeconfig)) as client:
-        await nodes_ready(client, fleet)
+        await fleet.nodes_ready(client)
         await client.create(job, NS, raw=True)
 
         async def training() -> list | None:
             found = steps(await pod_log(client, "mlp-master-0"))
             return found if found and found[-1][0] >= 50 else None
 
-        before = await wait_until(training, 90, "the master to pass step 50", fleet)
+        before = await fleet.wait_until(training, 90, "the master to pass step 50")
         # Nodes have addresses of their own: the Workers found the Master through the
         # rendezvous ConfigMap, written once the Master was bound.
         rdzv = await client.get("ConfigMap", "mlp-rendezvous", NS, raw=True)
@@ -245,11 +129,7 @@ async def test_gang_restarts_from_checkpoint_when_a_server_dies(fleet: Fleet) ->
 
         pods = await job_pods(client, "mlp", fleet)
         victim = next(p for p in pods if p["metadata"]["name"] == "mlp-worker-0")["spec"]["nodeName"]
-        _kill_group(fleet.agents[victim].pid)
-        for p in pods:
-            if p["spec"]["nodeName"] == victim:
-                for cs in p["status"].get("containerStatuses") or []:
-                    _kill_group(int(cs["containerID"].removeprefix("process://")))
+        fleet.kill_node(victim, process_pids(p for p in pods if p["spec"]["nodeName"] == victim))
         t0 = time.monotonic()
 
         async def restarted() -> dict | None:
@@ -261,7 +141,7 @@ async def test_gang_restarts_from_checkpoint_when_a_server_dies(fleet: Fleet) ->
                        and p["metadata"]["annotations"].get("gpufleet.io/gang-attempt") == "1"]
             return job if len(running) == 2 else None
 
-        await wait_until(restarted, 60, "the gang running again", fleet)
+        await fleet.wait_until(restarted, 60, "the gang running again")
         print(f"gang restart: running again {time.monotonic() - t0:.1f} s after node {victim} died")
         pods = await job_pods(client, "mlp", fleet)
         assert all(p["spec"]["nodeName"] != victim for p in pods)
@@ -274,10 +154,10 @@ async def test_gang_restarts_from_checkpoint_when_a_server_dies(fleet: Fleet) ->
             m = _RESUMED.search(await pod_log(client, "mlp-master-0"))
             return int(m.group(1)) if m else None
 
-        resumed_at = await wait_until(resumed, 30, "the master to resume from its checkpoint", fleet)
+        resumed_at = await fleet.wait_until(resumed, 30, "the master to resume from its checkpoint")
         assert resumed_at >= 40, f"resumed from step {resumed_at}, expected the checkpoint near step 50"
 
-        done = await wait_until(lambda: condition(client, "mlp", "Succeeded"), 90, "the job to succeed", fleet)
+        done = await fleet.wait_until(lambda: condition(client, "mlp", "Succeeded"), 90, "the job to succeed")
         assert done["reason"] == "PyTorchJobSucceeded"
         after = steps(await pod_log(client, "mlp-master-0"))
         assert after[0][0] > resumed_at and after[-1][0] == 160
@@ -300,7 +180,7 @@ async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: 
         },
     }
     async with Client(transport_from_kubeconfig(fleet.kubeconfig)) as client:
-        await nodes_ready(client, fleet)
+        await fleet.nodes_ready(client)
         await client.create(job, NS, raw=True)
 
         async def at_world(size: int, after_step: int) -> list | None:
@@ -308,13 +188,13 @@ async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: 
             found = [s for s in steps(await pod_log(client, "elastic-worker-0")) if s[2] == size and s[0] > after_step]
             return found if len(found) >= 2 else None
 
-        first = await wait_until(lambda: at_world(2, 0), 90, "training with 2 workers", fleet)
+        first = await fleet.wait_until(lambda: at_world(2, 0), 90, "training with 2 workers")
         mark = first[-1][0]
 
         scaled = await gpufleet_cli(fleet, "scale", "pytorchjob/elastic", "--replicas", "4")
         assert scaled.returncode == 0, scaled.stderr
         t0 = time.monotonic()
-        grown = await wait_until(lambda: at_world(4, mark), 90, "training with 4 workers", fleet)
+        grown = await fleet.wait_until(lambda: at_world(4, mark), 90, "training with 4 workers")
         print(f"elastic 2 -> 4: world_size 4 after {time.monotonic() - t0:.1f} s")
         assert grown[0][0] >= mark - 5, f"progress lost: at step {mark} before, {grown[0][0]} after"
         assert len(await job_pods(client, "elastic", fleet)) == 4
@@ -324,7 +204,7 @@ async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: 
             latest = [steps(await pod_log(client, f"elastic-worker-{i}")) for i in range(4)]
             return all(s and s[-1][2] == 4 for s in latest)
 
-        await wait_until(one_group, 30, "all four Workers in one group of 4", fleet)
+        await fleet.wait_until(one_group, 30, "all four Workers in one group of 4")
 
         too_many = await gpufleet_cli(fleet, "scale", "pytorchjob/elastic", "--replicas", "5")
         assert too_many.returncode != 0 and "maxReplicas (4)" in too_many.stderr, too_many.stderr
@@ -336,7 +216,7 @@ async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: 
             capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME=str(fleet.root)))
         assert shrink.returncode == 0, shrink.stderr
         t0 = time.monotonic()
-        shrunk = await wait_until(lambda: at_world(2, mark), 90, "training with 2 workers again", fleet)
+        shrunk = await fleet.wait_until(lambda: at_world(2, mark), 90, "training with 2 workers again")
         print(f"elastic 4 -> 2: world_size 2 after {time.monotonic() - t0:.1f} s")
         assert shrunk[0][0] >= mark - 5, f"progress lost: at step {mark} before, {shrunk[0][0]} after"
         job_now = await client.get("pytorchjobs", "elastic", NS, raw=True)
