@@ -206,10 +206,10 @@ async def _scenario(gateway: str, kubeconfig: Path) -> None:
             lowered = time.monotonic()
 
             # Kubernetes' scale-down stabilization: the HPA applies the highest recommendation of
-            # the last window. Under 20 req/s every recommendation was 4 until the load dropped
-            # (the gateway's rate is a 10 s sliding window, so it falls only after that), so no
-            # replica may go before a whole window has passed since the drop. A slower machine
-            # only makes that later; the bound cannot fail for a correct HPA.
+            # the last window. Under 20 req/s no recommendation was below 2 (the load needs 4
+            # pods; young pods' sliding-window rates can pull one down to 3 or 2, never to 1), so
+            # one replica cannot be reached before a whole window has passed since the drop. A
+            # slower machine only makes that later.
             first_decrease: float | None = None
             stabilized_seen = False
 
@@ -226,11 +226,12 @@ async def _scenario(gateway: str, kubeconfig: Path) -> None:
                 return dep["spec"]["replicas"] == 1 and (dep.get("status") or {}).get("replicas") == 1
 
             await _wait(at_one, 60, "the HPA to scale down to one replica under 4 req/s")
-            print(f"load lowered -> one replica left: {time.monotonic() - lowered:.2f}s "
-                  f"(first replica removed after {first_decrease:.2f}s; window {DOWN_WINDOW}s; "
-                  f"ScaleDownStabilized seen: {stabilized_seen})")
-            assert first_decrease is not None and first_decrease >= DOWN_WINDOW - 1.0, (
-                f"a replica went {first_decrease:.2f}s after the load dropped, inside the "
+            to_one = time.monotonic() - lowered
+            print(f"load lowered -> one replica left: {to_one:.2f}s (first replica removed after "
+                  f"{first_decrease if first_decrease is not None else float('nan'):.2f}s; window "
+                  f"{DOWN_WINDOW}s; ScaleDownStabilized seen: {stabilized_seen})")
+            assert to_one >= DOWN_WINDOW - 1.0, (
+                f"one replica was left {to_one:.2f}s after the load dropped, inside the "
                 f"{DOWN_WINDOW}s stabilization window")
 
             # 5. Load stops: back to zero after the stabilization window.
