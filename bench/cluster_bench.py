@@ -91,13 +91,16 @@ class Cluster:
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.container_pgids: set[int] = set()
 
+    # Arguments a subclass adds to `gpufleet server` (gang_bench runs it without a gateway).
+    server_args: tuple[str, ...] = ()
+
     def start_server(self, timeout: float = 60) -> None:
         state = self.root / "server"
         state.mkdir(parents=True)
         log_path = state / "server.log"
         cmd = [sys.executable, "-m", "gpufleet.cli.main", "server", "--store",
                f"sqlite:///{state / 'state.db'}", "--port", "0", "--host", "127.0.0.1",
-               "--state-dir", str(state)]
+               "--state-dir", str(state), *self.server_args]
         with open(log_path, "wb") as log:
             # A session of its own so Ctrl-C reaches only the benchmark, which stops it in order.
             self.server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,

@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import re
-import select
 import shutil
 import signal
 import statistics
@@ -194,36 +193,11 @@ class SimCluster(Cluster):
     no gateway, which nothing here uses) and agents that join with the join token, declaring
     8 GPUs each on the chosen runtime."""
 
+    server_args = ("--gateway-port", "-1")
+
     def __init__(self, root: Path, runtime: str) -> None:
         super().__init__(root)
         self.runtime = runtime
-
-    def start_server(self, timeout: float = 60) -> None:
-        state = self.root / "server"
-        state.mkdir(parents=True)
-        log_path = state / "server.log"
-        cmd = [sys.executable, "-m", "gpufleet.cli.main", "server", "--store",
-               f"sqlite:///{state / 'state.db'}", "--port", "0", "--host", "127.0.0.1",
-               "--state-dir", str(state), "--gateway-port", "-1"]
-        with open(log_path, "wb") as log:
-            self.server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
-                                           start_new_session=True, preexec_fn=die_with_parent)
-        assert self.server.stdout is not None
-        deadline, buf = time.monotonic() + timeout, b""
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.server.stdout], [], [], 0.2)
-            if ready:
-                chunk = os.read(self.server.stdout.fileno(), 4096)
-                if not chunk:
-                    break
-                buf += chunk
-                m = _LISTENING.search(buf)
-                if m:
-                    self.url = m.group(1).decode()
-                    return
-            elif self.server.poll() is not None:
-                break
-        raise RuntimeError(f"the server did not start:\n{_tail(log_path)}")
 
     def start_agent(self, name: str, gpus: int = 8) -> None:
         state = self.root / name
