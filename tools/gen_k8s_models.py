@@ -68,10 +68,24 @@ ROOTS: dict[str, tuple[str, str]] = {
     "V1ClusterRoleBinding": ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
     # The client's V1Scale is autoscaling/v1 Scale, the /scale subresource's body.
     "V1Scale": ("autoscaling/v1", "Scale"),
+    # Storage: claims, volumes and their classes.
+    "V1PersistentVolume": ("v1", "PersistentVolume"),
+    "V1PersistentVolumeClaim": ("v1", "PersistentVolumeClaim"),
+    "V1StorageClass": ("storage.k8s.io/v1", "StorageClass"),
+    # serviceaccounts/token's body.
+    "AuthenticationV1TokenRequest": ("authentication.k8s.io/v1", "TokenRequest"),
+    # The kinds real manifests and charts use beyond the above.
+    "V1StatefulSet": ("apps/v1", "StatefulSet"),
+    "V1DaemonSet": ("apps/v1", "DaemonSet"),
+    "V1ControllerRevision": ("apps/v1", "ControllerRevision"),
+    "V1CronJob": ("batch/v1", "CronJob"),
+    "V1Ingress": ("networking.k8s.io/v1", "Ingress"),
+    "V1IngressClass": ("networking.k8s.io/v1", "IngressClass"),
+    "V1NetworkPolicy": ("networking.k8s.io/v1", "NetworkPolicy"),
 }
 
 # Kinds that are sent or answered without a collection of their own.
-NO_LIST = {"V1Binding", "V1Eviction", "V1Status", "V1DeleteOptions", "V1Scale"}
+NO_LIST = {"V1Binding", "V1Eviction", "V1Status", "V1DeleteOptions", "V1Scale", "AuthenticationV1TokenRequest"}
 
 # ResourceList fields (map of resource name -> Quantity). The client types them as
 # dict(str, str), which would reject `cpu: 1` straight from YAML.

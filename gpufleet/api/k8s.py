@@ -213,6 +213,15 @@ class AzureDiskVolumeSource(K8sModel):
     read_only: bool | None = Field(default=None, alias="readOnly")
 
 
+class AzureFilePersistentVolumeSource(K8sModel):
+    """AzureFile represents an Azure File Service mount on the host and bind mount to the pod."""
+
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_name: str = Field(alias="secretName")
+    secret_namespace: str | None = Field(default=None, alias="secretNamespace")
+    share_name: str = Field(alias="shareName")
+
+
 class AzureFileVolumeSource(K8sModel):
     """AzureFile represents an Azure File Service mount on the host and bind mount to the pod."""
 
@@ -292,6 +301,41 @@ class Binding(K8sModel):
     target: ObjectReference
 
 
+class BoundObjectReference(K8sModel):
+    """BoundObjectReference is a reference to an object that a token is bound to."""
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    name: str | None = None
+    uid: str | None = None
+
+
+class SecretReference(K8sModel):
+    """SecretReference represents a Secret Reference."""
+
+    name: str | None = None
+    namespace: str | None = None
+
+
+class CSIPersistentVolumeSource(K8sModel):
+    """Represents storage that is managed by an external CSI volume driver"""
+
+    controller_expand_secret_ref: SecretReference | None = Field(
+        default=None, alias="controllerExpandSecretRef"
+    )
+    controller_publish_secret_ref: SecretReference | None = Field(
+        default=None, alias="controllerPublishSecretRef"
+    )
+    driver: str
+    fs_type: str | None = Field(default=None, alias="fsType")
+    node_expand_secret_ref: SecretReference | None = Field(default=None, alias="nodeExpandSecretRef")
+    node_publish_secret_ref: SecretReference | None = Field(default=None, alias="nodePublishSecretRef")
+    node_stage_secret_ref: SecretReference | None = Field(default=None, alias="nodeStageSecretRef")
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    volume_attributes: dict[str, str] | None = Field(default=None, alias="volumeAttributes")
+    volume_handle: str = Field(alias="volumeHandle")
+
+
 class LocalObjectReference(K8sModel):
     """LocalObjectReference contains enough information to let you locate the referenced object inside the
     same namespace.
@@ -317,6 +361,19 @@ class Capabilities(K8sModel):
     drop: list[str] | None = None
 
 
+class CephFSPersistentVolumeSource(K8sModel):
+    """Represents a Ceph Filesystem mount that lasts the lifetime of a pod Cephfs volumes do not support
+    ownership management or SELinux relabeling.
+    """
+
+    monitors: list[str]
+    path: str | None = None
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_file: str | None = Field(default=None, alias="secretFile")
+    secret_ref: SecretReference | None = Field(default=None, alias="secretRef")
+    user: str | None = None
+
+
 class CephFSVolumeSource(K8sModel):
     """Represents a Ceph Filesystem mount that lasts the lifetime of a pod Cephfs volumes do not support
     ownership management or SELinux relabeling.
@@ -328,6 +385,15 @@ class CephFSVolumeSource(K8sModel):
     secret_file: str | None = Field(default=None, alias="secretFile")
     secret_ref: LocalObjectReference | None = Field(default=None, alias="secretRef")
     user: str | None = None
+
+
+class CinderPersistentVolumeSource(K8sModel):
+    """Represents a cinder volume resource in Openstack."""
+
+    fs_type: str | None = Field(default=None, alias="fsType")
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_ref: SecretReference | None = Field(default=None, alias="secretRef")
+    volume_id: str = Field(alias="volumeID")
 
 
 class CinderVolumeSource(K8sModel):
@@ -996,57 +1062,119 @@ class ContainerStatus(K8sModel):
     volume_mounts: list[VolumeMountStatus] | None = Field(default=None, alias="volumeMounts")
 
 
-class CrossVersionObjectReference(K8sModel):
-    """CrossVersionObjectReference contains enough information to let you identify the referred resource."""
+class ControllerRevision(K8sModel):
+    """ControllerRevision implements an immutable snapshot of state data."""
+
+    API_VERSION: ClassVar[str] = "apps/v1"
+    KIND: ClassVar[str] = "ControllerRevision"
 
     api_version: str | None = Field(default=None, alias="apiVersion")
-    kind: str
-    name: str
-
-
-class DaemonEndpoint(K8sModel):
-    """DaemonEndpoint contains information about a single Daemon endpoint."""
-
-    port: int = Field(alias="Port")
-
-
-class Preconditions(K8sModel):
-    """Preconditions must be fulfilled before an operation (update, delete, etc.) is carried out."""
-
-    resource_version: str | None = Field(default=None, alias="resourceVersion")
-    uid: str | None = None
-
-
-class DeleteOptions(K8sModel):
-    """DeleteOptions may be provided when deleting an API object."""
-
-    API_VERSION: ClassVar[str] = "v1"
-    KIND: ClassVar[str] = "DeleteOptions"
-
-    api_version: str | None = Field(default=None, alias="apiVersion")
-    dry_run: list[str] | None = Field(default=None, alias="dryRun")
-    grace_period_seconds: int | None = Field(default=None, alias="gracePeriodSeconds")
-    ignore_store_read_error_with_cluster_breaking_potential: bool | None = Field(
-        default=None, alias="ignoreStoreReadErrorWithClusterBreakingPotential"
-    )
+    data: Any
     kind: str | None = None
-    orphan_dependents: bool | None = Field(default=None, alias="orphanDependents")
-    preconditions: Preconditions | None = None
-    propagation_policy: str | None = Field(default=None, alias="propagationPolicy")
+    metadata: ObjectMeta | None = None
+    revision: int | None = None
 
 
-class RollingUpdateDeployment(K8sModel):
-    """Spec to control the desired behavior of rolling update."""
+class ControllerRevisionList(K8sModel):
+    """ControllerRevisionList is a resource containing a list of ControllerRevision objects."""
 
-    max_surge: Any | None = Field(default=None, alias="maxSurge")
-    max_unavailable: Any | None = Field(default=None, alias="maxUnavailable")
+    API_VERSION: ClassVar[str] = "apps/v1"
+    KIND: ClassVar[str] = "ControllerRevisionList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[ControllerRevision]
+    kind: str | None = None
+    metadata: ListMeta | None = None
 
 
-class DeploymentStrategy(K8sModel):
-    """DeploymentStrategy describes how to replace existing pods with new ones."""
+class WorkloadPodGroupDisruptionMode(K8sModel):
+    """WorkloadPodGroupDisruptionMode defines how individual pods within a group can be disrupted."""
 
-    rolling_update: RollingUpdateDeployment | None = Field(default=None, alias="rollingUpdate")
-    type: str | None = None
+    all: Any | None = None
+    single: Any | None = None
+
+
+class WorkloadPodGroupResourceClaim(K8sModel):
+    """WorkloadPodGroupResourceClaim references a dynamic resource claim that is shared across pods in the
+    group.
+    """
+
+    name: str
+    resource_claim_name: str | None = Field(default=None, alias="resourceClaimName")
+    resource_claim_template_name: str | None = Field(default=None, alias="resourceClaimTemplateName")
+
+
+class TopologyConstraint(K8sModel):
+    """TopologyConstraint defines a topology constraint for a PodGroup."""
+
+    key: str
+
+
+class WorkloadPodGroupSchedulingConstraints(K8sModel):
+    """WorkloadPodGroupSchedulingConstraints defines leaf-level scheduling constraints, such as topology."""
+
+    topology: list[TopologyConstraint] | None = None
+
+
+class WorkloadPodGroupGangSchedulingPolicy(K8sModel):
+    """WorkloadPodGroupGangSchedulingPolicy defines the parameters for gang (all-or-nothing) scheduling."""
+
+    min_count: int | None = Field(default=None, alias="minCount")
+
+
+class WorkloadPodGroupSchedulingPolicy(K8sModel):
+    """WorkloadPodGroupSchedulingPolicy defines the scheduling policy for a group of pods managed by a
+    workload controller.
+    """
+
+    basic: Any | None = None
+    gang: WorkloadPodGroupGangSchedulingPolicy | None = None
+
+
+class JobSchedulingConfiguration(K8sModel):
+    """JobSchedulingConfiguration composes the reusable workload-aware scheduling building blocks."""
+
+    disruption_mode: WorkloadPodGroupDisruptionMode | None = Field(default=None, alias="disruptionMode")
+    resource_claims: list[WorkloadPodGroupResourceClaim] | None = Field(default=None, alias="resourceClaims")
+    scheduling_constraints: WorkloadPodGroupSchedulingConstraints | None = Field(
+        default=None, alias="schedulingConstraints"
+    )
+    scheduling_policy: WorkloadPodGroupSchedulingPolicy | None = Field(default=None, alias="schedulingPolicy")
+
+
+class PodFailurePolicyOnExitCodesRequirement(K8sModel):
+    """PodFailurePolicyOnExitCodesRequirement describes the requirement for handling a failed pod based on
+    its container exit codes.
+    """
+
+    container_name: str | None = Field(default=None, alias="containerName")
+    operator: str
+    values: list[int]
+
+
+class PodFailurePolicyOnPodConditionsPattern(K8sModel):
+    """PodFailurePolicyOnPodConditionsPattern describes a pattern for matching an actual pod condition
+    type.
+    """
+
+    status: str | None = None
+    type: str
+
+
+class PodFailurePolicyRule(K8sModel):
+    """PodFailurePolicyRule describes how a pod failure is handled when the requirements are met."""
+
+    action: str
+    on_exit_codes: PodFailurePolicyOnExitCodesRequirement | None = Field(default=None, alias="onExitCodes")
+    on_pod_conditions: list[PodFailurePolicyOnPodConditionsPattern] | None = Field(
+        default=None, alias="onPodConditions"
+    )
+
+
+class PodFailurePolicy(K8sModel):
+    """PodFailurePolicy describes how failed pods influence the backoffLimit."""
+
+    rules: list[PodFailurePolicyRule]
 
 
 class EphemeralContainer(K8sModel):
@@ -1622,6 +1750,223 @@ class PodTemplateSpec(K8sModel):
     spec: PodSpec | None = None
 
 
+class SuccessPolicyRule(K8sModel):
+    """SuccessPolicyRule describes rule for declaring a Job as succeeded."""
+
+    succeeded_count: int | None = Field(default=None, alias="succeededCount")
+    succeeded_indexes: str | None = Field(default=None, alias="succeededIndexes")
+
+
+class SuccessPolicy(K8sModel):
+    """SuccessPolicy describes when a Job can be declared as succeeded based on the success of some
+    indexes.
+    """
+
+    rules: list[SuccessPolicyRule]
+
+
+class JobSpec(K8sModel):
+    """JobSpec describes how the job execution will look like."""
+
+    active_deadline_seconds: int | None = Field(default=None, alias="activeDeadlineSeconds")
+    backoff_limit: int | None = Field(default=None, alias="backoffLimit")
+    backoff_limit_per_index: int | None = Field(default=None, alias="backoffLimitPerIndex")
+    completion_mode: str | None = Field(default=None, alias="completionMode")
+    completions: int | None = None
+    managed_by: str | None = Field(default=None, alias="managedBy")
+    manual_selector: bool | None = Field(default=None, alias="manualSelector")
+    max_failed_indexes: int | None = Field(default=None, alias="maxFailedIndexes")
+    parallelism: int | None = None
+    pod_failure_policy: PodFailurePolicy | None = Field(default=None, alias="podFailurePolicy")
+    pod_replacement_policy: str | None = Field(default=None, alias="podReplacementPolicy")
+    scheduling: JobSchedulingConfiguration | None = None
+    selector: LabelSelector | None = None
+    success_policy: SuccessPolicy | None = Field(default=None, alias="successPolicy")
+    suspend: bool | None = None
+    template: PodTemplateSpec
+    ttl_seconds_after_finished: int | None = Field(default=None, alias="ttlSecondsAfterFinished")
+
+
+class JobTemplateSpec(K8sModel):
+    """JobTemplateSpec describes the data a Job should have when created from a template"""
+
+    metadata: ObjectMeta | None = None
+    spec: JobSpec | None = None
+
+
+class CronJobSpec(K8sModel):
+    """CronJobSpec describes how the job execution will look like and when it will actually run."""
+
+    concurrency_policy: str | None = Field(default=None, alias="concurrencyPolicy")
+    failed_jobs_history_limit: int | None = Field(default=None, alias="failedJobsHistoryLimit")
+    job_template: JobTemplateSpec = Field(alias="jobTemplate")
+    schedule: str
+    starting_deadline_seconds: int | None = Field(default=None, alias="startingDeadlineSeconds")
+    successful_jobs_history_limit: int | None = Field(default=None, alias="successfulJobsHistoryLimit")
+    suspend: bool | None = None
+    time_zone: str | None = Field(default=None, alias="timeZone")
+
+
+class CronJobStatus(K8sModel):
+    """CronJobStatus represents the current state of a cron job."""
+
+    active: list[ObjectReference] | None = None
+    last_schedule_time: Time | None = Field(default=None, alias="lastScheduleTime")
+    last_successful_time: Time | None = Field(default=None, alias="lastSuccessfulTime")
+
+
+class CronJob(K8sModel):
+    """CronJob represents the configuration of a single cron job."""
+
+    API_VERSION: ClassVar[str] = "batch/v1"
+    KIND: ClassVar[str] = "CronJob"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: CronJobSpec
+    status: CronJobStatus | None = None
+
+
+class CronJobList(K8sModel):
+    """CronJobList is a collection of cron jobs."""
+
+    API_VERSION: ClassVar[str] = "batch/v1"
+    KIND: ClassVar[str] = "CronJobList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[CronJob]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
+class CrossVersionObjectReference(K8sModel):
+    """CrossVersionObjectReference contains enough information to let you identify the referred resource."""
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str
+    name: str
+
+
+class DaemonEndpoint(K8sModel):
+    """DaemonEndpoint contains information about a single Daemon endpoint."""
+
+    port: int = Field(alias="Port")
+
+
+class RollingUpdateDaemonSet(K8sModel):
+    """Spec to control the desired behavior of daemon set rolling update."""
+
+    max_surge: Any | None = Field(default=None, alias="maxSurge")
+    max_unavailable: Any | None = Field(default=None, alias="maxUnavailable")
+
+
+class DaemonSetUpdateStrategy(K8sModel):
+    """DaemonSetUpdateStrategy is a struct used to control the update strategy for a DaemonSet."""
+
+    rolling_update: RollingUpdateDaemonSet | None = Field(default=None, alias="rollingUpdate")
+    type: str | None = None
+
+
+class DaemonSetSpec(K8sModel):
+    """DaemonSetSpec is the specification of a daemon set."""
+
+    min_ready_seconds: int | None = Field(default=None, alias="minReadySeconds")
+    revision_history_limit: int | None = Field(default=None, alias="revisionHistoryLimit")
+    selector: LabelSelector
+    template: PodTemplateSpec
+    update_strategy: DaemonSetUpdateStrategy | None = Field(default=None, alias="updateStrategy")
+
+
+class DaemonSetCondition(K8sModel):
+    """DaemonSetCondition describes the state of a DaemonSet at a certain point."""
+
+    last_transition_time: Time | None = Field(default=None, alias="lastTransitionTime")
+    message: str | None = None
+    reason: str | None = None
+    status: str | None = None
+    type: str | None = None
+
+
+class DaemonSetStatus(K8sModel):
+    """DaemonSetStatus represents the current status of a daemon set."""
+
+    collision_count: int | None = Field(default=None, alias="collisionCount")
+    conditions: list[DaemonSetCondition] | None = None
+    current_number_scheduled: int = Field(alias="currentNumberScheduled")
+    desired_number_scheduled: int = Field(alias="desiredNumberScheduled")
+    number_available: int | None = Field(default=None, alias="numberAvailable")
+    number_misscheduled: int = Field(alias="numberMisscheduled")
+    number_ready: int = Field(alias="numberReady")
+    number_unavailable: int | None = Field(default=None, alias="numberUnavailable")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    updated_number_scheduled: int | None = Field(default=None, alias="updatedNumberScheduled")
+
+
+class DaemonSet(K8sModel):
+    """DaemonSet represents the configuration of a daemon set."""
+
+    API_VERSION: ClassVar[str] = "apps/v1"
+    KIND: ClassVar[str] = "DaemonSet"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: DaemonSetSpec
+    status: DaemonSetStatus | None = None
+
+
+class DaemonSetList(K8sModel):
+    """DaemonSetList is a collection of daemon sets."""
+
+    API_VERSION: ClassVar[str] = "apps/v1"
+    KIND: ClassVar[str] = "DaemonSetList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[DaemonSet]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
+class Preconditions(K8sModel):
+    """Preconditions must be fulfilled before an operation (update, delete, etc.) is carried out."""
+
+    resource_version: str | None = Field(default=None, alias="resourceVersion")
+    uid: str | None = None
+
+
+class DeleteOptions(K8sModel):
+    """DeleteOptions may be provided when deleting an API object."""
+
+    API_VERSION: ClassVar[str] = "v1"
+    KIND: ClassVar[str] = "DeleteOptions"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    dry_run: list[str] | None = Field(default=None, alias="dryRun")
+    grace_period_seconds: int | None = Field(default=None, alias="gracePeriodSeconds")
+    ignore_store_read_error_with_cluster_breaking_potential: bool | None = Field(
+        default=None, alias="ignoreStoreReadErrorWithClusterBreakingPotential"
+    )
+    kind: str | None = None
+    orphan_dependents: bool | None = Field(default=None, alias="orphanDependents")
+    preconditions: Preconditions | None = None
+    propagation_policy: str | None = Field(default=None, alias="propagationPolicy")
+
+
+class RollingUpdateDeployment(K8sModel):
+    """Spec to control the desired behavior of rolling update."""
+
+    max_surge: Any | None = Field(default=None, alias="maxSurge")
+    max_unavailable: Any | None = Field(default=None, alias="maxUnavailable")
+
+
+class DeploymentStrategy(K8sModel):
+    """DeploymentStrategy describes how to replace existing pods with new ones."""
+
+    rolling_update: RollingUpdateDeployment | None = Field(default=None, alias="rollingUpdate")
+    type: str | None = None
+
+
 class DeploymentSpec(K8sModel):
     """DeploymentSpec is the specification of the desired behavior of the Deployment."""
 
@@ -1826,6 +2171,27 @@ class ExternalMetricStatus(K8sModel):
     metric: MetricIdentifier
 
 
+class FlexPersistentVolumeSource(K8sModel):
+    """FlexPersistentVolumeSource represents a generic persistent volume resource that is
+    provisioned/attached using an exec based plugin.
+    """
+
+    driver: str
+    fs_type: str | None = Field(default=None, alias="fsType")
+    options: dict[str, str] | None = None
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_ref: SecretReference | None = Field(default=None, alias="secretRef")
+
+
+class GlusterfsPersistentVolumeSource(K8sModel):
+    """Represents a Glusterfs mount that lasts the lifetime of a pod."""
+
+    endpoints: str
+    endpoints_namespace: str | None = Field(default=None, alias="endpointsNamespace")
+    path: str
+    read_only: bool | None = Field(default=None, alias="readOnly")
+
+
 class HPAScalingPolicy(K8sModel):
     """HPAScalingPolicy is a single policy which must hold true for a specified past interval."""
 
@@ -1843,6 +2209,41 @@ class HPAScalingRules(K8sModel):
     select_policy: str | None = Field(default=None, alias="selectPolicy")
     stabilization_window_seconds: int | None = Field(default=None, alias="stabilizationWindowSeconds")
     tolerance: Quantity | None = None
+
+
+class ServiceBackendPort(K8sModel):
+    """ServiceBackendPort is the service port being referenced."""
+
+    name: str | None = None
+    number: int | None = None
+
+
+class IngressServiceBackend(K8sModel):
+    """IngressServiceBackend references a Kubernetes Service as a Backend."""
+
+    name: str
+    port: ServiceBackendPort | None = None
+
+
+class IngressBackend(K8sModel):
+    """IngressBackend describes all endpoints for a given service and port."""
+
+    resource: TypedLocalObjectReference | None = None
+    service: IngressServiceBackend | None = None
+
+
+class HTTPIngressPath(K8sModel):
+    """HTTPIngressPath associates a path with a backend."""
+
+    backend: IngressBackend
+    path: str | None = None
+    path_type: str = Field(alias="pathType")
+
+
+class HTTPIngressRuleValue(K8sModel):
+    """HTTPIngressRuleValue is a list of http selectors pointing to backends."""
+
+    paths: list[HTTPIngressPath]
 
 
 class HorizontalPodAutoscalerBehavior(K8sModel):
@@ -2003,131 +2404,150 @@ class HostIP(K8sModel):
     ip: str
 
 
-class WorkloadPodGroupDisruptionMode(K8sModel):
-    """WorkloadPodGroupDisruptionMode defines how individual pods within a group can be disrupted."""
-
-    all: Any | None = None
-    single: Any | None = None
-
-
-class WorkloadPodGroupResourceClaim(K8sModel):
-    """WorkloadPodGroupResourceClaim references a dynamic resource claim that is shared across pods in the
-    group.
+class IPBlock(K8sModel):
+    """IPBlock describes a particular CIDR (Ex. "192.168.1.0/24","2001:db8::/64") that is allowed to the
+    pods matched by a NetworkPolicySpec's podSelector.
     """
 
+    except_: list[str] | None = Field(default=None, alias="except")
+    cidr: str
+
+
+class ISCSIPersistentVolumeSource(K8sModel):
+    """ISCSIPersistentVolumeSource represents an ISCSI disk."""
+
+    chap_auth_discovery: bool | None = Field(default=None, alias="chapAuthDiscovery")
+    chap_auth_session: bool | None = Field(default=None, alias="chapAuthSession")
+    fs_type: str | None = Field(default=None, alias="fsType")
+    initiator_name: str | None = Field(default=None, alias="initiatorName")
+    iqn: str
+    iscsi_interface: str | None = Field(default=None, alias="iscsiInterface")
+    lun: int
+    portals: list[str] | None = None
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_ref: SecretReference | None = Field(default=None, alias="secretRef")
+    target_portal: str = Field(alias="targetPortal")
+
+
+class IngressRule(K8sModel):
+    """IngressRule represents the rules mapping the paths under a specified host to the related backend
+    services.
+    """
+
+    host: str | None = None
+    http: HTTPIngressRuleValue | None = None
+
+
+class IngressTLS(K8sModel):
+    """IngressTLS describes the transport layer security associated with an ingress."""
+
+    hosts: list[str] | None = None
+    secret_name: str | None = Field(default=None, alias="secretName")
+
+
+class IngressSpec(K8sModel):
+    """IngressSpec describes the Ingress the user wishes to exist."""
+
+    default_backend: IngressBackend | None = Field(default=None, alias="defaultBackend")
+    ingress_class_name: str | None = Field(default=None, alias="ingressClassName")
+    rules: list[IngressRule] | None = None
+    tls: list[IngressTLS] | None = None
+
+
+class IngressPortStatus(K8sModel):
+    """IngressPortStatus represents the error condition of a service port"""
+
+    error: str | None = None
+    port: int
+    protocol: str
+
+
+class IngressLoadBalancerIngress(K8sModel):
+    """IngressLoadBalancerIngress represents the status of a load-balancer ingress point."""
+
+    hostname: str | None = None
+    ip: str | None = None
+    ports: list[IngressPortStatus] | None = None
+
+
+class IngressLoadBalancerStatus(K8sModel):
+    """IngressLoadBalancerStatus represents the status of a load-balancer."""
+
+    ingress: list[IngressLoadBalancerIngress] | None = None
+
+
+class IngressStatus(K8sModel):
+    """IngressStatus describe the current state of the Ingress."""
+
+    load_balancer: IngressLoadBalancerStatus | None = Field(default=None, alias="loadBalancer")
+
+
+class Ingress(K8sModel):
+    """Ingress is a collection of rules that allow inbound connections to reach the endpoints defined by a
+    backend.
+    """
+
+    API_VERSION: ClassVar[str] = "networking.k8s.io/v1"
+    KIND: ClassVar[str] = "Ingress"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: IngressSpec | None = None
+    status: IngressStatus | None = None
+
+
+class IngressClassParametersReference(K8sModel):
+    """IngressClassParametersReference identifies an API object."""
+
+    api_group: str | None = Field(default=None, alias="apiGroup")
+    kind: str
     name: str
-    resource_claim_name: str | None = Field(default=None, alias="resourceClaimName")
-    resource_claim_template_name: str | None = Field(default=None, alias="resourceClaimTemplateName")
+    namespace: str | None = None
+    scope: str | None = None
 
 
-class TopologyConstraint(K8sModel):
-    """TopologyConstraint defines a topology constraint for a PodGroup."""
+class IngressClassSpec(K8sModel):
+    """IngressClassSpec provides information about the class of an Ingress."""
 
-    key: str
-
-
-class WorkloadPodGroupSchedulingConstraints(K8sModel):
-    """WorkloadPodGroupSchedulingConstraints defines leaf-level scheduling constraints, such as topology."""
-
-    topology: list[TopologyConstraint] | None = None
+    controller: str | None = None
+    parameters: IngressClassParametersReference | None = None
 
 
-class WorkloadPodGroupGangSchedulingPolicy(K8sModel):
-    """WorkloadPodGroupGangSchedulingPolicy defines the parameters for gang (all-or-nothing) scheduling."""
+class IngressClass(K8sModel):
+    """IngressClass represents the class of the Ingress, referenced by the Ingress Spec."""
 
-    min_count: int | None = Field(default=None, alias="minCount")
+    API_VERSION: ClassVar[str] = "networking.k8s.io/v1"
+    KIND: ClassVar[str] = "IngressClass"
 
-
-class WorkloadPodGroupSchedulingPolicy(K8sModel):
-    """WorkloadPodGroupSchedulingPolicy defines the scheduling policy for a group of pods managed by a
-    workload controller.
-    """
-
-    basic: Any | None = None
-    gang: WorkloadPodGroupGangSchedulingPolicy | None = None
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: IngressClassSpec | None = None
 
 
-class JobSchedulingConfiguration(K8sModel):
-    """JobSchedulingConfiguration composes the reusable workload-aware scheduling building blocks."""
+class IngressClassList(K8sModel):
+    """IngressClassList is a collection of IngressClasses."""
 
-    disruption_mode: WorkloadPodGroupDisruptionMode | None = Field(default=None, alias="disruptionMode")
-    resource_claims: list[WorkloadPodGroupResourceClaim] | None = Field(default=None, alias="resourceClaims")
-    scheduling_constraints: WorkloadPodGroupSchedulingConstraints | None = Field(
-        default=None, alias="schedulingConstraints"
-    )
-    scheduling_policy: WorkloadPodGroupSchedulingPolicy | None = Field(default=None, alias="schedulingPolicy")
+    API_VERSION: ClassVar[str] = "networking.k8s.io/v1"
+    KIND: ClassVar[str] = "IngressClassList"
 
-
-class PodFailurePolicyOnExitCodesRequirement(K8sModel):
-    """PodFailurePolicyOnExitCodesRequirement describes the requirement for handling a failed pod based on
-    its container exit codes.
-    """
-
-    container_name: str | None = Field(default=None, alias="containerName")
-    operator: str
-    values: list[int]
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[IngressClass]
+    kind: str | None = None
+    metadata: ListMeta | None = None
 
 
-class PodFailurePolicyOnPodConditionsPattern(K8sModel):
-    """PodFailurePolicyOnPodConditionsPattern describes a pattern for matching an actual pod condition
-    type.
-    """
+class IngressList(K8sModel):
+    """IngressList is a collection of Ingress."""
 
-    status: str | None = None
-    type: str
+    API_VERSION: ClassVar[str] = "networking.k8s.io/v1"
+    KIND: ClassVar[str] = "IngressList"
 
-
-class PodFailurePolicyRule(K8sModel):
-    """PodFailurePolicyRule describes how a pod failure is handled when the requirements are met."""
-
-    action: str
-    on_exit_codes: PodFailurePolicyOnExitCodesRequirement | None = Field(default=None, alias="onExitCodes")
-    on_pod_conditions: list[PodFailurePolicyOnPodConditionsPattern] | None = Field(
-        default=None, alias="onPodConditions"
-    )
-
-
-class PodFailurePolicy(K8sModel):
-    """PodFailurePolicy describes how failed pods influence the backoffLimit."""
-
-    rules: list[PodFailurePolicyRule]
-
-
-class SuccessPolicyRule(K8sModel):
-    """SuccessPolicyRule describes rule for declaring a Job as succeeded."""
-
-    succeeded_count: int | None = Field(default=None, alias="succeededCount")
-    succeeded_indexes: str | None = Field(default=None, alias="succeededIndexes")
-
-
-class SuccessPolicy(K8sModel):
-    """SuccessPolicy describes when a Job can be declared as succeeded based on the success of some
-    indexes.
-    """
-
-    rules: list[SuccessPolicyRule]
-
-
-class JobSpec(K8sModel):
-    """JobSpec describes how the job execution will look like."""
-
-    active_deadline_seconds: int | None = Field(default=None, alias="activeDeadlineSeconds")
-    backoff_limit: int | None = Field(default=None, alias="backoffLimit")
-    backoff_limit_per_index: int | None = Field(default=None, alias="backoffLimitPerIndex")
-    completion_mode: str | None = Field(default=None, alias="completionMode")
-    completions: int | None = None
-    managed_by: str | None = Field(default=None, alias="managedBy")
-    manual_selector: bool | None = Field(default=None, alias="manualSelector")
-    max_failed_indexes: int | None = Field(default=None, alias="maxFailedIndexes")
-    parallelism: int | None = None
-    pod_failure_policy: PodFailurePolicy | None = Field(default=None, alias="podFailurePolicy")
-    pod_replacement_policy: str | None = Field(default=None, alias="podReplacementPolicy")
-    scheduling: JobSchedulingConfiguration | None = None
-    selector: LabelSelector | None = None
-    success_policy: SuccessPolicy | None = Field(default=None, alias="successPolicy")
-    suspend: bool | None = None
-    template: PodTemplateSpec
-    ttl_seconds_after_finished: int | None = Field(default=None, alias="ttlSecondsAfterFinished")
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[Ingress]
+    kind: str | None = None
+    metadata: ListMeta | None = None
 
 
 class JobCondition(K8sModel):
@@ -2295,6 +2715,22 @@ class LoadBalancerStatus(K8sModel):
     ingress: list[LoadBalancerIngress] | None = None
 
 
+class LocalVolumeSource(K8sModel):
+    """Local represents directly-attached storage with node affinity"""
+
+    fs_type: str | None = Field(default=None, alias="fsType")
+    path: str
+
+
+class ModifyVolumeStatus(K8sModel):
+    """ModifyVolumeStatus represents the status object of ControllerModifyVolume operation"""
+
+    status: str
+    target_volume_attributes_class_name: str | None = Field(
+        default=None, alias="targetVolumeAttributesClassName"
+    )
+
+
 class NamespaceSpec(K8sModel):
     """NamespaceSpec describes the attributes on a Namespace."""
 
@@ -2339,6 +2775,73 @@ class NamespaceList(K8sModel):
 
     api_version: str | None = Field(default=None, alias="apiVersion")
     items: list[Namespace]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
+class NetworkPolicyPeer(K8sModel):
+    """NetworkPolicyPeer describes a peer to allow traffic to/from."""
+
+    ip_block: IPBlock | None = Field(default=None, alias="ipBlock")
+    namespace_selector: LabelSelector | None = Field(default=None, alias="namespaceSelector")
+    pod_selector: LabelSelector | None = Field(default=None, alias="podSelector")
+
+
+class NetworkPolicyPort(K8sModel):
+    """NetworkPolicyPort describes a port to allow traffic on"""
+
+    end_port: int | None = Field(default=None, alias="endPort")
+    port: Any | None = None
+    protocol: str | None = None
+
+
+class NetworkPolicyEgressRule(K8sModel):
+    """NetworkPolicyEgressRule describes a particular set of traffic that is allowed out of pods matched by
+    a NetworkPolicySpec's podSelector.
+    """
+
+    ports: list[NetworkPolicyPort] | None = None
+    to: list[NetworkPolicyPeer] | None = None
+
+
+class NetworkPolicyIngressRule(K8sModel):
+    """NetworkPolicyIngressRule describes a particular set of traffic that is allowed to the pods matched
+    by a NetworkPolicySpec's podSelector.
+    """
+
+    from_: list[NetworkPolicyPeer] | None = Field(default=None, alias="from")
+    ports: list[NetworkPolicyPort] | None = None
+
+
+class NetworkPolicySpec(K8sModel):
+    """NetworkPolicySpec provides the specification of a NetworkPolicy"""
+
+    egress: list[NetworkPolicyEgressRule] | None = None
+    ingress: list[NetworkPolicyIngressRule] | None = None
+    pod_selector: LabelSelector | None = Field(default=None, alias="podSelector")
+    policy_types: list[str] | None = Field(default=None, alias="policyTypes")
+
+
+class NetworkPolicy(K8sModel):
+    """NetworkPolicy describes what network traffic is allowed for a set of Pods"""
+
+    API_VERSION: ClassVar[str] = "networking.k8s.io/v1"
+    KIND: ClassVar[str] = "NetworkPolicy"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: NetworkPolicySpec | None = None
+
+
+class NetworkPolicyList(K8sModel):
+    """NetworkPolicyList is a list of NetworkPolicy objects."""
+
+    API_VERSION: ClassVar[str] = "networking.k8s.io/v1"
+    KIND: ClassVar[str] = "NetworkPolicyList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[NetworkPolicy]
     kind: str | None = None
     metadata: ListMeta | None = None
 
@@ -2523,6 +3026,193 @@ class NodeList(K8sModel):
     metadata: ListMeta | None = None
 
 
+class RBDPersistentVolumeSource(K8sModel):
+    """Represents a Rados Block Device mount that lasts the lifetime of a pod."""
+
+    fs_type: str | None = Field(default=None, alias="fsType")
+    image: str
+    keyring: str | None = None
+    monitors: list[str]
+    pool: str | None = None
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_ref: SecretReference | None = Field(default=None, alias="secretRef")
+    user: str | None = None
+
+
+class ScaleIOPersistentVolumeSource(K8sModel):
+    """ScaleIOPersistentVolumeSource represents a persistent ScaleIO volume"""
+
+    fs_type: str | None = Field(default=None, alias="fsType")
+    gateway: str
+    protection_domain: str | None = Field(default=None, alias="protectionDomain")
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_ref: SecretReference = Field(alias="secretRef")
+    ssl_enabled: bool | None = Field(default=None, alias="sslEnabled")
+    storage_mode: str | None = Field(default=None, alias="storageMode")
+    storage_pool: str | None = Field(default=None, alias="storagePool")
+    system: str
+    volume_name: str | None = Field(default=None, alias="volumeName")
+
+
+class StorageOSPersistentVolumeSource(K8sModel):
+    """Represents a StorageOS persistent volume resource."""
+
+    fs_type: str | None = Field(default=None, alias="fsType")
+    read_only: bool | None = Field(default=None, alias="readOnly")
+    secret_ref: ObjectReference | None = Field(default=None, alias="secretRef")
+    volume_name: str | None = Field(default=None, alias="volumeName")
+    volume_namespace: str | None = Field(default=None, alias="volumeNamespace")
+
+
+class VolumeNodeAffinity(K8sModel):
+    """VolumeNodeAffinity defines constraints that limit what nodes this volume can be accessed from."""
+
+    required: NodeSelector | None = None
+
+
+class PersistentVolumeSpec(K8sModel):
+    """PersistentVolumeSpec is the specification of a persistent volume."""
+
+    access_modes: list[str] | None = Field(default=None, alias="accessModes")
+    aws_elastic_block_store: AWSElasticBlockStoreVolumeSource | None = Field(
+        default=None, alias="awsElasticBlockStore"
+    )
+    azure_disk: AzureDiskVolumeSource | None = Field(default=None, alias="azureDisk")
+    azure_file: AzureFilePersistentVolumeSource | None = Field(default=None, alias="azureFile")
+    capacity: dict[str, Quantity] | None = None
+    cephfs: CephFSPersistentVolumeSource | None = None
+    cinder: CinderPersistentVolumeSource | None = None
+    claim_ref: ObjectReference | None = Field(default=None, alias="claimRef")
+    csi: CSIPersistentVolumeSource | None = None
+    fc: FCVolumeSource | None = None
+    flex_volume: FlexPersistentVolumeSource | None = Field(default=None, alias="flexVolume")
+    flocker: FlockerVolumeSource | None = None
+    gce_persistent_disk: GCEPersistentDiskVolumeSource | None = Field(default=None, alias="gcePersistentDisk")
+    glusterfs: GlusterfsPersistentVolumeSource | None = None
+    host_path: HostPathVolumeSource | None = Field(default=None, alias="hostPath")
+    iscsi: ISCSIPersistentVolumeSource | None = None
+    local: LocalVolumeSource | None = None
+    mount_options: list[str] | None = Field(default=None, alias="mountOptions")
+    nfs: NFSVolumeSource | None = None
+    node_affinity: VolumeNodeAffinity | None = Field(default=None, alias="nodeAffinity")
+    persistent_volume_reclaim_policy: str | None = Field(default=None, alias="persistentVolumeReclaimPolicy")
+    photon_persistent_disk: PhotonPersistentDiskVolumeSource | None = Field(
+        default=None, alias="photonPersistentDisk"
+    )
+    portworx_volume: PortworxVolumeSource | None = Field(default=None, alias="portworxVolume")
+    quobyte: QuobyteVolumeSource | None = None
+    rbd: RBDPersistentVolumeSource | None = None
+    scale_io: ScaleIOPersistentVolumeSource | None = Field(default=None, alias="scaleIO")
+    storage_class_name: str | None = Field(default=None, alias="storageClassName")
+    storageos: StorageOSPersistentVolumeSource | None = None
+    volume_attributes_class_name: str | None = Field(default=None, alias="volumeAttributesClassName")
+    volume_mode: str | None = Field(default=None, alias="volumeMode")
+    vsphere_volume: VsphereVirtualDiskVolumeSource | None = Field(default=None, alias="vsphereVolume")
+
+
+class PersistentVolumeStatus(K8sModel):
+    """PersistentVolumeStatus is the current status of a persistent volume."""
+
+    last_phase_transition_time: Time | None = Field(default=None, alias="lastPhaseTransitionTime")
+    message: str | None = None
+    phase: str | None = None
+    reason: str | None = None
+
+
+class PersistentVolume(K8sModel):
+    """PersistentVolume (PV) is a storage resource provisioned by an administrator."""
+
+    API_VERSION: ClassVar[str] = "v1"
+    KIND: ClassVar[str] = "PersistentVolume"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: PersistentVolumeSpec | None = None
+    status: PersistentVolumeStatus | None = None
+
+
+class PersistentVolumeClaimCondition(K8sModel):
+    """PersistentVolumeClaimCondition contains details about state of pvc"""
+
+    last_probe_time: Time | None = Field(default=None, alias="lastProbeTime")
+    last_transition_time: Time | None = Field(default=None, alias="lastTransitionTime")
+    message: str | None = None
+    reason: str | None = None
+    status: str
+    type: str
+
+
+class VolumeHealthCondition(K8sModel):
+    """VolumeHealthCondition represents an adverse health condition reported for a volume."""
+
+    message: str | None = None
+    reason: str
+    status: str
+
+
+class VolumeHealthStatus(K8sModel):
+    """VolumeHealthStatus contains health information for a volume reported by the CSI controller plugin."""
+
+    health_conditions: list[VolumeHealthCondition] | None = Field(default=None, alias="healthConditions")
+    last_transition_time: Time | None = Field(default=None, alias="lastTransitionTime")
+
+
+class PersistentVolumeClaimStatus(K8sModel):
+    """PersistentVolumeClaimStatus is the current status of a persistent volume claim."""
+
+    access_modes: list[str] | None = Field(default=None, alias="accessModes")
+    allocated_resource_statuses: dict[str, str] | None = Field(
+        default=None, alias="allocatedResourceStatuses"
+    )
+    allocated_resources: dict[str, Quantity] | None = Field(default=None, alias="allocatedResources")
+    capacity: dict[str, Quantity] | None = None
+    conditions: list[PersistentVolumeClaimCondition] | None = None
+    current_volume_attributes_class_name: str | None = Field(
+        default=None, alias="currentVolumeAttributesClassName"
+    )
+    health_status: VolumeHealthStatus | None = Field(default=None, alias="healthStatus")
+    modify_volume_status: ModifyVolumeStatus | None = Field(default=None, alias="modifyVolumeStatus")
+    phase: str | None = None
+
+
+class PersistentVolumeClaim(K8sModel):
+    """PersistentVolumeClaim is a user's request for and claim to a persistent volume"""
+
+    API_VERSION: ClassVar[str] = "v1"
+    KIND: ClassVar[str] = "PersistentVolumeClaim"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: PersistentVolumeClaimSpec | None = None
+    status: PersistentVolumeClaimStatus | None = None
+
+
+class PersistentVolumeClaimList(K8sModel):
+    """PersistentVolumeClaimList is a list of PersistentVolumeClaim items."""
+
+    API_VERSION: ClassVar[str] = "v1"
+    KIND: ClassVar[str] = "PersistentVolumeClaimList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[PersistentVolumeClaim]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
+class PersistentVolumeList(K8sModel):
+    """PersistentVolumeList is a list of PersistentVolume items."""
+
+    API_VERSION: ClassVar[str] = "v1"
+    KIND: ClassVar[str] = "PersistentVolumeList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[PersistentVolume]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
 class PodCondition(K8sModel):
     """PodCondition contains details for the current condition of this pod."""
 
@@ -2557,14 +3247,6 @@ class PodResourceClaimStatus(K8sModel):
 
     name: str
     resource_claim_name: str | None = Field(default=None, alias="resourceClaimName")
-
-
-class VolumeHealthCondition(K8sModel):
-    """VolumeHealthCondition represents an adverse health condition reported for a volume."""
-
-    message: str | None = None
-    reason: str
-    status: str
 
 
 class PodVolumeHealth(K8sModel):
@@ -2879,6 +3561,15 @@ class RoleList(K8sModel):
     metadata: ListMeta | None = None
 
 
+class RollingUpdateStatefulSetStrategy(K8sModel):
+    """RollingUpdateStatefulSetStrategy is used to communicate parameter for
+    RollingUpdateStatefulSetStrategyType.
+    """
+
+    max_unavailable: Any | None = Field(default=None, alias="maxUnavailable")
+    partition: int | None = None
+
+
 class ScaleSpec(K8sModel):
     """ScaleSpec describes the attributes of a scale subresource."""
 
@@ -3039,6 +3730,100 @@ class ServiceList(K8sModel):
     metadata: ListMeta | None = None
 
 
+class StatefulSetOrdinals(K8sModel):
+    """StatefulSetOrdinals describes the policy used for replica ordinal assignment in this StatefulSet."""
+
+    start: int | None = None
+
+
+class StatefulSetPersistentVolumeClaimRetentionPolicy(K8sModel):
+    """StatefulSetPersistentVolumeClaimRetentionPolicy describes the policy used for PVCs created from the
+    StatefulSet VolumeClaimTemplates.
+    """
+
+    when_deleted: str | None = Field(default=None, alias="whenDeleted")
+    when_scaled: str | None = Field(default=None, alias="whenScaled")
+
+
+class StatefulSetUpdateStrategy(K8sModel):
+    """StatefulSetUpdateStrategy indicates the strategy that the StatefulSet controller will use to perform
+    updates.
+    """
+
+    rolling_update: RollingUpdateStatefulSetStrategy | None = Field(default=None, alias="rollingUpdate")
+    type: str | None = None
+
+
+class StatefulSetSpec(K8sModel):
+    """A StatefulSetSpec is the specification of a StatefulSet."""
+
+    min_ready_seconds: int | None = Field(default=None, alias="minReadySeconds")
+    ordinals: StatefulSetOrdinals | None = None
+    persistent_volume_claim_retention_policy: StatefulSetPersistentVolumeClaimRetentionPolicy | None = Field(
+        default=None, alias="persistentVolumeClaimRetentionPolicy"
+    )
+    pod_management_policy: str | None = Field(default=None, alias="podManagementPolicy")
+    replicas: int | None = None
+    revision_history_limit: int | None = Field(default=None, alias="revisionHistoryLimit")
+    selector: LabelSelector
+    service_name: str | None = Field(default=None, alias="serviceName")
+    template: PodTemplateSpec
+    update_strategy: StatefulSetUpdateStrategy | None = Field(default=None, alias="updateStrategy")
+    volume_claim_templates: list[PersistentVolumeClaim] | None = Field(
+        default=None, alias="volumeClaimTemplates"
+    )
+
+
+class StatefulSetCondition(K8sModel):
+    """StatefulSetCondition describes the state of a statefulset at a certain point."""
+
+    last_transition_time: Time | None = Field(default=None, alias="lastTransitionTime")
+    message: str | None = None
+    reason: str | None = None
+    status: str | None = None
+    type: str | None = None
+
+
+class StatefulSetStatus(K8sModel):
+    """StatefulSetStatus represents the current state of a StatefulSet."""
+
+    available_replicas: int | None = Field(default=None, alias="availableReplicas")
+    collision_count: int | None = Field(default=None, alias="collisionCount")
+    conditions: list[StatefulSetCondition] | None = None
+    current_replicas: int | None = Field(default=None, alias="currentReplicas")
+    current_revision: str | None = Field(default=None, alias="currentRevision")
+    observed_generation: int | None = Field(default=None, alias="observedGeneration")
+    ready_replicas: int | None = Field(default=None, alias="readyReplicas")
+    replicas: int
+    update_revision: str | None = Field(default=None, alias="updateRevision")
+    updated_replicas: int | None = Field(default=None, alias="updatedReplicas")
+
+
+class StatefulSet(K8sModel):
+    """StatefulSet represents a set of pods with consistent identities."""
+
+    API_VERSION: ClassVar[str] = "apps/v1"
+    KIND: ClassVar[str] = "StatefulSet"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: StatefulSetSpec
+    status: StatefulSetStatus | None = None
+
+
+class StatefulSetList(K8sModel):
+    """StatefulSetList is a collection of StatefulSets."""
+
+    API_VERSION: ClassVar[str] = "apps/v1"
+    KIND: ClassVar[str] = "StatefulSetList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[StatefulSet]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
 class StatusCause(K8sModel):
     """StatusCause provides more information about an api.Status failure, including cases when multiple
     errors are encountered.
@@ -3076,3 +3861,79 @@ class Status(K8sModel):
     metadata: ListMeta | None = None
     reason: str | None = None
     status: str | None = None
+
+
+class TopologySelectorLabelRequirement(K8sModel):
+    """A topology selector requirement is a selector that matches given label."""
+
+    key: str
+    values: list[str]
+
+
+class TopologySelectorTerm(K8sModel):
+    """A topology selector term represents the result of label queries."""
+
+    match_label_expressions: list[TopologySelectorLabelRequirement] | None = Field(
+        default=None, alias="matchLabelExpressions"
+    )
+
+
+class StorageClass(K8sModel):
+    """StorageClass describes the parameters for a class of storage for which PersistentVolumes can be
+    dynamically provisioned.
+    """
+
+    API_VERSION: ClassVar[str] = "storage.k8s.io/v1"
+    KIND: ClassVar[str] = "StorageClass"
+
+    allow_volume_expansion: bool | None = Field(default=None, alias="allowVolumeExpansion")
+    allowed_topologies: list[TopologySelectorTerm] | None = Field(default=None, alias="allowedTopologies")
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    mount_options: list[str] | None = Field(default=None, alias="mountOptions")
+    parameters: dict[str, str] | None = None
+    provisioner: str
+    reclaim_policy: str | None = Field(default=None, alias="reclaimPolicy")
+    volume_binding_mode: str | None = Field(default=None, alias="volumeBindingMode")
+
+
+class StorageClassList(K8sModel):
+    """StorageClassList is a collection of storage classes."""
+
+    API_VERSION: ClassVar[str] = "storage.k8s.io/v1"
+    KIND: ClassVar[str] = "StorageClassList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[StorageClass]
+    kind: str | None = None
+    metadata: ListMeta | None = None
+
+
+class TokenRequestSpec(K8sModel):
+    """TokenRequestSpec contains client provided parameters of a token request."""
+
+    attestations: dict[str, list[str]] | None = None
+    audiences: list[str] | None = None
+    bound_object_ref: BoundObjectReference | None = Field(default=None, alias="boundObjectRef")
+    expiration_seconds: int | None = Field(default=None, alias="expirationSeconds")
+
+
+class TokenRequestStatus(K8sModel):
+    """TokenRequestStatus is the result of a token request."""
+
+    expiration_timestamp: Time | None = Field(default=None, alias="expirationTimestamp")
+    token: str | None = None
+
+
+class TokenRequest(K8sModel):
+    """TokenRequest requests a token for a given service account."""
+
+    API_VERSION: ClassVar[str] = "authentication.k8s.io/v1"
+    KIND: ClassVar[str] = "TokenRequest"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    spec: TokenRequestSpec | None = None
+    status: TokenRequestStatus | None = None
