@@ -30,10 +30,12 @@ from collections.abc import Mapping
 
 from gpufleet.agent.runtime._common import terminated_reason
 from gpufleet.agent.runtime.base import (
+    CAPABILITIES,
     ContainerHandle,
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    HostSandboxMixin,
     RuntimeError_,
 )
 from gpufleet.agent.runtime.crilog import append_line
@@ -132,8 +134,10 @@ class _Sim:
                 f.set_result(None)
 
 
-class SimulatedRuntime:
+class SimulatedRuntime(HostSandboxMixin):
     name = "simulated"
+    # It pretends to honour everything a pod asks for.
+    capabilities = frozenset(CAPABILITIES)
 
     def __init__(self, clock: Clock = REAL_CLOCK) -> None:
         self.clock = clock
