@@ -27,10 +27,11 @@ import psutil
 
 from gpufleet.agent import logfiles, node
 from gpufleet.agent import stats as stats_mod
+from gpufleet.agent.apiproxy import ApiRelay
 from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer
 from gpufleet.agent.podworker import PodWorker, WorkerContext
 from gpufleet.agent.resources import GPUTable, PortTable
-from gpufleet.agent.runtime.base import Runtime
+from gpufleet.agent.runtime.base import RecoveredContainer, RecoveredSandbox, Runtime
 from gpufleet.client import (
     AlreadyExists,
     ApiError,
@@ -75,6 +76,9 @@ class AgentConfig:
     # The bearer token the API server must show to read container logs, /stats/* and
     # /metrics from this agent (None, against an --insecure server: anyone may).
     log_token: str | None = None
+    # The API server's address (host, port) for programs in pods (through a relay on the
+    # node; see apiproxy.py); None: pods get no KUBERNETES_SERVICE_HOST.
+    api_server: tuple[str, int] | None = None
 
 
 class NodeAgent:
@@ -111,6 +115,14 @@ class NodeAgent:
         self._stats_lock = asyncio.Lock()
         self.settings: node.NodeSettings | None = None
         self._ctx: WorkerContext | None = None
+        # What an earlier run of the agent left running, by pod uid, until a worker takes it
+        # or it is found to belong to no pod of this node and is stopped.
+        self._recovered: dict[str, list[RecoveredContainer]] = {}
+        self._recovered_sandboxes: dict[str, RecoveredSandbox] = {}
+        self.orphans_reaped = asyncio.Event()
+        self._relay: ApiRelay | None = None
+        self._pod_gateway: str | None = None
+        self.volumes: Any = None
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -130,6 +142,16 @@ class NodeAgent:
 
     async def start(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self._recover()
+        self.volumes = self._volume_manager()
+        if self.config.api_server is not None:
+            self._relay = ApiRelay(*self.config.api_server)
+            await self._relay.listen(self.config.address)
+            gateway = getattr(self.runtime, "pod_gateway", None)
+            if gateway is not None and "pod-network" in getattr(self.runtime, "capabilities", ()):
+                self._pod_gateway = await gateway()
+                if self._pod_gateway:
+                    await self._relay.listen(self._pod_gateway)
         self._http = AgentHttpServer(self, self.config.address, self.config.port, log_token=self.config.log_token)
         await self._http.start()
         self._gpus = await self._fingerprint()
@@ -167,6 +189,9 @@ class NodeAgent:
             backoff_reset=self.config.backoff_reset,
             probe_period_scale=self.config.probe_period_scale,
             on_change=self._invalidate_stats,
+            volumes=self.volumes,
+            api_endpoint=self._api_endpoint,
+            sandbox_root=self.state_dir / "sandboxes",
         )
         informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True}
         self._node_informer = Informer(self.client, "nodes", field_selector=f"metadata.name={self.name}",
@@ -178,6 +203,7 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self._node_loop(), name=f"agent:{self.name}:node"))
         await self._node_informer.start()
         await self._pods.start()
+        self._tasks.append(asyncio.create_task(self._reap_orphans(), name=f"agent:{self.name}:orphans"))
         log.info("agent %s: serving on %s:%d with the %s runtime and %d GPU(s)", self.name,
                  self.config.address, self._http.port, self.runtime.name, len(self._gpus))
 
@@ -210,10 +236,81 @@ class NodeAgent:
             await self._http.stop()
         if self._probe_http is not None:
             await self._probe_http.aclose()
+        if self._relay is not None:
+            await self._relay.close()
         close = getattr(self.devices, "close", None)
         if close is not None:
             with contextlib.suppress(Exception):
                 close()
+
+    # -- what an earlier run left -----------------------------------------------------
+
+    async def _recover(self) -> None:
+        """Everything the runtime still has for this node, before any pod is started: the
+        GPUs of running containers are held by their pods from the first moment, so no new
+        container can be handed a GPU a live process still holds."""
+        try:
+            sandboxes, containers = await self.runtime.recover(self.name)
+        except Exception:
+            log.exception("agent %s: recovering the runtime's containers failed", self.name)
+            return
+        for sb in sandboxes:
+            self._recovered_sandboxes[sb.pod_uid] = sb
+        for c in containers:
+            self._recovered.setdefault(c.pod_uid, []).append(c)
+            if c.state.state == "running" and c.gpus:
+                self.gpu_table.acquire(c.pod_uid, c.gpus)
+        if containers or sandboxes:
+            running = sum(1 for c in containers if c.state.state == "running")
+            log.info("agent %s: found %d container(s) (%d running) and %d sandbox(es) from an earlier run",
+                     self.name, len(containers), running, len(sandboxes))
+
+    async def _reap_orphans(self) -> None:
+        """Once the pods bound here are known: stop what belongs to no pod of this node (a pod
+        deleted, or replaced elsewhere, while the agent was away), and only then free its GPUs."""
+        assert self._pods is not None
+        while not await self._pods.wait_for_sync(30):
+            log.info("agent %s: still waiting for the API to list this node's pods", self.name)
+        orphans = [c for uid, cs in self._recovered.items() if uid not in self.workers for c in cs]
+        sandboxes = [sb for uid, sb in self._recovered_sandboxes.items() if uid not in self.workers]
+        self._recovered = {uid: cs for uid, cs in self._recovered.items() if uid in self.workers}
+        self._recovered_sandboxes = {}
+        for c in orphans:
+            log.warning("agent %s: stopping %s/%s container %s (pod %s is not on this node any more)",
+                        self.name, c.namespace, c.pod_name, c.name, c.pod_uid)
+            try:
+                if c.state.state == "running":
+                    await self.runtime.stop(c.handle, 0)
+                await self.runtime.remove(c.handle)
+            except Exception:
+                log.exception("agent %s: stopping an orphaned container failed; its GPUs stay held", self.name)
+                continue
+            if c.pod_uid not in self.workers:
+                self.gpu_table.release(c.pod_uid)
+        for sb in sandboxes:
+            with contextlib.suppress(Exception):
+                await self.runtime.remove_sandbox(sb.handle)
+        if self.volumes is not None:
+            with contextlib.suppress(Exception):
+                await self.volumes.cleanup_orphans(set(self.workers))
+        self.orphans_reaped.set()
+        for w in list(self.workers.values()):
+            w.wake()
+
+    def _volume_manager(self) -> Any:
+        try:
+            from gpufleet.agent.volumes import VolumeManager
+        except ImportError:
+            return None
+        return VolumeManager(self.client, self.name, self.state_dir / "volumes", self.clock,
+                             get_object=self._get_object)
+
+    def _api_endpoint(self, host_network: bool) -> tuple[str, int] | None:
+        if self._relay is None:
+            return None
+        address = self.config.address if host_network or not self._pod_gateway else self._pod_gateway
+        port = self._relay.port(address)
+        return (address, port) if port else None
 
     # -- devices ------------------------------------------------------------------------
 
@@ -255,7 +352,12 @@ class NodeAgent:
 
     def _describe_uid(self, uid: str) -> str:
         w = self.workers.get(uid)
-        return w.key if w is not None else uid
+        if w is not None:
+            return w.key
+        left = self._recovered.get(uid)
+        if left:
+            return f"{left[0].namespace}/{left[0].pod_name} (a process from before the agent restarted, being stopped)"
+        return uid
 
     async def _get_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
@@ -395,7 +497,9 @@ class NodeAgent:
         if uid in self._finished:
             return
         assert self._ctx is not None
-        worker = PodWorker(self._ctx, pod)
+        sandbox = self._recovered_sandboxes.pop(uid, None)
+        worker = PodWorker(self._ctx, pod, recovered=self._recovered.pop(uid, None),
+                           sandbox=sandbox.handle if sandbox is not None else None)
         self.workers[uid] = worker
         worker.start()
         assert worker._task is not None

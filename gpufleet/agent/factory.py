@@ -9,11 +9,35 @@ from typing import Any
 
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
-RUNTIMES = ("process", "podman", "simulated")
+RUNTIMES = ("auto", "podman", "process", "simulated")
 DEFAULT_GPU_MODEL = "NVIDIA H100 80GB HBM3"
 
 
+def podman_usable(podman: str = "podman") -> bool:
+    """Whether podman can run this agent's containers: installed, answering, and rootful
+    (pods get an IP of their own on the node's bridge, which rootless podman cannot give)."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which(podman) is None or os.geteuid() != 0:
+        return False
+    try:
+        proc = subprocess.run([podman, "info", "--format", "{{.Host.OCIRuntime.Name}}"], capture_output=True,
+                              text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def resolve_runtime(kind: str) -> str:
+    if kind == "auto":
+        return "podman" if podman_usable() else "process"
+    return kind
+
+
 def build_runtime(kind: str, state_dir: Path, clock: Clock = REAL_CLOCK) -> Any:
+    kind = resolve_runtime(kind)
     if kind == "process":
         from gpufleet.agent.runtime.process import ProcessRuntime
 

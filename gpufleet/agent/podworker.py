@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from gpufleet.agent import podstatus
+from gpufleet.agent import podspec, podstatus
 from gpufleet.agent.backoff import RestartBackoff, go_duration
 from gpufleet.agent.envvars import EnvError, build_env, expand_command
 from gpufleet.agent.logfiles import container_log_path
@@ -45,9 +45,13 @@ from gpufleet.agent.runtime.base import (
     ContainerSpec,
     ContainerState,
     GPUAssignment,
+    ImagePullError,
     PortMapping,
+    RecoveredContainer,
     Runtime,
     RuntimeError_,
+    SandboxHandle,
+    SandboxSpec,
 )
 from gpufleet.api.quantity import cpu_millis, to_int_bytes
 from gpufleet.client import ApiError, Client, Conflict, EventRecorder, NotFound, TransportError
@@ -90,6 +94,13 @@ class WorkerContext:
     backoff_reset: float = 600.0
     probe_period_scale: float = 1.0
     on_change: Callable[[], None] = lambda: None
+    # The node's volume manager (agent/volumes.py); None: volumes are not mounted.
+    volumes: Any = None
+    # How programs in pods reach the API server: the address /etc/hosts gives
+    # kubernetes.default.svc, and the port (KUBERNETES_SERVICE_HOST/PORT). None: not offered.
+    api_endpoint: Callable[[bool], tuple[str, int] | None] = lambda host_network: None
+    # Where pod sandboxes keep their files.
+    sandbox_root: Path | None = None
 
 
 @dataclass
@@ -100,6 +111,9 @@ class ContainerRecord:
     restart_count: int = 0
     # Started at least once (by this agent or, before a restart of the agent, by another).
     ran: bool = False
+    # The image as pulled (what the status reports as imageID), and the last pull's failure.
+    image_id: str = ""
+    pull_error: str = ""
     handle: ContainerHandle | None = None
     container_id: str = ""
     running: bool = False
@@ -124,9 +138,18 @@ class ContainerRecord:
 
 
 class PodWorker:
-    def __init__(self, ctx: WorkerContext, pod: dict[str, Any]) -> None:
+    def __init__(self, ctx: WorkerContext, pod: dict[str, Any],
+                 recovered: list[RecoveredContainer] | None = None,
+                 sandbox: SandboxHandle | None = None) -> None:
         self.ctx = ctx
         self.pod = pod
+        # What an earlier run of the agent started for this pod and the runtime still has.
+        self.recovered = list(recovered or [])
+        self.sandbox: SandboxHandle | None = sandbox
+        self.pod_volumes: Any = None
+        self.volume_error: tuple[str, str] | None = None
+        self.told_unhonoured = False
+        self.unhonoured: list[str] = []
         meta = pod.get("metadata") or {}
         self.uid: str = meta.get("uid", "")
         self.namespace: str = meta.get("namespace", "default")
@@ -211,6 +234,7 @@ class PodWorker:
     async def run(self) -> None:
         try:
             self._adopt()
+            self._resume_adopted()
             while True:
                 self._wake.clear()
                 if self.removed:
@@ -261,13 +285,14 @@ class PodWorker:
             task.cancel()
         self._release()
         handles = [h for r in self.records for h in [*r.old_handles, r.handle] if h is not None]
-        if handles and (self.removed or self.deleted):
+        if self.removed or self.deleted:
             runtime = self.ctx.runtime
 
             async def forget() -> None:
                 for h in handles:
                     with contextlib.suppress(Exception):
                         await runtime.remove(h)
+                await self._teardown_sandbox()
 
             with contextlib.suppress(RuntimeError):
                 asyncio.get_running_loop().create_task(forget())
@@ -279,28 +304,37 @@ class PodWorker:
     # -- adopting what an earlier agent reported -------------------------------------------
 
     def _adopt(self) -> None:
-        """Pick up from the status an earlier run of the agent wrote: keep restart counts and
-        finished init containers, treat containers it had running as lost (their processes
-        did not outlive it), and leave a finished pod finished."""
+        """Pick up from the status an earlier run of the agent wrote and from what the
+        runtime still runs for this pod: keep restart counts and finished init containers,
+        re-adopt containers that are still there (running ones keep running; their exits are
+        reported as they really were), treat the rest it had running as lost, and leave a
+        finished pod finished."""
         status = self.pod.get("status") or {}
         self.start_time = status.get("startTime")
         if status.get("phase") in ("Succeeded", "Failed"):
             self.terminal = status["phase"]
         ann = (self.pod.get("metadata") or {}).get("annotations") or {}
-        self.metadata_synced = HOST_PORTS_ANNOTATION in ann or not port_requests(self.pod)
+        self.metadata_synced = (HOST_PORTS_ANNOTATION in ann or not port_requests(self.pod)
+                                or not self.ctx.host_network)
         by_name = {cs.get("name"): cs for cs in [*(status.get("initContainerStatuses") or []),
                                                  *(status.get("containerStatuses") or [])]}
+        found = self._latest_recovered()
         for rec in self.records:
-            cs = by_name.get(rec.name)
-            if not cs:
-                continue
+            cs = by_name.get(rec.name) or {}
             rec.restart_count = int(cs.get("restartCount") or 0)
             rec.container_id = cs.get("containerID") or ""
+            rec.image_id = cs.get("imageID") or ""
             state = cs.get("state") or {}
             last = (cs.get("lastState") or {}).get("terminated")
             if self.terminal:
                 rec.state, rec.last_state = state, cs.get("lastState") or {}
                 rec.ready, rec.started = bool(cs.get("ready")), bool(cs.get("started"))
+                continue
+            again = found.get(rec.name)
+            if again is not None:
+                self._adopt_container(rec, again, cs)
+                continue
+            if not cs:
                 continue
             if "terminated" in state:
                 rec.ran = True
@@ -320,6 +354,70 @@ class PodWorker:
                 rec.state = {"terminated": last}
             if rec.ran:
                 rec.exited_mono = self.ctx.clock.monotonic()
+
+    def _latest_recovered(self) -> dict[str, RecoveredContainer]:
+        """The newest attempt of each container the runtime still has; older attempts (and
+        containers the pod no longer declares) are removed."""
+        latest: dict[str, RecoveredContainer] = {}
+        names = {r.name for r in self.records}
+        stale: list[RecoveredContainer] = []
+        for c in sorted(self.recovered, key=lambda c: c.attempt):
+            if c.name not in names or self.terminal:
+                stale.append(c)
+                continue
+            if c.name in latest:
+                stale.append(latest[c.name])
+            latest[c.name] = c
+        self.recovered = []
+        for c in stale:
+            self._spawn(self._discard(c))
+        return latest
+
+    async def _discard(self, c: RecoveredContainer) -> None:
+        with contextlib.suppress(Exception):
+            if c.state.state == "running":
+                await self.ctx.runtime.stop(c.handle, 0)
+            await self.ctx.runtime.remove(c.handle)
+
+    def _adopt_container(self, rec: ContainerRecord, c: RecoveredContainer, cs: Mapping[str, Any]) -> None:
+        rec.ran = True
+        rec.handle = c.handle
+        rec.restart_count = max(rec.restart_count, c.attempt)
+        ident = c.handle.pid if self.ctx.runtime.name == "process" and c.handle.pid else c.handle.id
+        rec.container_id = f"{self.ctx.runtime.name}://{ident}"
+        rec.gpus = list(c.gpus)
+        rec.last_state = dict(cs.get("lastState") or {})
+        if rec.last_state.get("terminated"):
+            rec.last_exit = rec.last_state["terminated"]
+        started = c.state.started_at or self.ctx.clock.now()
+        if c.state.state == "running":
+            rec.running = True
+            rec.started_mono = self.ctx.clock.monotonic() - max(self.ctx.clock.now() - started, 0.0)
+            rec.state = {"running": {"startedAt": rfc3339(started)}}
+            log.info("%s/%s: adopted the running container %s", self.key, rec.name, c.handle.id)
+            return
+        code = c.state.exit_code if c.state.exit_code is not None else 137
+        term: dict[str, Any] = {
+            "exitCode": code,
+            "reason": c.state.reason or ("Completed" if code == 0 else "Error"),
+            "startedAt": rfc3339(started),
+            "finishedAt": rfc3339(c.state.finished_at or self.ctx.clock.now()),
+            "containerID": rec.container_id,
+        }
+        if c.state.message:
+            term["message"] = c.state.message
+        rec.last_exit = term
+        rec.state = {"terminated": term}
+        rec.exited_mono = self.ctx.clock.monotonic()
+        rec.old_handles.append(c.handle)
+        rec.handle = None
+
+    def _resume_adopted(self) -> None:
+        """Watch the adopted containers: their exits, and their probes from scratch."""
+        for rec in self.records:
+            if rec.running and rec.handle is not None and not rec.tasks:
+                self._spawn(self._wait_exit(rec, rec.handle), rec)
+                self._start_probes(rec, rec.handle)
 
     # -- the normal pass ----------------------------------------------------------------
 
@@ -352,6 +450,8 @@ class PodWorker:
         await self._sync_metadata()
         if self.start_time is None:
             self.start_time = rfc3339(self.ctx.clock.now())
+        if not await self._setup_volumes() or not await self._ensure_sandbox():
+            return now + _RETRY_RESOURCES
 
         for rec in self.records:
             if not rec.init:
@@ -392,6 +492,9 @@ class PodWorker:
             rec.tasks.clear()
             rec.ready = False
         self._release()
+        if self.sandbox is not None and not self.killed:
+            # A finished pod keeps its status and logs, not its network namespace.
+            self._spawn(self.ctx.runtime.stop_sandbox(self.sandbox))
 
     def _active_deadline_in(self) -> float | None:
         """Seconds until spec.activeDeadlineSeconds runs out (None without one)."""
@@ -418,6 +521,16 @@ class PodWorker:
             rec.current_delay = delay
             rec.not_before = (rec.exited_mono if rec.ran else now) + delay
         if now < rec.not_before:
+            waiting = rec.state.get("waiting") or {}
+            if rec.pull_error and waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
+                if waiting.get("reason") == "ErrImagePull":
+                    image = rec.spec.get("image") or ""
+                    self._event(NORMAL, "BackOff", f'Back-off pulling image "{image}"')
+                    self._event(WARNING, "Failed", "Error: ImagePullBackOff")
+                    rec.state = {"waiting": {"reason": "ImagePullBackOff",
+                                             "message": f'Back-off pulling image "{image}": ErrImagePull: '
+                                                        f'{waiting.get("message", "")}'}}
+                return rec.not_before
             if rec.ran and rec.last_exit is not None:
                 reason = "CrashLoopBackOff"
                 message = (f"back-off {go_duration(rec.current_delay)} restarting failed container={rec.name} "
@@ -439,8 +552,14 @@ class PodWorker:
         image = spec.get("image") or ""
         ctx = self.ctx
         requests = port_requests(pod)
-        base = {"HOSTNAME": self.name}
+        host_network = self._host_network()
+        base = {"HOSTNAME": podspec.pod_hostname(pod) if not host_network else self.name}
         base.update(port_env(requests, self.ports or {}, rec.name, ctx.host_network))
+        api = ctx.api_endpoint(host_network)
+        if api is not None:
+            host, port = podspec.API_SERVICE_HOSTNAMES[0], str(api[1])
+            base.update({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port,
+                         "KUBERNETES_SERVICE_PORT_HTTPS": port, "KUBERNETES_PORT": f"tcp://{host}:{port}"})
         try:
             env = await build_env(self._pod_with_ips(), spec, ctx.get_object, base=base,
                                   node_allocatable=ctx.node_allocatable())
@@ -452,6 +571,17 @@ class PodWorker:
             return
         env.update(self.gpu_env.get(rec.name, {}))
         command, args = expand_command(spec, env)
+        mounts = []
+        if ctx.volumes is not None and self.pod_volumes is not None:
+            from gpufleet.agent.volumes import VolumeError
+
+            try:
+                mounts = ctx.volumes.mounts(pod, spec, self.pod_volumes, env=env)
+            except VolumeError as exc:
+                self._start_failed(rec, "CreateContainerConfigError", exc.message or str(exc))
+                return
+        if not await self._pull(rec, image):
+            return
         attempt = rec.restart_count + 1 if rec.ran else rec.restart_count
         limits = (spec.get("resources") or {}).get("limits") or {}
         gpus = ctx.gpus()
@@ -474,9 +604,15 @@ class PodWorker:
             log_path=str(container_log_path(ctx.state_dir, self.namespace, self.name, self.uid, rec.name, attempt)),
             attempt=attempt,
             annotations=dict((pod.get("metadata") or {}).get("annotations") or {}),
+            mounts=mounts,
+            security=podspec.security_spec(pod, spec),
+            sandbox=self.sandbox,
+            node_name=ctx.node_name,
+            stdin=bool(spec.get("stdin")),
+            stdin_once=bool(spec.get("stdinOnce")),
+            tty=bool(spec.get("tty")),
         )
         Path(cspec.log_path).parent.mkdir(parents=True, exist_ok=True)
-        self._event(NORMAL, "Pulled", f'Container image "{image}" already present on machine')
         try:
             handle = await ctx.runtime.start(cspec)
         except RuntimeError_ as exc:
@@ -512,9 +648,57 @@ class PodWorker:
         self._start_probes(rec, handle)
         ctx.on_change()
 
-    def _start_failed(self, rec: ContainerRecord, reason: str, message: str) -> None:
+    async def _pull(self, rec: ContainerRecord, image: str) -> bool:
+        """The image, per the container's imagePullPolicy, with the pod's pull secrets."""
+        ctx = self.ctx
+        if "images" not in getattr(ctx.runtime, "capabilities", frozenset()):
+            rec.image_id = image
+            return True
+        policy = podspec.pull_policy(rec.spec)
+        secrets, missing = [], []
+        for ref in (self.pod.get("spec") or {}).get("imagePullSecrets") or []:
+            name = (ref or {}).get("name")
+            if not name:
+                continue
+            try:
+                obj = await ctx.get_object("secrets", self.namespace, name)
+            except (TransportError, ApiError):
+                obj = None
+            if obj is None:
+                missing.append(name)
+            else:
+                secrets.append(obj)
+        if missing:
+            self._event(WARNING, "FailedToRetrieveImagePullSecret",
+                        f"Unable to retrieve some image pull secrets ({', '.join(missing)}); attempting to pull "
+                        "the image may not succeed.")
+        will_pull = policy == "Always" or not rec.image_id
+        if will_pull and policy != "Never":
+            self._event(NORMAL, "Pulling", f'Pulling image "{image}"')
+        try:
+            pulled = await ctx.runtime.ensure_image(image, policy, podspec.registry_auth(secrets))
+        except ImagePullError as exc:
+            rec.pull_error = exc.reason
+            self._event(WARNING, "Failed", f"Failed to pull image \"{image}\": {exc}" if exc.reason == "ErrImagePull"
+                        else str(exc))
+            self._start_failed(rec, exc.reason, str(exc), event=False)
+            self._event(WARNING, "Failed", f"Error: {exc.reason}")
+            return False
+        rec.pull_error = ""
+        rec.image_id = pulled.image_id or pulled.image
+        if pulled.pulled:
+            size = f" Image size: {pulled.size_bytes} bytes." if pulled.size_bytes else ""
+            took = go_duration(round(pulled.seconds, 3))
+            self._event(NORMAL, "Pulled", f'Successfully pulled image "{image}" in {took} ({took} including '
+                                          f"waiting).{size}")
+        else:
+            self._event(NORMAL, "Pulled", f'Container image "{image}" already present on machine')
+        return True
+
+    def _start_failed(self, rec: ContainerRecord, reason: str, message: str, event: bool = True) -> None:
         rec.state = {"waiting": {"reason": reason, "message": message}}
-        self._event(WARNING, "Failed", f"Error: {message}")
+        if event:
+            self._event(WARNING, "Failed", f"Error: {message}")
         delay = rec.backoff.next_delay(0.0) or rec.backoff.initial
         rec.current_delay = delay
         rec.not_before = self.ctx.clock.monotonic() + delay
@@ -590,7 +774,7 @@ class PodWorker:
         async def run_exec(command: list[str], limit_s: float) -> tuple[int, str]:
             return await ctx.runtime.exec(handle, command, limit_s)
 
-        action = make_action(probe, host=ctx.address, resolve_port=lambda p: self._resolve_port(rec, p),
+        action = make_action(probe, host=self.pod_ip, resolve_port=lambda p: self._resolve_port(rec, p),
                              run_exec=run_exec, http=ctx.http)
         if action is None:
             log.warning("%s/%s: %s probe kind not supported; treating it as passing", self.key, rec.name, kind)
@@ -623,7 +807,8 @@ class PodWorker:
         await prober.run()
 
     def _resolve_port(self, rec: ContainerRecord, port: Any) -> int | None:
-        ports = self.ports or {}
+        # In a network namespace of its own the pod is probed at its IP on its container port.
+        ports = (self.ports or {}) if self._host_network() else {}
         if isinstance(port, str) and not port.isdigit():
             for req in port_requests(self.pod):
                 if req.container == rec.name and req.name == port:
@@ -683,6 +868,9 @@ class PodWorker:
             return None
         if not self.killed:
             await self._kill_all(self._grace(), "the pod is being deleted")
+            if self.sandbox is not None:
+                with contextlib.suppress(Exception):
+                    await self.ctx.runtime.stop_sandbox(self.sandbox)
             if self.terminal is None:
                 self.terminal = podstatus.terminal_phase(self._statuses(init=False))
             self._finish(self.terminal)
@@ -697,6 +885,111 @@ class PodWorker:
             return self.ctx.clock.monotonic() + 1.0
         self.deleted = True
         return None
+
+    # -- volumes and the sandbox ----------------------------------------------------------
+
+    async def _setup_volumes(self) -> bool:
+        """Every volume ready (and config maps, secrets, tokens refreshed); False while one
+        cannot be: the containers wait in ContainerCreating with the reason in an Event."""
+        vm = self.ctx.volumes
+        if vm is None:
+            return True
+        from gpufleet.agent.volumes import VolumeError
+
+        try:
+            self.pod_volumes = await vm.setup(self.pod)
+        except VolumeError as exc:
+            return self._volume_failed(exc.reason or "FailedMount", exc.message or str(exc))
+        except (TransportError, ApiError) as exc:
+            return self._volume_failed("FailedMount", f"cannot read the pod's volume sources: {exc}")
+        if self.volume_error is not None:
+            self.volume_error = None
+            self._unblock(("ContainerCreating",))
+        return True
+
+    def _volume_failed(self, reason: str, message: str) -> bool:
+        if self.volume_error != (reason, message):
+            self._event(WARNING, reason, message)
+        self.volume_error = (reason, message)
+        for rec in self.records:
+            if not rec.ran and not rec.running:
+                rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
+                                         else "ContainerCreating"}}
+        return False
+
+    def _unblock(self, reasons: tuple[str, ...]) -> None:
+        for rec in self.records:
+            if (rec.state.get("waiting") or {}).get("reason") in reasons:
+                rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
+                                         else "ContainerCreating"}}
+
+    def _host_network(self) -> bool:
+        return bool((self.pod.get("spec") or {}).get("hostNetwork")) or self.ctx.host_network
+
+    async def _ensure_sandbox(self) -> bool:
+        if self.sandbox is not None:
+            return True
+        ctx = self.ctx
+        spec = self.pod.get("spec") or {}
+        api = ctx.api_endpoint(self._host_network())
+        shm = ctx.volumes.shm_size(self.pod) if ctx.volumes is not None else None
+        root = ctx.sandbox_root or (ctx.state_dir / "sandboxes")
+        sandbox = SandboxSpec(
+            pod_uid=self.uid, pod_name=self.name, namespace=self.namespace,
+            hostname=podspec.pod_hostname(self.pod), directory=str(root / self.uid),
+            host_network=bool(spec.get("hostNetwork")), host_pid=bool(spec.get("hostPID")),
+            host_ipc=bool(spec.get("hostIPC")), shm_size_bytes=shm,
+            ports=[PortMapping(r.name or r.key, r.container_port, int(r.host_port), r.protocol)
+                   for r in port_requests(self.pod) if r.host_port],
+            hosts=podspec.host_aliases(self.pod, api[0] if api else None),
+            sysctls=podspec.sysctls(self.pod), gpus=list(self.gpu_indices or []),
+            labels={"node": ctx.node_name},
+        )
+        try:
+            self.sandbox = await ctx.runtime.run_sandbox(sandbox)
+        except RuntimeError_ as exc:
+            message = f"Failed to create pod sandbox: {exc}"
+            if self.blocked != ("FailedCreatePodSandBox", message):
+                self._event(WARNING, "FailedCreatePodSandBox", message)
+            self.blocked = ("FailedCreatePodSandBox", message)
+            return False
+        if self.blocked is not None and self.blocked[0] == "FailedCreatePodSandBox":
+            self.blocked = None
+        self._tell_unhonoured()
+        return True
+
+    @property
+    def pod_ip(self) -> str:
+        if self.sandbox is not None and self.sandbox.ip:
+            return self.sandbox.ip
+        return self.ctx.address
+
+    def _tell_unhonoured(self) -> None:
+        """What the node's runtime cannot do for this pod, said once as an Event and kept
+        as a condition, never silently dropped."""
+        if self.told_unhonoured:
+            return
+        self.told_unhonoured = True
+        runtime = self.ctx.runtime
+        caps = getattr(runtime, "capabilities", frozenset())
+        honoured = getattr(runtime, "image_honoured", None)
+        images = {str(r.spec.get("image") or "") for r in self.records}
+        host_image = honoured is not None and all(honoured(i) for i in images)
+        problems = podspec.unhonoured(self.pod, caps, host_image)
+        self.unhonoured = problems
+        if problems:
+            self._event(WARNING, "RuntimeLimitation", f"the {runtime.name} runtime: " + "; ".join(problems))
+
+    async def _teardown_sandbox(self) -> None:
+        if self.sandbox is not None:
+            with contextlib.suppress(Exception):
+                await self.ctx.runtime.stop_sandbox(self.sandbox)
+            with contextlib.suppress(Exception):
+                await self.ctx.runtime.remove_sandbox(self.sandbox)
+            self.sandbox = None
+        if self.ctx.volumes is not None:
+            with contextlib.suppress(Exception):
+                await self.ctx.volumes.teardown(self.uid)
 
     # -- resources ----------------------------------------------------------------------
 
@@ -745,8 +1038,13 @@ class PodWorker:
                     # A container without GPUs must not see (and use) the node's.
                     self.gpu_env[rec.name] = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
         if self.ports is None:
+            requests = port_requests(self.pod)
+            if not self._host_network():
+                # In its own network namespace a pod listens on its container ports; only
+                # hostPorts take a port of the node.
+                requests = [r for r in requests if r.host_port]
             try:
-                self.ports = ctx.port_table.allocate(self.uid, port_requests(self.pod),
+                self.ports = ctx.port_table.allocate(self.uid, requests,
                                                      parse_host_ports(ann.get(HOST_PORTS_ANNOTATION)))
             except PortsUnavailable as exc:
                 return self._blocked("PortsUnavailable", str(exc))
@@ -801,7 +1099,8 @@ class PodWorker:
         pod = dict(self.pod)
         status = dict(pod.get("status") or {})
         status.setdefault("hostIP", self.ctx.address)
-        status.setdefault("podIP", self.ctx.address)
+        status["podIP"] = self.pod_ip
+        status["podIPs"] = [{"ip": self.pod_ip}]
         pod["status"] = status
         return pod
 
@@ -810,7 +1109,7 @@ class PodWorker:
         cs: dict[str, Any] = {
             "name": rec.name,
             "image": image,
-            "imageID": image if rec.ran else "",
+            "imageID": (rec.image_id or image) if rec.ran else "",
             "ready": bool(rec.ready and rec.running),
             "restartCount": rec.restart_count,
             "started": bool(rec.started and rec.running),
@@ -851,8 +1150,8 @@ class PodWorker:
         status["conditions"] = conds
         status["hostIP"] = self.ctx.address
         status["hostIPs"] = [{"ip": self.ctx.address}]
-        status["podIP"] = self.ctx.address
-        status["podIPs"] = [{"ip": self.ctx.address}]
+        status["podIP"] = self.pod_ip
+        status["podIPs"] = [{"ip": self.pod_ip}]
         if self.start_time:
             status["startTime"] = self.start_time
         if init_statuses:

@@ -278,8 +278,12 @@ async def test_pod_runs_with_gpus_ports_and_env(h, tmp_path):
     assert cs["ready"] and cs["started"] and cs["restartCount"] == 0 and cs["image"] == "python:3.12"
     assert re.fullmatch(r"process://\d+", cs["containerID"])
     assert cs["state"]["running"]["startedAt"]
-    reasons = [e["reason"] for e in await h.events("web-0")]
-    assert {"Pulled", "Created", "Started"} <= set(reasons)
+    events = await h.events("web-0")
+    reasons = [e["reason"] for e in events]
+    assert {"Created", "Started"} <= set(reasons)
+    # The process runtime runs the host's programs: the image it cannot run is said, not ignored.
+    limitation = [e["message"] for e in events if e["reason"] == "RuntimeLimitation"]
+    assert limitation and "image python:3.12 not used" in limitation[0], events
 
 
 async def test_gpu_pods_never_share_an_index(h, tmp_path):
@@ -695,7 +699,7 @@ async def test_cli_agent_logs_and_top(h, tmp_path):
         "--certificate-authority", str(h.tmp / "cp" / "pki" / "ca.crt"), "--name", "cli-node", "--gpus", "2",
         "--gpu-model", "A100-SXM4-40GB", "--gpu-memory", "40960", "--state-dir", str(state),
         "--labels", "gpufleet.io/rack=r9", "--taints", "dedicated=ml:NoSchedule", "--cpus", "4",
-        "--memory", "8Gi", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        "--memory", "8Gi", "--runtime", "process", stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         start_new_session=True)
     try:
         async def registered():

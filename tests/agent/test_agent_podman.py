@@ -49,6 +49,8 @@ async def test_agent_runs_a_podman_pod_ready_over_its_host_port_then_deletes_it(
         await h.pod(name, containers=[{
             "name": "main",
             "image": "localhost/gpufleet-test-busybox",
+            # A local image: with :latest Kubernetes' default policy (Always) would pull it.
+            "imagePullPolicy": "IfNotPresent",
             "command": ["busybox", "httpd", "-f", "-p", "8080", "-h", "/www"],
             "ports": [{"name": "http", "containerPort": 8080}],
             "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
@@ -59,14 +61,18 @@ async def test_agent_runs_a_podman_pod_ready_over_its_host_port_then_deletes_it(
         assert cs["ready"] and cs["started"], cs
         assert cs["containerID"].startswith("podman://"), cs
 
-        ports = json.loads(pod["metadata"]["annotations"]["gpufleet.io/host-ports"])
-        port = ports.get("http", ports.get("8080"))
-        assert isinstance(port, int), ports
-        body = await asyncio.to_thread(_get, f"http://127.0.0.1:{port}/")
+        # The pod has a network namespace and an IP of its own: it listens on its container
+        # port there, and no port of the node is taken for it.
+        assert "gpufleet.io/host-ports" not in (pod["metadata"].get("annotations") or {})
+        ip = pod["status"]["podIP"]
+        assert ip and ip != pod["status"]["hostIP"], pod["status"]
+        body = await asyncio.to_thread(_get, f"http://{ip}:8080/")
         assert body == INDEX_HTML
 
         running = [c for c in await asyncio.to_thread(_podman_ps, name) if c.get("State") == "running"]
-        assert len(running) == 1, running
+        # The pod's container and its sandbox (the pause container holding its namespaces).
+        assert len(running) == 2, running
+        assert sum(1 for c in running if (c.get("Labels") or {}).get("gpufleet.io/role") == "sandbox") == 1
 
         deleted = await h.api.delete("pods", name, "default", raw=True)
         assert deleted["metadata"].get("deletionTimestamp")

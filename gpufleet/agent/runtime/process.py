@@ -29,6 +29,7 @@ from gpufleet.agent.runtime.base import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    HostSandboxMixin,
     RuntimeError_,
 )
 from gpufleet.agent.runtime.cgroups import Cgroup, Cgroups
@@ -99,8 +100,9 @@ class _Proc:
         return self.proc.pid
 
 
-class ProcessRuntime:
+class ProcessRuntime(HostSandboxMixin):
     name = "process"
+    capabilities: frozenset[str] = frozenset()
 
     def __init__(
         self,

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
         gpu_inventory: Annotated[Path | None, typer.Option(
             "--gpu-inventory", help="YAML file declaring the GPUs one by one.")] = None,
         runtime: Annotated[str, typer.Option(
-            "--runtime", help="How containers run: process, podman or simulated.")] = "process",
+            "--runtime", help="How pods run: podman (OCI containers), process (sandboxed host processes: "
+            "bare metal), simulated, or auto (podman where it can run containers, else process).")] = "auto",
         state_dir: Annotated[Path | None, typer.Option(
             "--state-dir", help="Where the node token, logs and runtime state live (default: "
             "~/.gpufleet/agents/<name>, one per node, apart from the agent of `gpufleet up`).")] = None,
@@ -111,6 +112,7 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
         return Client(HttpTransport(urls[0], **options))
 
     config.state_dir.mkdir(parents=True, exist_ok=True)
+    config.api_server = api_address(urls[0])
     client = connect(await node_token(connect, token or cfg.token, config.node_name, config.state_dir))
     config.log_token = saved_log_token(config.state_dir)
     agent = NodeAgent(client, build_runtime(runtime_kind, config.state_dir),
@@ -118,6 +120,16 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
     await serve_agent(agent)
     await client.close()
     return 0
+
+
+def api_address(url: str) -> tuple[str, int] | None:
+    """(host, port) of an API server URL, for the relay that pods reach it through."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if not parts.hostname:
+        return None
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
 async def serve_agent(agent) -> None:

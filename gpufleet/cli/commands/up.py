@@ -92,8 +92,9 @@ def register(app: typer.Typer) -> None:
         gpus: int | None = typer.Option(None, "--gpus", help="Declare this many GPUs for the local agent "
                                         "(default: what NVML finds)."),
         gpu_model: str | None = typer.Option(None, "--gpu-model", help="Model of the declared GPUs."),
-        runtime: str = typer.Option("process", "--runtime", help="The local agent's runtime: process, podman "
-                                    "or simulated."),
+        runtime: str = typer.Option("auto", "--runtime", help="The local agent's runtime: podman (OCI "
+                                    "containers), process (sandboxed host processes), simulated, or auto "
+                                    "(podman where it can run containers, else process)."),
         insecure: bool = InsecureOption,
         tls_cert_file: Path | None = TlsCertOption,
         tls_key_file: Path | None = TlsKeyOption,
@@ -134,6 +135,7 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
     from gpufleet.agent.bootstrap import node_token, saved_log_token
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.agent.node import hostname
+    from gpufleet.cli.commands.agent import api_address
     from gpufleet.client import Client, LocalTransport
 
     name = hostname()
@@ -148,7 +150,8 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
     agent = NodeAgent(Client(LocalTransport(cp.api, token=token)), build_runtime(options["runtime"], agent_dir),
                       build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"]),
                       AgentConfig(node_name=name, state_dir=agent_dir, address=address,
-                                  log_token=saved_log_token(agent_dir) if token else None))
+                                  log_token=saved_log_token(agent_dir) if token else None,
+                                  api_server=api_address(cp.url)))
     await agent.start()
     return agent
 
