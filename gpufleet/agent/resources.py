@@ -18,6 +18,9 @@ from gpufleet.api.quantity import parse_quantity
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_INDICES_ANNOTATION = "gpufleet.io/gpu-indices"
 HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"
+# "true": on the host's network the pod's container ports are taken as they are (waiting
+# while one is in use), not renumbered (a training job's leader announces its port in advance).
+FIXED_PORTS_ANNOTATION = "gpufleet.io/fixed-ports"
 
 
 def container_gpus(container: Mapping[str, Any]) -> int:
@@ -150,21 +153,23 @@ class PortTable:
             del self.owner[p]
 
     def allocate(self, uid: str, requests: Sequence[PortRequest],
-                 previous: Mapping[str, int] | None = None) -> dict[str, int]:
-        """A host port per requested port: the fixed hostPort, else the one this pod had before
-        (an agent restart keeps its replicas where they were announced), else a free one.
-        Raises PortsUnavailable naming what is taken."""
+                 previous: Mapping[str, int] | None = None, exact: bool = False) -> dict[str, int]:
+        """A host port per requested port: the fixed hostPort (or with `exact` the container
+        port itself), else the one this pod had before (an agent restart keeps its replicas
+        where they were announced), else a free one. Raises PortsUnavailable naming what is
+        taken."""
         previous = previous or {}
         mine: dict[str, int] = {}
         taken: list[str] = []
         for req in requests:
             if req.key in mine:
                 continue
-            want = req.host_port or previous.get(req.key)
+            fixed = req.host_port or (req.container_port if exact else None)
+            want = fixed or previous.get(req.key)
             if want:
                 holder = self.owner.get(int(want))
                 if holder is not None and holder != uid:
-                    if req.host_port:
+                    if fixed:
                         taken.append(f"{req.key}->{want}")
                         continue
                     want = None

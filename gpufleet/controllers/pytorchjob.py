@@ -28,18 +28,21 @@ What it does, as Kubeflow's training operator does:
   ``ttlSecondsAfterFinished`` apply once it finished.
 
 Where gpufleet differs, and why:
-- Addresses. Pods of the process runtime share their server's network and there is no
-  cluster DNS, so MASTER_ADDR (and the rendezvous host) is an address, not the master's
-  Service name. When every node has the same address (one server, or a test fleet on
-  loopback) it is that address, known before scheduling. Otherwise the leader (master-0, or
-  worker-0 without a master) reads its own ``status.hostIP`` and the others read key
-  ``MASTER_ADDR`` of the ConfigMap ``<job>-rendezvous``, which the controller writes once the
-  leader is bound; until then the node agent holds those containers back
-  (CreateContainerConfigError, retried).
-- Port. Jobs on one server must not collide, so each gang attempt gets its own port
-  (20000-39999, from the job's uid and the attempt) as ``hostPort == containerPort`` of the
-  leader's ``pytorchjob-port``; the agent then refuses to start a second pod holding it.
-  ``elasticPolicy.rdzvPort`` fixes it instead.
+- Addresses. There is no cluster DNS, so MASTER_ADDR (and the rendezvous host) is an
+  address, not the master's Service name. The leader (master-0, or worker-0 without a
+  master) reads its own ``status.podIP``; the others read key ``MASTER_ADDR`` of the
+  ConfigMap ``<job>-rendezvous``, which the controller writes once the leader has an
+  address (its node's, when the node's pods share the host's network as with the process
+  runtime; its own pod IP otherwise); until then the node agent holds those containers back
+  (CreateContainerConfigError, retried). When pods share the host's network and every node
+  has the same address (one server, or a test fleet on loopback), it is that address, known
+  before scheduling.
+- Port. Jobs whose pods share one server's network must not collide, so each gang attempt
+  gets its own port (20000-39999, from the job's uid and the attempt) as the containerPort of
+  the leader's ``pytorchjob-port``, and the leader carries ``gpufleet.io/fixed-ports:
+  "true"``: an agent whose pods share the host's network then takes that port as it is (no
+  renumbering) and holds the pod back while another pod has it. No hostPort: Pod Security's
+  baseline level forbids them. ``elasticPolicy.rdzvPort`` fixes the port instead.
 - Restarts. Member pods run with restartPolicy Never and the controller restarts the whole
   gang: when a member fails (replica restartPolicy OnFailure/Always; ExitCode only for exit
   codes above 127, i.e. signals; Never fails the job) or is lost (deleted, or evicted with its
@@ -149,6 +152,9 @@ RESIZE_ANNOTATION = "gpufleet.io/elastic-resize"
 CHECKPOINT_ANNOTATION = "gpufleet.io/checkpoint-dir"
 AUTOSCALE_ANNOTATION = "gpufleet.io/elastic-autoscale"
 ELASTIC_REASON_ANNOTATION = "gpufleet.io/elastic-reason"
+# Read by the node agent: on a node whose pods share the host's network, take the pod's
+# container ports as they are instead of renumbering them.
+FIXED_PORTS_ANNOTATION = "gpufleet.io/fixed-ports"
 CHECKPOINT_ENV = "GPUFLEET_CHECKPOINT_DIR"
 GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
@@ -174,6 +180,15 @@ def gang_members(job: PyTorchJob) -> list[tuple[str, int]]:
         out.append((MASTER, 0))
     out.extend((WORKER, i) for i in range(replicas_of(job, WORKER)))
     return out
+
+
+def _pods_share_host_network(node: Any) -> bool:
+    """Whether the node's pods share its network (the process and simulated runtimes), as
+    its agent reports in nodeInfo.containerRuntimeVersion; podman gives each pod its own."""
+    status = getattr(node, "status", None)
+    info = getattr(status, "node_info", None) if status is not None else None
+    version = (getattr(info, "container_runtime_version", "") or "") if info is not None else ""
+    return not version.startswith("podman://")
 
 
 def leader(job: PyTorchJob) -> tuple[str, int]:
@@ -754,7 +769,8 @@ class PyTorchJobController:
             generate_name="",
             owner_ref=owner_reference(job, API_VERSION, KIND),
             labels=labels,
-            annotations={ATTEMPT_ANNOTATION: str(attempt), GANG_SIZE_ANNOTATION: str(len(gang_members(job)))},
+            annotations={ATTEMPT_ANNOTATION: str(attempt), GANG_SIZE_ANNOTATION: str(len(gang_members(job))),
+                         **({FIXED_PORTS_ANNOTATION: "true"} if (rtype, index) == leader(job) else {})},
         )
         meta = body["metadata"]
         meta.pop("generateName", None)
@@ -774,8 +790,7 @@ class PyTorchJobController:
         is_leader = (rtype, index) == leader(job)
         if is_leader:
             ports = [p for p in target.get("ports") or [] if p.get("name") != DEFAULT_PORT_NAME]
-            target["ports"] = [{"name": DEFAULT_PORT_NAME, "containerPort": port, "hostPort": port,
-                                "protocol": "TCP"}, *ports]
+            target["ports"] = [{"name": DEFAULT_PORT_NAME, "containerPort": port, "protocol": "TCP"}, *ports]
         env = self._env(job, target, rtype, index, attempt, is_leader)
         own = {e.get("name") for e in target.get("env") or []}
         target["env"] = [*(e for e in env if e["name"] not in own), *(target.get("env") or [])]
@@ -788,7 +803,7 @@ class PyTorchJobController:
         if address is not None:
             addr: dict[str, Any] = {"name": "MASTER_ADDR", "value": address}
         elif is_leader:
-            addr = {"name": "MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}}
+            addr = {"name": "MASTER_ADDR", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
         else:
             addr = {"name": "MASTER_ADDR", "valueFrom": {"configMapKeyRef": {
                 "name": rendezvous_name(job), "key": "MASTER_ADDR"}}}
@@ -839,11 +854,13 @@ class PyTorchJobController:
         return env
 
     def _fleet_address(self) -> str | None:
-        """The one address every node has, if they all share one (pods then reach the leader
-        there wherever it lands)."""
+        """The one address every node has, if they all share one and their pods share it
+        too (pods then reach the leader there wherever it lands)."""
         seen: set[str] = set()
         for node in self.node_informer.list():
             status = getattr(node, "status", None)
+            if not _pods_share_host_network(node):
+                return None
             for a in (status.addresses if status is not None else None) or []:
                 if a.type == "InternalIP" and a.address:
                     seen.add(a.address)
@@ -979,9 +996,14 @@ class PyTorchJobController:
             return
         node = self.node_informer.get(node_name)
         address = None
-        for a in ((node.status.addresses if node is not None and node.status is not None else None) or []):
-            if a.type == "InternalIP":
-                address = a.address
+        if node is not None and _pods_share_host_network(node):
+            for a in ((node.status.addresses if node.status is not None else None) or []):
+                if a.type == "InternalIP":
+                    address = a.address
+        else:
+            # A pod with a network namespace of its own is reached at its own IP, known once
+            # its node's agent made its sandbox.
+            address = lead_pod.status.pod_ip if lead_pod.status is not None else None
         if not address:
             return
         data = {"MASTER_ADDR": address, "MASTER_PORT": str(job_port(job, attempt)),

@@ -74,11 +74,15 @@ async def test_gang_pods_service_podgroup_and_env(client: Client, controllers) -
     assert wenv["PET_NNODES"] == "3" and wenv["PET_NODE_RANK"] == "2" and wenv["PET_NPROC_PER_NODE"] == "1"
     assert wenv["MASTER_PORT"] == menv["MASTER_PORT"]
     port = int(menv["MASTER_PORT"])
-    assert {"name": "pytorchjob-port", "containerPort": port, "hostPort": port, "protocol": "TCP"} in \
+    # The leader's port is announced in advance: no hostPort (Pod Security's baseline forbids
+    # them), but the agent takes it as it is on a node whose pods share its network.
+    assert {"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"} in \
         master["spec"]["containers"][0]["ports"]
+    assert master["metadata"]["annotations"]["gpufleet.io/fixed-ports"] == "true"
+    assert "gpufleet.io/fixed-ports" not in w1["metadata"]["annotations"]
     assert wenv[CHECKPOINT_ENV] == menv[CHECKPOINT_ENV] == "/shared/ck"
     # No node reports an address yet: the leader reads its own, the others the ConfigMap.
-    assert menv["MASTER_ADDR"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert menv["MASTER_ADDR"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert wenv["MASTER_ADDR"] == {"configMapKeyRef": {"name": "mnist-rendezvous", "key": "MASTER_ADDR"}}
 
     svc = await client.get("services", "mnist", NS, raw=True)
