@@ -79,6 +79,10 @@ class AgentConfig:
     # The API server's address (host, port) for programs in pods (through a relay on the
     # node; see apiproxy.py); None: pods get no KUBERNETES_SERVICE_HOST.
     api_server: tuple[str, int] | None = None
+    # How long to wait for the node's pod CIDR before using the runtime's default network.
+    pod_cidr_wait: float = 15.0
+    # Route other nodes' pod CIDRs via their InternalIP (needs root; off: the network does it).
+    pod_routes: bool = True
 
 
 class NodeAgent:
@@ -120,6 +124,9 @@ class NodeAgent:
         self._recovered: dict[str, list[RecoveredContainer]] = {}
         self._recovered_sandboxes: dict[str, RecoveredSandbox] = {}
         self.orphans_reaped = asyncio.Event()
+        # Set once pods may get sandboxes: the pod network is made (or not needed).
+        self.network_ready = asyncio.Event()
+        self._routes: Any = None
         self._relay: ApiRelay | None = None
         self._pod_gateway: str | None = None
         self.volumes: Any = None
@@ -147,11 +154,8 @@ class NodeAgent:
         if self.config.api_server is not None:
             self._relay = ApiRelay(*self.config.api_server)
             await self._relay.listen(self.config.address)
-            gateway = getattr(self.runtime, "pod_gateway", None)
-            if gateway is not None and "pod-network" in getattr(self.runtime, "capabilities", ()):
-                self._pod_gateway = await gateway()
-                if self._pod_gateway:
-                    await self._relay.listen(self._pod_gateway)
+        if not self._has_pod_network():
+            self.network_ready.set()
         self._http = AgentHttpServer(self, self.config.address, self.config.port, log_token=self.config.log_token)
         await self._http.start()
         self._gpus = await self._fingerprint()
@@ -191,6 +195,7 @@ class NodeAgent:
             on_change=self._invalidate_stats,
             volumes=self.volumes,
             api_endpoint=self._api_endpoint,
+            network_ready=self.network_ready.is_set,
             sandbox_root=self.state_dir / "sandboxes",
         )
         informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True}
@@ -201,6 +206,8 @@ class NodeAgent:
         self._pods.add_event_handler(on_add=self._on_pod, on_update=lambda old, new: self._on_pod(new),
                                      on_delete=self._on_pod_deleted)
         self._tasks.append(asyncio.create_task(self._node_loop(), name=f"agent:{self.name}:node"))
+        if self._has_pod_network():
+            self._tasks.append(asyncio.create_task(self._network_loop(), name=f"agent:{self.name}:network"))
         await self._node_informer.start()
         await self._pods.start()
         self._tasks.append(asyncio.create_task(self._reap_orphans(), name=f"agent:{self.name}:orphans"))
@@ -296,6 +303,56 @@ class NodeAgent:
         self.orphans_reaped.set()
         for w in list(self.workers.values()):
             w.wake()
+
+    def _has_pod_network(self) -> bool:
+        return ("pod-network" in getattr(self.runtime, "capabilities", ())
+                and hasattr(self.runtime, "ensure_network"))
+
+    async def _network_loop(self) -> None:
+        """Make the pod network from the node's pod CIDR once it has one (a control plane
+        without node IPAM leaves the runtime's default network after a while), then keep the
+        routes to the other nodes' pod networks."""
+        from gpufleet.agent import network
+
+        assert self._node_informer is not None
+        deadline = self.clock.monotonic() + self.config.pod_cidr_wait
+        cidr = None
+        while cidr is None and self.clock.monotonic() < deadline:
+            node_obj = self._node_informer.get(self.name)
+            cidr = ((node_obj or {}).get("spec") or {}).get("podCIDR")
+            if cidr is None:
+                await self.clock.sleep(0.1)
+        if cidr is None:
+            log.warning("agent %s: the node has no pod CIDR after %.0fs (no node IPAM in the control plane?); "
+                        "pods use the runtime's default network, whose addresses are unique on this host only",
+                        self.name, self.config.pod_cidr_wait)
+        else:
+            while True:
+                try:
+                    await self.runtime.ensure_network(network.network_name(self.name), cidr, self.name)
+                    break
+                except Exception as exc:
+                    log.warning("agent %s: making the pod network %s failed: %s; retrying", self.name, cidr, exc)
+                    await self.clock.sleep(2.0)
+        gateway = getattr(self.runtime, "pod_gateway", None)
+        if gateway is not None:
+            self._pod_gateway = await gateway()
+        if self._relay is not None and self._pod_gateway:
+            await self._relay.listen(self._pod_gateway)
+        self.network_ready.set()
+        for w in list(self.workers.values()):
+            w.wake()
+        if cidr is None or not self.config.pod_routes:
+            return
+        routes = network.RouteTable()
+        self._routes = routes
+        while True:
+            try:
+                nodes = await self.client.list("nodes", raw=True)
+                await routes.sync(network.desired_routes(nodes, self.name, network.local_addresses()))
+            except (TransportError, ApiError) as exc:
+                log.info("agent %s: listing nodes for pod routes failed: %s", self.name, exc)
+            await self.clock.sleep(10.0)
 
     def _volume_manager(self) -> Any:
         try:

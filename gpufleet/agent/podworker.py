@@ -102,6 +102,8 @@ class WorkerContext:
     api_endpoint: Callable[[bool], tuple[str, int] | None] = lambda host_network: None
     # Where pod sandboxes keep their files.
     sandbox_root: Path | None = None
+    # False while the node's pod network is being made: sandboxes wait for it.
+    network_ready: Callable[[], bool] = lambda: True
 
 
 @dataclass
@@ -932,6 +934,9 @@ class PodWorker:
             return True
         ctx = self.ctx
         spec = self.pod.get("spec") or {}
+        if not spec.get("hostNetwork") and not ctx.network_ready():
+            self.blocked = ("NetworkNotReady", "the node's pod network is not ready yet")
+            return False
         api = ctx.api_endpoint(self._host_network())
         shm = ctx.volumes.shm_size(self.pod) if ctx.volumes is not None else None
         root = ctx.sandbox_root or (ctx.state_dir / "sandboxes")

@@ -29,6 +29,7 @@ _CLASSES = {
     "horizontalpodautoscaler": "gpufleet.controllers.hpa:HorizontalPodAutoscalerController",
     "pytorchjob": "gpufleet.controllers.pytorchjob:PyTorchJobController",
     "kueue": "gpufleet.controllers.kueue:KueueController",
+    "nodeipam": "gpufleet.controllers.nodeipam:NodeIpamController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -72,6 +73,9 @@ class ControllerOptions:
     # weighted share first (Kueue's fairSharing.enable; also on when any ClusterQueue
     # declares spec.fairSharing); otherwise by priority and age.
     kueue_fair_sharing: bool = False
+    # Node IPAM: the pod network, cut into one subnet of this prefix length per node.
+    cluster_cidr: str = "10.244.0.0/16"
+    node_cidr_mask_size: int = 24
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -134,6 +138,8 @@ class ControllerManager:
                            "checkpoint_root": opts.pytorchjob_checkpoint_root,
                            "elastic_resize_interval": opts.pytorchjob_resize_interval},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
+            "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
+                         "node_mask": opts.node_cidr_mask_size},
         }
         self.controllers: list[Any] = [
             _controller_class(name)(client, self.informers, **kwargs[name])

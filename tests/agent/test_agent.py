@@ -25,6 +25,7 @@ from gpufleet.agent.bootstrap import node_token, saved_log_token
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.process import ProcessRuntime
 from gpufleet.cli.controlplane import ControlPlane
+from gpufleet.controllers.manager import ControllerManager, start_controllers
 from gpufleet.client import BadRequest, Client, HttpTransport, NotFound
 
 PY = sys.executable
@@ -53,6 +54,7 @@ class Harness:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.cp: ControlPlane | None = None
+        self.ipam: ControllerManager | None = None
         self.port = 0
         self.agents: list[NodeAgent] = []
 
@@ -61,6 +63,10 @@ class Harness:
                                state_dir=self.tmp / "cp", run_controllers=False)
         await self.cp.start()
         self.port = self.cp.http.port
+        # Node IPAM alone: agents whose pods have network namespaces make their pod network
+        # from the node's pod CIDR; nothing else here should act behind the tests' backs.
+        assert self.cp.client is not None
+        self.ipam = await start_controllers(self.cp.client, enabled=("nodeipam",))
         return self.cp
 
     @property
@@ -136,6 +142,8 @@ class Harness:
         for a in self.agents:
             await a.stop()
             await a.client.close()
+        if self.ipam is not None:
+            await self.ipam.stop()
         if self.cp is not None:
             await self.cp.stop()
 

@@ -406,6 +406,61 @@ class PodmanRuntime:
     def set_network(self, name: str) -> None:
         self.network = name
 
+    async def ensure_network(self, name: str, cidr: str, node_name: str) -> None:
+        """The node's pod network: a bridge with the node's pod CIDR (spec.podCIDR), so pod IPs
+        are unique across the fleet. An existing one with another subnet is replaced when no
+        container uses it."""
+        import ipaddress
+
+        net = ipaddress.ip_network(cidr, strict=False)
+        gateway = str(next(net.hosts()))
+        rc, out, _ = await self._run("network", "inspect", name, "--format", "json")
+        if rc == 0:
+            try:
+                subnets = [sn.get("subnet") for sn in (json.loads(out) or [{}])[0].get("subnets") or []]
+            except ValueError:
+                subnets = []
+            if str(net) in subnets:
+                self.set_network(name)
+                return
+            rc, users, _ = await self._run("ps", "-a", "-q", "--filter", f"network={name}")
+            if users.strip():
+                log.warning("podman network %s has subnets %s, not the node's %s, and is in use: keeping it",
+                            name, subnets, net)
+                self.set_network(name)
+                return
+            await self._run("network", "rm", "-f", name)
+        create = ("network", "create", "--subnet", str(net), "--gateway", gateway,
+                  "--label", f"{LABEL_PREFIX}node={node_name}", name)
+        rc, _, err = await self._run(*create)
+        if rc != 0 and "already used" in err and await self._free_subnet(str(net)):
+            rc, _, err = await self._run(*create)
+        if rc != 0 and "already exists" not in err:
+            raise RuntimeError_(f"cannot create the pod network {name} ({net}): {_podman_error(err)}",
+                                "NetworkNotReady")
+        self.set_network(name)
+
+    async def _free_subnet(self, subnet: str) -> bool:
+        """Remove pod networks of ours (an earlier cluster's nodes) that hold this subnet and
+        that no container uses. Whether any was removed."""
+        rc, out, _ = await self._run("network", "ls", "--format", "json")
+        try:
+            nets = json.loads(out) if rc == 0 else []
+        except ValueError:
+            nets = []
+        removed = False
+        for n in nets or []:
+            if not any(sn.get("subnet") == subnet for sn in n.get("subnets") or []):
+                continue
+            if LABEL_PREFIX + "node" not in (n.get("labels") or {}):
+                continue
+            _, users, _ = await self._run("ps", "-a", "-q", "--filter", f"network={n.get('name')}")
+            if users.strip():
+                continue
+            rc, _, _ = await self._run("network", "rm", n.get("name", ""))
+            removed = removed or rc == 0
+        return removed
+
     async def pod_gateway(self) -> str | None:
         """The address pods on the node's pod network reach the node at (the bridge's)."""
         rc, out, _ = await self._run("network", "inspect", self.network or "podman", "--format", "json")
