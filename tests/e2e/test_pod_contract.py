@@ -1,0 +1,181 @@
+"""The pod contract on a real node: `gpufleet up` with its local agent on podman (the
+default where podman can run containers), driven through the API as a user would.
+
+- Two replicas with the same fixed containerPort both become Ready (each pod has a network
+  namespace and an IP of its own) and serve through their Service's Endpoints and the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpufleet.client.api import Client
+from gpufleet.client.kubeconfig import transport_from_kubeconfig
+
+pytestmark = pytest.mark.e2e
+
+BUSYBOX = "localhost/gpufleet/busybox:1"
+_API = re.compile(r"API server listening on (\S+)")
+_GATEWAY = re.compile(r"Gateway listening on (\S+)")
+
+
+@dataclass
+class Plane:
+    url: str
+    gateway: str
+    kubeconfig: Path
+    state: Path
+    log: Path
+    proc: subprocess.Popen
+
+    def client(self) -> Client:
+        return Client(transport_from_kubeconfig(str(self.kubeconfig)))
+
+    def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["kubectl", "--kubeconfig", str(self.kubeconfig), *args], input=input,
+                              capture_output=True, text=True, timeout=60)
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    root = tmp_path_factory.mktemp("contract")
+    state = root / "state"
+    log_path = root / "up.log"
+    env = dict(os.environ, HOME=str(root), PYTHONUNBUFFERED="1")
+    env.pop("KUBECONFIG", None)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state), "--port", "0",
+             "--gateway-port", "0", "--gpus", "4"],
+            stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+    url = gateway = None
+    deadline = time.monotonic() + 60
+    try:
+        while url is None:
+            try:
+                line = lines.get(timeout=max(deadline - time.monotonic(), 0.1))
+            except queue.Empty:
+                line = ""
+            if line is None or time.monotonic() > deadline:
+                pytest.fail(f"gpufleet up did not start\n{log_path.read_text()[-4000:]}")
+            if m := _GATEWAY.search(line or ""):
+                gateway = m.group(1)
+            if m := _API.search(line or ""):
+                url = m.group(1)
+        assert gateway, log_path.read_text()
+        yield Plane(url, gateway, state / "kubeconfig", state, log_path, proc)
+    finally:
+        _stop(Plane(url or "", gateway or "", state / "kubeconfig", state, log_path, proc))
+
+
+def _stop(plane: Plane) -> None:
+    """Delete what the tests made (the containers outlive `gpufleet up`, as a kubelet's do),
+    then stop the server."""
+    if plane.url and plane.proc.poll() is None:
+        plane.kubectl("delete", "namespace", "-l", "gpufleet-test=contract", "--wait=true", "--timeout=60s")
+    plane.proc.send_signal(2)
+    try:
+        plane.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        plane.proc.kill()
+    node = os.uname().nodename
+    for _ in range(3):
+        ids = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"label=gpufleet.io/node={node}"],
+                             capture_output=True, text=True, check=False).stdout.split()
+        if not ids:
+            break
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True, check=False)
+
+
+async def namespace(client: Client, name: str) -> str:
+    await client.create({"apiVersion": "v1", "kind": "Namespace",
+                         "metadata": {"name": name, "labels": {"gpufleet-test": "contract"}}}, raw=True)
+    return name
+
+
+async def wait_until(check, limit: float, what: str, plane: Plane):
+    deadline = time.monotonic() + limit
+    while True:
+        got = await check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {limit}s waiting for {what}\n{plane.log.read_text()[-3000:]}")
+        await asyncio.sleep(0.3)
+
+
+def ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+async def test_two_replicas_with_one_fixed_port_serve_through_their_service_and_the_gateway(plane: Plane):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "fixed-port")
+        # busybox httpd answers with the file it is asked for: each replica serves its own name.
+        script = "mkdir -p /tmp/www && hostname > /tmp/www/index.html && exec httpd -f -p 8000 -h /tmp/www"
+        await client.create({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": ns},
+            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{
+                         "name": "web", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                         "command": ["sh", "-c", script],
+                         "ports": [{"name": "http", "containerPort": 8000}],
+                         "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1}}]}}},
+        }, ns, raw=True)
+        await client.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web", "namespace": ns},
+                             "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": "http"}]}},
+                            ns, raw=True)
+
+        async def both_ready():
+            pods = await client.list("Pod", ns, label_selector={"app": "web"}, raw=True)
+            return pods if len(pods) == 2 and all(ready(p) for p in pods) else None
+
+        pods = list(await wait_until(both_ready, 90, "both replicas Ready", plane))
+        ips = {p["status"]["podIP"] for p in pods}
+        assert len(ips) == 2 and pods[0]["status"]["hostIP"] not in ips, [p["status"] for p in pods]
+        names = {p["metadata"]["name"] for p in pods}
+        assert {(await asyncio.to_thread(_get, f"http://{ip}:8000/")).strip() for ip in ips} == names
+
+        async def endpoints():
+            ep = await client.get("Endpoints", "web", ns, raw=True)
+            subsets = ep.get("subsets") or []
+            got = {(a["ip"], s["ports"][0]["port"]) for s in subsets for a in s.get("addresses") or []}
+            return got if len(got) == 2 else None
+
+        assert await wait_until(endpoints, 30, "the Service's two endpoints", plane) == {(ip, 8000) for ip in ips}
+        seen = set()
+        for _ in range(20):
+            seen.add((await asyncio.to_thread(_get, f"{plane.gateway}/services/{ns}/web/")).strip())
+            if seen == names:
+                break
+        assert seen == names, seen
+    finally:
+        await client.close()
