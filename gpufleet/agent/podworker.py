@@ -61,6 +61,9 @@ from gpufleet.utils.clock import Clock, parse_rfc3339, rfc3339
 log = logging.getLogger(__name__)
 
 NORMAL, WARNING = "Normal", "Warning"
+# A pod condition saying what the node's runtime could not honour (an image on the process
+# runtime, a user it cannot switch to...), beside the Event of the same reason.
+RUNTIME_LIMITATION = "gpufleet.io/RuntimeLimitation"
 # How often an idle worker re-checks its pod anyway (status retries, deadlines).
 _RESYNC = 10.0
 _RETRY_RESOURCES = 2.0
@@ -1150,6 +1153,10 @@ class PodWorker:
         conds = podstatus.conditions(phase, init_statuses, statuses,
                                      (self.pod.get("spec") or {}).get("readinessGates") or [], existing,
                                      self.ctx.clock.now())
+        if self.unhonoured and not any(c.get("type") == RUNTIME_LIMITATION for c in conds):
+            conds.append({"type": RUNTIME_LIMITATION, "status": "True", "reason": "NotHonoured",
+                          "message": f"the {self.ctx.runtime.name} runtime: " + "; ".join(self.unhonoured),
+                          "lastProbeTime": None, "lastTransitionTime": rfc3339(self.ctx.clock.now())})
         status = {k: v for k, v in pod_status.items() if k not in (
             "phase", "conditions", "hostIP", "hostIPs", "podIP", "podIPs", "startTime",
             "containerStatuses", "initContainerStatuses", "reason", "message")}

@@ -25,8 +25,8 @@ from gpufleet.agent.bootstrap import node_token, saved_log_token
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.process import ProcessRuntime
 from gpufleet.cli.controlplane import ControlPlane
-from gpufleet.controllers.manager import ControllerManager, start_controllers
 from gpufleet.client import BadRequest, Client, HttpTransport, NotFound
+from gpufleet.controllers.manager import ControllerManager, start_controllers
 
 PY = sys.executable
 NODE = "gpu-node-1"
@@ -280,7 +280,8 @@ async def test_pod_runs_with_gpus_ports_and_env(h, tmp_path):
     status = pod["status"]
     assert status["hostIP"] == status["podIP"] == "127.0.0.1" and status["startTime"]
     assert {c["type"]: c["status"] for c in status["conditions"]} == {
-        "PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True"}
+        "PodScheduled": "True", "Initialized": "True", "ContainersReady": "True", "Ready": "True",
+        "gpufleet.io/RuntimeLimitation": "True"}
     assert all(c.get("lastTransitionTime") for c in status["conditions"])
     cs = cstatus(pod)
     assert cs["ready"] and cs["started"] and cs["restartCount"] == 0 and cs["image"] == "python:3.12"
@@ -292,6 +293,10 @@ async def test_pod_runs_with_gpus_ports_and_env(h, tmp_path):
     # The process runtime runs the host's programs: the image it cannot run is said, not ignored.
     limitation = [e["message"] for e in events if e["reason"] == "RuntimeLimitation"]
     assert limitation and "image python:3.12 not used" in limitation[0], events
+    p = await h.wait_pod("web-0", lambda p: cond(p, "gpufleet.io/RuntimeLimitation") == "True",
+                         what="the RuntimeLimitation condition")
+    assert "image python:3.12 not used" in next(c["message"] for c in p["status"]["conditions"]
+                                                  if c["type"] == "gpufleet.io/RuntimeLimitation")
 
 
 async def test_gpu_pods_never_share_an_index(h, tmp_path):

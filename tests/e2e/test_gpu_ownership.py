@@ -151,10 +151,8 @@ async def test_a_gpu_is_never_held_by_two_live_processes(tmp_path: Path, runtime
             doubled = {gpu: ids for gpu, ids in live_ids(tmp_path, x, back_at).items() if len(ids) > 1}
             assert not doubled, f"processes started again next to the adopted ones: {doubled}"
             if runtime == "podman":
-                ps = subprocess.run(["podman", "ps", "--filter", f"label=gpufleet.io/node={x}",
-                                     "--filter", "label=gpufleet.io/container=main", "-q"],
-                                    capture_output=True, text=True, check=True)
-                assert len(ps.stdout.split()) == len(before), ps.stdout
+                running = await asyncio.to_thread(podman_ids, x, "label=gpufleet.io/container=main")
+                assert len(running) == len(before), running
 
             # 2. It dies again; its pods are deleted for good while it is away and replaced
             # on the other node; then it comes back and new replicas land on it.
@@ -196,11 +194,23 @@ async def test_a_gpu_is_never_held_by_two_live_processes(tmp_path: Path, runtime
         assert sum(len(spans) for (n, _), spans in held.items() if n == x) >= 2 + len(before), held
     # Nothing of this test may outlive it.
     if runtime == "podman":
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            mine = [c for n in NODES for c in subprocess.run(
-                ["podman", "ps", "-a", "-q", "--filter", f"label=gpufleet.io/node={n}"],
-                capture_output=True, text=True, check=False).stdout.split()]
-            if not mine:
-                break
-            subprocess.run(["podman", "rm", "-f", "-t", "0", *mine], capture_output=True, check=False)
+        await asyncio.to_thread(remove_containers, NODES)
+
+
+def podman_ids(node: str, *filters: str, all_states: bool = False) -> list[str]:
+    args = ["podman", "ps", "-q", "--filter", f"label=gpufleet.io/node={node}"]
+    for f in filters:
+        args += ["--filter", f]
+    if all_states:
+        args.append("-a")
+    return subprocess.run(args, capture_output=True, text=True, check=False).stdout.split()
+
+
+def remove_containers(nodes) -> None:
+    """The nodes' containers (and their sandboxes after them): they outlive their agents."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ids = [c for n in nodes for c in podman_ids(n, all_states=True)]
+        if not ids:
+            return
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True, check=False)
