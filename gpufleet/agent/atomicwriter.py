@@ -20,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +62,11 @@ def _clean(path: str) -> str:
 
 
 class AtomicWriter:
-    def __init__(self, target: Path, now: Callable[[], float] = time.time) -> None:
+    def __init__(self, target: Path, now: Callable[[], float] = time.time, reserved: Iterable[str] = ()) -> None:
         self.target = Path(target)
         self.now = now
+        # ``..`` names of the directory that belong to someone else: kept as they are.
+        self.reserved = frozenset(reserved)
 
     def current_dir(self) -> Path | None:
         """The timestamped directory ``..data`` points to, if any."""
@@ -169,7 +171,7 @@ class AtomicWriter:
         visible = self._visible_names(payload)
         for entry in os.scandir(self.target):
             name = entry.name
-            if name in (DATA_DIR, keep) or name in visible:
+            if name in (DATA_DIR, keep) or name in visible or name in self.reserved:
                 continue
             if name.startswith(".."):
                 # Earlier timestamped directories (and one left by an interrupted write).

@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 ObjectGetter = Callable[[str, str, str], Awaitable[dict[str, Any] | None]]
 
 DEFAULT_MODE = 0o644
+# In a ConfigMap, Secret, downward API or projected volume: what subPath mounts pinned.
+SUBPATHS_DIR = "..subpaths"
 SHM_PATH = "/dev/shm"
 
 EMPTY_DIR = "kubernetes.io~empty-dir"
@@ -249,7 +251,7 @@ class VolumeManager:
                 continue
             host_path = info.path
             if sub_path:
-                host_path = self._prepare_sub_path(volumes.pod_uid, info, sub_path, cname, name, index)
+                host_path = self._prepare_sub_path(info, sub_path, cname, name, index)
             out.append(Mount(host_path=host_path, container_path=mount_path,
                              read_only=bool(vm.get("readOnly")) or info.read_only))
         return out
@@ -317,8 +319,7 @@ class VolumeManager:
                 for entry in os.scandir(base):
                     if entry.name in live_uids or not entry.is_dir(follow_symlinks=False):
                         continue
-                    if base == self.root and not any(
-                            os.path.lexists(os.path.join(entry.path, d)) for d in ("volumes", "volume-subpaths")):
+                    if base == self.root and not os.path.lexists(os.path.join(entry.path, "volumes")):
                         # Not a pod directory this manager made: leave it alone.
                         continue
                     orphans.add(entry.name)
@@ -542,7 +543,7 @@ class VolumeManager:
                 self._own(ctx, name, path, read_only=True, policy=None)
 
             try:
-                AtomicWriter(path, self.clock.now).write(payload, perms if ctx.fs_group is not None else None)
+                AtomicWriter(path, self.clock.now, reserved=(SUBPATHS_DIR,)).write(payload, perms if ctx.fs_group is not None else None)
             except PayloadError as exc:
                 raise _setup_failed(name, str(exc)) from None
             return on_tmpfs
@@ -635,8 +636,7 @@ class VolumeManager:
 
     # -- subPath ------------------------------------------------------------------------
 
-    def _prepare_sub_path(self, uid: str, info: VolumeInfo, sub_path: str, container: str, volume: str,
-                          index: int) -> str:
+    def _prepare_sub_path(self, info: VolumeInfo, sub_path: str, container: str, volume: str, index: int) -> str:
         if os.path.isabs(sub_path):
             raise _config_error(volume, f"error SubPath `{sub_path}` must not be an absolute path")
         if ".." in sub_path.split("/"):
@@ -657,16 +657,18 @@ class VolumeManager:
                                         f'"{container}"')
         if not info.atomic:
             return resolved
-        # The atomic writer removes old versions: keep this one alive for the container by
-        # hard links (one file system), as a bind mount of the file would.
-        snap = self.root / uid / "volume-subpaths" / volume / container / str(index)
+        # The atomic writer removes old versions: the container keeps this one, as it would
+        # through the kubelet's bind mount of it. Hard links inside the volume itself stay
+        # on its file system (a Secret's tmpfs) and outlive the old version's directory.
+        pin = Path(base) / SUBPATHS_DIR / container / str(index)
         try:
-            _snapshot(resolved, snap, self.dir_mode)
+            pin.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+            _snapshot(resolved, pin)
         except OSError as exc:
             log.warning("subPath %s of volume %s: snapshot failed: %s", sub_path, volume, exc)
             raise _config_error(volume, f'failed to prepare subPath for volumeMount "{volume}" of container '
                                         f'"{container}"') from None
-        return str(snap)
+        return str(pin)
 
     def _shm_volume(self, pod: dict[str, Any]) -> str | None:
         spec = pod.get("spec") or {}
@@ -743,9 +745,8 @@ class VolumeManager:
             if left:
                 # Removing files under a mount would reach into what it shows.
                 raise OSError(f"pod {uid}: {left[0][0]} is still mounted; its directory is kept")
-            for sub in ("volumes", "volume-subpaths"):
-                if os.path.lexists(base / sub):
-                    shutil.rmtree(base / sub)
+            if os.path.lexists(base / "volumes"):
+                shutil.rmtree(base / "volumes")
             if base.parent == self.shm_root / self.node_name:
                 shutil.rmtree(base, ignore_errors=True)
             else:
@@ -1024,17 +1025,24 @@ def safe_make_dir(base: str, sub_path: str, perm: int) -> None:
         os.chmod(real, perm)
 
 
-def _snapshot(source: str, dest: Path, dir_mode: int) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True, mode=dir_mode)
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
+
+
+def _snapshot(source: str, dest: Path) -> None:
+    """``source`` at ``dest`` by hard links (one file system), replacing what was there."""
     tmp = dest.with_name(dest.name + ".tmp")
-    if os.path.lexists(tmp):
-        shutil.rmtree(tmp) if tmp.is_dir() and not tmp.is_symlink() else tmp.unlink()
+    _remove(tmp)
     if os.path.isdir(source):
         shutil.copytree(source, tmp, symlinks=True, copy_function=os.link)
     else:
         os.link(source, tmp)
     if dest.is_dir() and not dest.is_symlink():
         old = dest.with_name(dest.name + ".old")
+        _remove(old)
         os.replace(dest, old)
         os.replace(tmp, dest)
         shutil.rmtree(old, ignore_errors=True)

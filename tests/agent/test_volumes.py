@@ -818,28 +818,41 @@ async def test_a_mount_of_a_volume_the_pod_does_not_have(cp, tmp_path):
     assert exc.value.message == 'cannot find volume "other" to mount into container "main"'
 
 
-async def test_a_config_map_sub_path_keeps_the_version_the_container_started_with(cp, tmp_path):
+@pytest.mark.parametrize("can_mount", [True, False], ids=["tmpfs", "no-mounts"])
+async def test_a_sub_path_of_a_config_map_or_secret_keeps_the_version_the_container_started_with(
+        cp, tmp_path, can_mount):
     await put(cp, "ConfigMap", "app-config", data={"app.conf": "v1", "nested": "n1"})
-    vm = manager(cp, tmp_path)
+    await put(cp, "Secret", "db", data={"pw": b64("p1")})
+    vm = manager(cp, tmp_path, can_mount=can_mount)
     items = [{"key": "app.conf", "path": "app.conf"}, {"key": "nested", "path": "dir/nested"}]
     mounts = [{"name": "cfg", "mountPath": "/etc/app.conf", "subPath": "app.conf"},
               {"name": "cfg", "mountPath": "/etc/dir", "subPath": "dir"},
-              {"name": "cfg", "mountPath": "/etc/cfg"}]
-    pod = make_pod([{"name": "cfg", "configMap": {"name": "app-config", "items": items}}], mounts)
+              {"name": "cfg", "mountPath": "/etc/cfg"},
+              {"name": "creds", "mountPath": "/etc/pw", "subPath": "pw"}]
+    pod = make_pod([{"name": "cfg", "configMap": {"name": "app-config", "items": items}},
+                    {"name": "creds", "secret": {"secretName": "db"}}], mounts)
+    container = pod["spec"]["containers"][0]
     vols = await vm.setup(pod)
-    file_mount, dir_mount, whole = vm.mounts(pod, pod["spec"]["containers"][0], vols)
+    file_mount, dir_mount, whole, secret_mount = vm.mounts(pod, container, vols)
     assert Path(file_mount.host_path).read_text() == "v1"
     assert (Path(dir_mount.host_path) / "nested").read_text() == "n1"
-    assert file_mount.read_only and dir_mount.read_only and whole.read_only
+    assert Path(secret_mount.host_path).read_text() == "p1"
+    assert all(m.read_only for m in (file_mount, dir_mount, whole, secret_mount))
     await put(cp, "ConfigMap", "app-config", data={"app.conf": "v2", "nested": "n2"})
+    await put(cp, "Secret", "db", data={"pw": b64("p2")})
     await vm.setup(pod)
     assert (Path(whole.host_path) / "app.conf").read_text() == "v2"
     assert Path(file_mount.host_path).read_text() == "v1"
     assert (Path(dir_mount.host_path) / "nested").read_text() == "n1"
+    assert Path(secret_mount.host_path).read_text() == "p1"
     # A restarted container gets the current version.
-    file_mount, dir_mount, _ = vm.mounts(pod, pod["spec"]["containers"][0], vols)
+    file_mount, dir_mount, _, secret_mount = vm.mounts(pod, container, vols)
     assert Path(file_mount.host_path).read_text() == "v2"
     assert (Path(dir_mount.host_path) / "nested").read_text() == "n2"
+    assert Path(secret_mount.host_path).read_text() == "p2"
+    await vm.teardown(pod["metadata"]["uid"])
+    assert hostmount.mounts_under(tmp_path / "pods") == []
+    assert not (tmp_path / "pods" / pod["metadata"]["uid"]).exists()
 
 
 # -- fsGroup --------------------------------------------------------------------------------
