@@ -46,7 +46,8 @@ NS = "default"
 MiB = 1 << 20
 GiB = 1 << 30
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="volume tests need root (tmpfs mounts, chown)")
+# tmpfs mounts and chown; the rest runs as any user.
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (tmpfs mounts, chown)")
 
 
 # -- fixtures and helpers -------------------------------------------------------------------
@@ -168,6 +169,7 @@ async def test_empty_dir_is_a_world_writable_directory_in_the_kubelet_layout(cp,
     assert (path / "keep").read_text() == "x"
 
 
+@needs_root
 async def test_memory_empty_dir_is_a_tmpfs_of_its_size_limit(cp, tmp_path):
     vm = manager(cp, tmp_path, can_mount=True)
     pod = make_pod([{"name": "fast", "emptyDir": {"medium": "Memory", "sizeLimit": "8Mi"}}])
@@ -181,6 +183,7 @@ async def test_memory_empty_dir_is_a_tmpfs_of_its_size_limit(cp, tmp_path):
     assert [p for p, _ in hostmount.mounts_under(path)] == [os.path.realpath(path)]
 
 
+@needs_root
 async def test_memory_empty_dir_without_a_limit_is_bounded_by_the_pods_memory_limit(cp, tmp_path):
     vm = manager(cp, tmp_path, can_mount=True)
     pod = make_pod([{"name": "fast", "emptyDir": {"medium": "Memory"}}],
@@ -326,6 +329,7 @@ async def test_optional_and_missing_config_maps_and_keys(cp, tmp_path):
     assert (Path(vols.path("cfg")) / "a").read_text() == "1"
 
 
+@needs_root
 async def test_secret_volume_is_decoded_on_a_tmpfs_with_its_modes(cp, tmp_path):
     await put(cp, "Secret", "db", data={"password": b64("s3cr3t"), "key.der": b64(b"\x30\x82\x00")})
     vm = manager(cp, tmp_path, can_mount=True)
@@ -422,6 +426,7 @@ async def test_downward_api_writes_metadata_and_resources_and_follows_label_chan
 # -- projected and service account tokens ----------------------------------------------------
 
 
+@needs_root
 async def test_projected_volume_merges_its_sources_with_a_fresh_token(cp, tmp_path):
     await put(cp, "ConfigMap", "kube-root-ca.crt", data={"ca.crt": "CA"})
     await put(cp, "Secret", "extra", data={"k": b64("v")})
@@ -467,6 +472,7 @@ async def test_projected_volume_merges_its_sources_with_a_fresh_token(cp, tmp_pa
                            'secret "nope2" not found]')
 
 
+@needs_root
 async def test_projected_token_with_fs_group_is_readable_by_the_group_only(cp, tmp_path):
     clock = FakeClock()
     vm = manager(cp, tmp_path, clock=clock, token_source=Tokens(clock))
@@ -818,7 +824,7 @@ async def test_a_mount_of_a_volume_the_pod_does_not_have(cp, tmp_path):
     assert exc.value.message == 'cannot find volume "other" to mount into container "main"'
 
 
-@pytest.mark.parametrize("can_mount", [True, False], ids=["tmpfs", "no-mounts"])
+@pytest.mark.parametrize("can_mount", [pytest.param(True, marks=needs_root), False], ids=["tmpfs", "no-mounts"])
 async def test_a_sub_path_of_a_config_map_or_secret_keeps_the_version_the_container_started_with(
         cp, tmp_path, can_mount):
     await put(cp, "ConfigMap", "app-config", data={"app.conf": "v1", "nested": "n1"})
@@ -858,6 +864,7 @@ async def test_a_sub_path_of_a_config_map_or_secret_keeps_the_version_the_contai
 # -- fsGroup --------------------------------------------------------------------------------
 
 
+@needs_root
 async def test_fs_group_owns_the_volumes_that_support_it(cp, tmp_path):
     await put(cp, "ConfigMap", "app-config", data={"a": "1"})
     await put(cp, "Secret", "db", data={"pw": b64("x")})
@@ -888,6 +895,7 @@ async def test_fs_group_owns_the_volumes_that_support_it(cp, tmp_path):
     assert os.stat(cfg / "b").st_gid == 2345
 
 
+@needs_root
 async def test_fs_group_on_a_local_volume_respects_on_root_mismatch(tmp_path):
     objects = Objects()
     local = tmp_path / "disk"
@@ -916,7 +924,7 @@ async def test_fs_group_on_a_local_volume_respects_on_root_mismatch(tmp_path):
 async def test_fs_group_is_skipped_and_reported_when_the_agent_may_not_chown(cp, tmp_path):
     vm = manager(cp, tmp_path, can_chown=False)
     vols = await vm.setup(make_pod([{"name": "scratch", "emptyDir": {}}], security={"fsGroup": 2345}))
-    assert os.stat(vols.path("scratch")).st_gid == 0
+    assert os.stat(vols.path("scratch")).st_gid == os.getegid()
     assert vols.fs_group_skipped
     assert vols.notices == ['fsGroup 2345 was not applied to volume(s) "scratch": the agent may not change file '
                             "ownership (it needs root or CAP_CHOWN)"]
@@ -925,6 +933,7 @@ async def test_fs_group_is_skipped_and_reported_when_the_agent_may_not_chown(cp,
 # -- teardown and orphans -------------------------------------------------------------------
 
 
+@needs_root
 async def test_teardown_unmounts_and_removes_everything_but_host_data(cp, tmp_path):
     await put(cp, "ConfigMap", "app-config", data={"a": "1"})
     await put(cp, "Secret", "db", data={"pw": b64("x")})
@@ -952,6 +961,7 @@ async def test_teardown_unmounts_and_removes_everything_but_host_data(cp, tmp_pa
     await vm.teardown(uid)
 
 
+@needs_root
 async def test_cleanup_orphans_after_a_restart(cp, tmp_path):
     await put(cp, "Secret", "db", data={"pw": b64("x")})
     first = manager(cp, tmp_path, can_mount=True)
