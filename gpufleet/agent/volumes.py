@@ -186,6 +186,8 @@ class VolumeManager:
         # (pod uid, volume) whose one-time ownership change was done by this process.
         self._owned: set[tuple[str, str]] = set()
         self._mounted: set[str] = set()
+        # Per pod: volumes fsGroup was not applied to (reported on every setup).
+        self._ownership_skipped: dict[str, list[str]] = {}
 
     # -- the interface ------------------------------------------------------------------
 
@@ -210,9 +212,10 @@ class VolumeManager:
                     errors.append(exc)
                 except OSError as exc:
                     errors.append(_setup_failed(name, str(exc)))
-            if ctx.fs_group is not None and ctx.ownership_skipped:
+            skipped = self._ownership_skipped.get(uid)
+            if ctx.fs_group is not None and skipped:
                 result.fs_group_skipped = True
-                names = ", ".join(f'"{n}"' for n in ctx.ownership_skipped)
+                names = ", ".join(f'"{n}"' for n in skipped)
                 result.notices.append(
                     f"fsGroup {ctx.fs_group} was not applied to volume(s) {names}: the agent may not change "
                     "file ownership (it needs root or CAP_CHOWN)")
@@ -299,6 +302,7 @@ class VolumeManager:
             self.tokens.forget_pod(pod_uid)
             self._pods.pop(pod_uid, None)
             self._owned = {k for k in self._owned if k[0] != pod_uid}
+            self._ownership_skipped.pop(pod_uid, None)
             await asyncio.to_thread(self._remove_pod_dirs, pod_uid)
         self._locks.pop(pod_uid, None)
 
@@ -365,10 +369,10 @@ class VolumeManager:
                 raise _setup_failed(name, str(exc)) from None
             return VolumeInfo(name, kind, path, read_only=False)
         if kind == "persistentVolumeClaim":
-            return await self._claim(ctx, name, source.get("claimName") or "", bool(source.get("readOnly")), result)
+            return await self._claim(ctx, name, source.get("claimName") or "", bool(source.get("readOnly")))
         if kind == "ephemeral":
             claim_name = f"{ctx.name}-{name}"
-            return await self._claim(ctx, name, claim_name, False, result, ephemeral=True)
+            return await self._claim(ctx, name, claim_name, False, ephemeral=True)
         plugin = _PLUGINS.get(kind)
         what = f'volume plugin "{plugin}"' if plugin else f'volume type "{kind}"'
         raise _setup_failed(name, f"{what} is not supported on this node (supported: emptyDir, configMap, secret, "
@@ -441,7 +445,7 @@ class VolumeManager:
     # -- ConfigMaps, Secrets, the downward API, projections --------------------------------
 
     async def _config_map_payload(self, ctx: _PodContext, volume: str, source: dict[str, Any],
-                                  default_mode: int | None, *, projected: bool = False) -> dict[str, FileProjection]:
+                                  default_mode: int | None) -> dict[str, FileProjection]:
         cm_name = source.get("name") or ""
         optional = bool(source.get("optional"))
         obj = await self._fetch(volume, "configmaps", ctx.namespace, cm_name)
@@ -553,8 +557,8 @@ class VolumeManager:
 
     # -- claims -------------------------------------------------------------------------
 
-    async def _claim(self, ctx: _PodContext, name: str, claim_name: str, read_only: bool, result: PodVolumes,
-                     *, ephemeral: bool = False) -> VolumeInfo:
+    async def _claim(self, ctx: _PodContext, name: str, claim_name: str, read_only: bool, *,
+                     ephemeral: bool = False) -> VolumeInfo:
         ns = ctx.namespace
         pvc = await self._fetch(name, "persistentvolumeclaims", ns, claim_name)
         if pvc is None:
@@ -624,15 +628,15 @@ class VolumeManager:
                                                "supported on this node (PersistentVolumes here: hostPath, local)")
 
     async def _node_matches(self, affinity: dict[str, Any] | None) -> bool:
-        terms = ((affinity or {}).get("required") or {}).get("nodeSelectorTerms")
-        if not affinity or not (affinity.get("required")):
+        if not affinity or not affinity.get("required"):
             return True
+        terms = affinity["required"].get("nodeSelectorTerms") or []
         node = None
         with contextlib.suppress(VolumeError):
             node = await self._fetch("", "nodes", "", self.node_name)
         labels = dict(((node or {}).get("metadata") or {}).get("labels") or {})
         labels.setdefault("kubernetes.io/hostname", self.node_name)
-        return any(_term_matches(term, labels, self.node_name) for term in terms or [])
+        return any(_term_matches(term, labels, self.node_name) for term in terms)
 
     # -- subPath ------------------------------------------------------------------------
 
@@ -695,8 +699,9 @@ class VolumeManager:
         if ctx.fs_group is None:
             return
         if not self.can_chown:
-            if name not in ctx.ownership_skipped:
-                ctx.ownership_skipped.append(name)
+            skipped = self._ownership_skipped.setdefault(ctx.uid, [])
+            if name not in skipped:
+                skipped.append(name)
             return
         set_volume_ownership(path, ctx.fs_group, read_only, policy)
 
@@ -801,7 +806,6 @@ class _PodContext:
         self.service_account: str = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
         fs_group = (spec.get("securityContext") or {}).get("fsGroup")
         self.fs_group: int | None = int(fs_group) if fs_group is not None else None
-        self.ownership_skipped: list[str] = []
 
     def container(self, name: str) -> dict[str, Any] | None:
         spec = self.pod.get("spec") or {}

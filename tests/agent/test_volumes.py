@@ -923,11 +923,15 @@ async def test_fs_group_on_a_local_volume_respects_on_root_mismatch(tmp_path):
 
 async def test_fs_group_is_skipped_and_reported_when_the_agent_may_not_chown(cp, tmp_path):
     vm = manager(cp, tmp_path, can_chown=False)
-    vols = await vm.setup(make_pod([{"name": "scratch", "emptyDir": {}}], security={"fsGroup": 2345}))
+    pod = make_pod([{"name": "scratch", "emptyDir": {}}], security={"fsGroup": 2345})
+    vols = await vm.setup(pod)
     assert os.stat(vols.path("scratch")).st_gid == os.getegid()
     assert vols.fs_group_skipped
     assert vols.notices == ['fsGroup 2345 was not applied to volume(s) "scratch": the agent may not change file '
                             "ownership (it needs root or CAP_CHOWN)"]
+    # The same on every sync, so the agent can tell it once and keep the condition.
+    again = await vm.setup(pod)
+    assert again.fs_group_skipped and again.notices == vols.notices
 
 
 # -- teardown and orphans -------------------------------------------------------------------
