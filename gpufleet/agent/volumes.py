@@ -16,7 +16,9 @@ Every volume of a pod gets a directory (or a host path) before its containers st
   PersistentVolume's hostPath or local path on this node.
 
 Then ``mounts()`` turns one container's volumeMounts into the runtime's Mount list (subPath
-and subPathExpr included), and ``teardown()`` removes what setup made once the pod is gone.
+and subPathExpr included; a subPath of an atomically written volume is pinned under its
+``..subpaths`` directory, so the container keeps the version it started with), and
+``teardown()`` removes what setup made once the pod is gone.
 Ownership for securityContext.fsGroup is applied as the kubelet's SetVolumeOwnership does.
 
 Errors carry the kubelet's wording (``MountVolume.SetUp failed for volume "cfg" : configmap
