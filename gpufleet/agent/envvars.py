@@ -78,8 +78,31 @@ def field_ref_value(pod: Mapping[str, Any], path: str) -> str:
         return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
     if path in ("metadata.labels", "metadata.annotations"):
         items = meta.get(path.split(".")[1]) or {}
-        return "\n".join(f'{k}="{v}"' for k, v in sorted(items.items()))
+        return "\n".join(f"{k}={go_quote(str(v))}" for k, v in sorted(items.items()))
     raise EnvError(f"unsupported fieldRef fieldPath {path!r}")
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t",
+               "\v": "\\v", "\\": "\\\\", '"': '\\"'}
+
+
+def go_quote(text: str) -> str:
+    """Go's %q of a string (strconv.Quote), which the kubelet writes label and annotation
+    values with: printable characters as they are, the rest escaped."""
+    out = ['"']
+    for ch in text:
+        if ch in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[ch])
+        elif ch == " " or ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append(f"\\x{ord(ch):02x}")
+        elif ord(ch) < 0x10000:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    out.append('"')
+    return "".join(out)
 
 
 def resource_field_value(container: Mapping[str, Any], ref: Mapping[str, Any],

@@ -414,6 +414,23 @@ class Client:
             return data
         return self.decode(data, rt, raw=raw)
 
+    async def create_subresource(
+        self,
+        kind: KindLike,
+        name: str,
+        subresource: str,
+        body: Any,
+        namespace: str | None = None,
+        *,
+        raw: bool = False,
+    ) -> Any:
+        """POST ``body`` to an object's subresource (serviceaccounts/token, pods/eviction,
+        pods/binding); the answer is decoded as the kind it names (TokenRequest, Status...)."""
+        rt = self.resource_type(kind)
+        path = rt.path(self._namespace(rt, namespace), name, subresource)
+        data = await self._json("POST", path, json=objects.to_dict(body))
+        return self.decode(data, raw=raw)
+
     async def get_scale(
         self, kind: KindLike, name: str, namespace: str | None = None, *, raw: bool = False
     ) -> Any:

@@ -251,6 +251,16 @@ async def test_scale_subresource(client: Client) -> None:
     assert (await client.get(k8s.Deployment, "scaled", NS)).spec.replicas == 4
 
 
+async def test_create_subresource_posts_to_it(client: Client) -> None:
+    await client.create(pod("to-bind"), raw=True)
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "to-bind"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": "node-9"}}
+    await client.create_subresource("pods", "to-bind", "binding", binding, NS, raw=True)
+    assert (await client.get("pods", "to-bind", NS, raw=True))["spec"]["nodeName"] == "node-9"
+    with pytest.raises(NotFound):
+        await client.create_subresource("pods", "no-such-pod", "binding", binding, NS, raw=True)
+
+
 # -- watch ---------------------------------------------------------------------------------
 
 
