@@ -359,8 +359,9 @@ class NodeAgent:
             from gpufleet.agent.volumes import VolumeManager
         except ImportError:
             return None
+        # 0755: containers running as other users must reach their volumes' directories.
         return VolumeManager(self.client, self.name, self.state_dir / "volumes", self.clock,
-                             get_object=self._get_object)
+                             get_object=self._get_object, node_allocatable=self._allocatable, dir_mode=0o755)
 
     def _api_endpoint(self, host_network: bool) -> tuple[str, int] | None:
         if self._relay is None:

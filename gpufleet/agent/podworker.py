@@ -156,6 +156,7 @@ class PodWorker:
         self.volume_error: tuple[str, str] | None = None
         self.told_unhonoured = False
         self.unhonoured: list[str] = []
+        self.told_notices: set[str] = set()
         meta = pod.get("metadata") or {}
         self.uid: str = meta.get("uid", "")
         self.namespace: str = meta.get("namespace", "default")
@@ -908,6 +909,10 @@ class PodWorker:
             return self._volume_failed(exc.reason or "FailedMount", exc.message or str(exc))
         except (TransportError, ApiError) as exc:
             return self._volume_failed("FailedMount", f"cannot read the pod's volume sources: {exc}")
+        for notice in getattr(self.pod_volumes, "notices", None) or []:
+            if notice not in self.told_notices:
+                self.told_notices.add(notice)
+                self._event(WARNING, "VolumeNotice", notice)
         if self.volume_error is not None:
             self.volume_error = None
             self._unblock(("ContainerCreating",))
