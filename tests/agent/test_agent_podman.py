@@ -48,7 +48,7 @@ async def test_agent_runs_a_podman_pod_ready_over_its_host_port_then_deletes_it(
     try:
         await h.pod(name, containers=[{
             "name": "main",
-            "image": "localhost/gpufleet-test-busybox",
+            "image": busybox_image,
             "command": ["busybox", "httpd", "-f", "-p", "8080", "-h", "/www"],
             "ports": [{"name": "http", "containerPort": 8080}],
             "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
