@@ -45,6 +45,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "images"
 LABEL = "gpufleet.io/recipe-hash"
+PARENT_LABEL = "gpufleet.io/parent-recipe-hash"
 # Bump when the way images are built changes in a way the recipe files do not show.
 BUILDER_VERSION = "1"
 
@@ -237,6 +238,7 @@ class Builder:
         self.cache = cache
         self.force = force
         self.results: dict[str, Result] = {}
+        self.superseded: list[str] = []
 
     def ensure(self, name: str) -> Result:
         if name in self.results:
@@ -284,6 +286,7 @@ class Builder:
         cmd = [
             "podman", *PODMAN_GLOBAL, "build", *BUILD_OPTS,
             "--label", f"{LABEL}={want}",
+            *(["--label", f"{PARENT_LABEL}={recipe_hash(IMAGES[name].parent)}"] if IMAGES[name].parent else []),
             "--label", f"org.opencontainers.image.title={IMAGES[name].title}",
             "--label", "org.opencontainers.image.source=images/" + name,
             "-t", image_ref, "-f", str(ctx / "Containerfile"), str(ctx),
@@ -354,20 +357,32 @@ class Builder:
         self._run(cmd, self.cache / "logs" / "base-mmdebstrap.log", lambda line: line.startswith("I: "))
 
     def _drop_superseded(self, img: Image, image_ref: str, new_id: str, old: dict | None) -> None:
-        """Remove what the new build replaced, so rebuilds do not pile up unnamed images:
-        the image that had this name, and for hash-tagged images the older tags. Best effort:
-        an image a container or another image still uses stays."""
-        stale = []
+        """Remove what the new build replaced, so rebuilds do not pile up unnamed images: the
+        image that had this name and, for a hash-tagged image, its other tags built on a parent
+        that has been replaced since (other tags on the current parent may be another
+        checkout's code, and cost a small layer each). Best effort: an image that a container
+        or another image still uses stays; parents are tried again at the end of the run."""
         if old is not None and old["Id"] != new_id:
-            stale.append(old["Id"])
-        if img.tag is None:
+            self.superseded.append(old["Id"])
+        if img.tag is None and img.parent:
+            parent = recipe_hash(img.parent)
             listed = podman("images", "--format", "json", "--filter", f"reference={img.repository}", check=False)
             for entry in json.loads(listed.stdout or "[]") if listed.returncode == 0 else []:
-                names = [n for n in entry.get("Names") or [] if n.startswith(img.repository + ":")]
-                stale += [n for n in names if n != image_ref and entry.get("Labels", {}).get(LABEL)]
-        for victim in stale:
-            podman("rmi", victim, check=False)
+                labels = entry.get("Labels") or {}
+                if LABEL not in labels or labels.get(PARENT_LABEL) == parent:
+                    continue
+                for n in entry.get("Names") or []:
+                    if n.startswith(img.repository + ":") and n != image_ref:
+                        podman("rmi", n, check=False)
+        self.remove_superseded()
 
+    def remove_superseded(self) -> None:
+        # A replaced parent goes once the replaced children built on it have gone.
+        while self.superseded:
+            left = [i for i in self.superseded if podman("rmi", i, check=False).returncode != 0 and inspect(i)]
+            if len(left) == len(self.superseded):
+                break
+            self.superseded = left
 
 def _busybox_rootfs(dest: Path, www: Path) -> None:
     """A root filesystem of the host's busybox-static, with a link per applet, written
