@@ -292,6 +292,8 @@ class Builder:
             "-t", image_ref, "-f", str(ctx / "Containerfile"), str(ctx),
         ]  # fmt: skip
         self._run(cmd, log, lambda line: line.startswith("STEP "))
+        # The context holds a root filesystem or links to wheels: kept only when a build fails.
+        shutil.rmtree(ctx, ignore_errors=True)
 
     def _run(self, cmd: list[str], log: Path, show) -> None:
         log.parent.mkdir(parents=True, exist_ok=True)
