@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
+# The images the examples name (localhost/gpufleet/*), before the cluster starts; skipped
+# in seconds when they are up to date.
+bash scripts/build-images.sh
 
 STATE_DIR=${GPUFLEET_STATE_DIR:-$(mktemp -d /tmp/gpufleet-demo.XXXXXX)}
 mkdir -p "$STATE_DIR"

@@ -10,6 +10,10 @@ command -v podman >/dev/null 2>&1 || need_apt+=(podman)
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# Container images (scripts/build-images.sh) and the tests' local OCI registry.
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+[ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
+command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
@@ -36,3 +40,10 @@ if ! .venv/bin/python -c "import torch, numpy" >/dev/null 2>&1; then
 fi
 .venv/bin/python -c "import gpufleet, fastapi, psycopg, kubernetes, hypothesis, torch" \
   || { echo "setup: the install did not complete" >&2; exit 1; }
+
+# The images the examples and the container tests run in; a no-op (well under a second)
+# when their recipes have not changed. GPUFLEET_SKIP_IMAGES=1 leaves them out.
+if [ "${GPUFLEET_SKIP_IMAGES:-0}" != 1 ]; then
+  echo "setup: container images (scripts/build-images.sh)"
+  PYTHON=.venv/bin/python bash scripts/build-images.sh
+fi

@@ -4,6 +4,9 @@
 SQLite and once on PostgreSQL. The PostgreSQL server is real: started once per session (only
 when some test needs it) in a temporary directory, with durability off for speed, and each
 test gets a fresh database.
+
+``oci_registry`` is a real local OCI registry (TLS, htpasswd) holding the test images; see
+tests/oci_registry.py.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from oci_images import ensure_images
+from oci_registry import LocalRegistry, local_registry
 
 _PG_BIN_GLOBS = ["/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/usr/pgsql-*/bin"]
 
@@ -191,3 +196,14 @@ def store_url(request: pytest.FixtureRequest) -> str:
     if request.param == "postgres":
         return request.getfixturevalue("postgres_url")
     return request.getfixturevalue("sqlite_url")
+
+
+@pytest.fixture(scope="session")
+def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    """Debian's docker-registry on 127.0.0.1 (verified TLS, htpasswd auth) with the test
+    images pushed: `oci_registry.images["busybox"]` is "127.0.0.1:<port>/gpufleet/busybox:1".
+    Started once per session when a test asks for it; stopped, untrusted and its pulled
+    names removed at the end."""
+    images = ensure_images("busybox")
+    with local_registry(tmp_path_factory.mktemp("oci-registry"), push=images) as registry:
+        yield registry

@@ -48,8 +48,8 @@ async def test_agent_runs_a_podman_pod_ready_over_its_host_port_then_deletes_it(
     try:
         await h.pod(name, containers=[{
             "name": "main",
-            "image": "localhost/gpufleet-test-busybox",
-            # A local image: with :latest Kubernetes' default policy (Always) would pull it.
+            "image": busybox_image,
+            # A local image, not in any registry: it must not be pulled.
             "imagePullPolicy": "IfNotPresent",
             "command": ["busybox", "httpd", "-f", "-p", "8080", "-h", "/www"],
             "ports": [{"name": "http", "containerPort": 8080}],

@@ -1,5 +1,5 @@
-"""The podman runtime with real containers: a busybox rootfs built here from the Debian
-package busybox-static, imported as an image, serving HTTP on a published port.
+"""The podman runtime with real containers: the busybox image scripts/build-images.sh makes
+from the Debian package busybox-static, serving HTTP on a published port.
 
 podman, runc and busybox-static come from scripts/setup.sh; without them these tests fail
 (they do not skip), so a machine that cannot run containers is noticed."""
@@ -11,13 +11,13 @@ import os
 import shutil
 import socket
 import subprocess
-import tarfile
 import time
 import urllib.request
 import uuid
 from pathlib import Path
 
 import pytest
+from oci_images import ensure_images
 
 from gpufleet.agent.runtime.base import ContainerSpec, GPUAssignment, PortMapping, RuntimeError_
 from gpufleet.agent.runtime.crilog import read_cri_messages
@@ -30,9 +30,9 @@ from gpufleet.agent.runtime.podman import (
     parse_time,
 )
 
-IMAGE = "localhost/gpufleet-test-busybox:latest"
+# Built by scripts/build-images.sh (images/busybox): every applet, and /www/index.html.
+IMAGE = "localhost/gpufleet/busybox:1"
 BUSYBOX = "/bin/busybox"
-APPLETS = ["sh", "httpd", "sleep", "cat", "echo", "env", "ls", "pwd", "tail", "true", "false"]
 INDEX_HTML = "hello from gpufleet\n"
 
 
@@ -146,35 +146,9 @@ def _require_tools() -> None:
 
 
 @pytest.fixture(scope="module")
-def busybox_image(tmp_path_factory) -> str:
+def busybox_image() -> str:
     _require_tools()
-    root = tmp_path_factory.mktemp("rootfs")
-    (root / "bin").mkdir()
-    shutil.copy2(BUSYBOX, root / "bin" / "busybox")
-    for applet in APPLETS:
-        (root / "bin" / applet).symlink_to("busybox")
-    for d in ("www", "tmp", "proc", "sys", "dev", "etc"):
-        (root / d).mkdir()
-    (root / "tmp").chmod(0o1777)
-    (root / "www" / "index.html").write_text(INDEX_HTML)
-    tar_path = tmp_path_factory.mktemp("image") / "rootfs.tar"
-    with tarfile.open(tar_path, "w") as tar:
-        for entry in sorted(root.iterdir()):
-            tar.add(entry, arcname=entry.name)
-    old = subprocess.run(
-        ["podman", "image", "inspect", "--format", "{{.Id}}", IMAGE],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    proc = subprocess.run(
-        ["podman", "import", str(tar_path), IMAGE], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert proc.returncode == 0, f"podman import failed: {proc.stderr}"
-    if old and old not in proc.stdout:
-        # The previous import lost its name to this one: do not pile up untagged images.
-        subprocess.run(["podman", "rmi", old], capture_output=True, check=False)
-    return IMAGE
+    return ensure_images("busybox")["busybox"]
 
 
 @pytest.fixture
