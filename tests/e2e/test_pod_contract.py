@@ -179,3 +179,97 @@ async def test_two_replicas_with_one_fixed_port_serve_through_their_service_and_
         assert seen == names, seen
     finally:
         await client.close()
+
+
+def waiting_reason(pod: dict) -> tuple[str, str]:
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        w = (cs.get("state") or {}).get("waiting")
+        if w:
+            return w.get("reason", ""), w.get("message", "")
+    return "", ""
+
+
+async def test_images_are_pulled_from_a_registry_with_the_pods_pull_secret(plane: Plane, oci_registry):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "pull")
+        await client.create(oci_registry.pull_secret("regcred", ns), ns, raw=True)
+        image = oci_registry.images["busybox"]
+        # Nothing local by that name: the agent must really pull it, with the secret's credentials.
+        await asyncio.to_thread(subprocess.run, ["podman", "rmi", "-f", image], capture_output=True, check=False)
+        await client.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pulled", "namespace": ns},
+            "spec": {"imagePullSecrets": [{"name": "regcred"}], "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": image, "imagePullPolicy": "Always",
+                                     "command": ["sh", "-c", "echo pulled and running; sleep 3600"]}]},
+        }, ns, raw=True)
+
+        async def running():
+            pod = await client.get("Pod", "pulled", ns, raw=True)
+            return pod if (pod.get("status") or {}).get("phase") == "Running" else None
+
+        pod = await wait_until(running, 90, "the pulled pod Running", plane)
+        cs = pod["status"]["containerStatuses"][0]
+        assert cs["imageID"].startswith(f"{oci_registry.address}/gpufleet/busybox@sha256:"), cs
+        events = await client.list("Event", ns, field_selector="involvedObject.name=pulled", raw=True)
+        messages = [(e["reason"], e["message"]) for e in events]
+        assert ("Pulling", f'Pulling image "{image}"') in messages, messages
+        assert any(r == "Pulled" and m.startswith(f'Successfully pulled image "{image}" in ') for r, m in messages)
+
+        # Without the secret the registry refuses, and the pod says so with the registry's words.
+        await client.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "no-creds", "namespace": ns},
+            "spec": {"containers": [{"name": "main", "image": image, "imagePullPolicy": "Always",
+                                     "command": ["true"]}]},
+        }, ns, raw=True)
+
+        async def refused():
+            reason, message = waiting_reason(await client.get("Pod", "no-creds", ns, raw=True))
+            return message if reason in ("ErrImagePull", "ImagePullBackOff") else None
+
+        assert "unauthorized: authentication required" in await wait_until(refused, 60, "no-creds refused", plane)
+    finally:
+        await client.close()
+
+
+async def test_a_wrong_image_is_errimagepull_then_imagepullbackoff_with_the_registrys_message(
+        plane: Plane, oci_registry):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "wrong-image")
+        await client.create(oci_registry.pull_secret("regcred", ns), ns, raw=True)
+        image = oci_registry.ref("gpufleet/no-such-image:1")
+        await client.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "typo", "namespace": ns},
+            "spec": {"imagePullSecrets": [{"name": "regcred"}],
+                     "containers": [{"name": "main", "image": image, "command": ["true"]}]},
+        }, ns, raw=True)
+        # Every status the agent wrote, in order, from a watch that saw the pod created.
+        seen: list[tuple[str, str]] = []
+
+        async def follow() -> None:
+            async for ev in client.watch("Pod", ns, field_selector="metadata.name=typo", raw=True,
+                                         timeout_seconds=60):
+                got = waiting_reason(ev.object) if isinstance(ev.object, dict) else ("", "")
+                if got[0] and (not seen or seen[-1][0] != got[0]):
+                    seen.append(got)
+                if got[0] == "ImagePullBackOff":
+                    return
+
+        await asyncio.wait_for(follow(), 70)
+        # ErrImagePull first, with the registry's message; then the back-off, still saying why.
+        pulls = [(r, m) for r, m in seen if r != "ContainerCreating"]
+        assert [r for r, _ in pulls][:2] == ["ErrImagePull", "ImagePullBackOff"], seen
+        assert "manifest unknown" in pulls[0][1], seen
+        events = await client.list("Event", ns, field_selector="involvedObject.name=typo", raw=True)
+        failed = [e["message"] for e in events if e["reason"] == "Failed"]
+        assert any("manifest unknown" in m and image in m for m in failed), failed
+        assert "Error: ErrImagePull" in failed and "Error: ImagePullBackOff" in failed, failed
+        assert any(e["reason"] == "BackOff" and e["message"] == f'Back-off pulling image "{image}"' for e in events)
+        reason, message = seen[-1]
+        assert reason == "ImagePullBackOff" and "manifest unknown" in message, seen
+        described = await asyncio.to_thread(plane.kubectl, "describe", "pod", "typo", "-n", ns)
+        assert described.returncode == 0, described.stderr
+        assert "ImagePullBackOff" in described.stdout and "manifest unknown" in described.stdout, described.stdout
+    finally:
+        await client.close()

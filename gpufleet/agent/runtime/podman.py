@@ -638,7 +638,8 @@ class PodmanRuntime:
                     with contextlib.suppress(OSError):
                         os.unlink(authfile)
             if rc != 0:
-                raise ImagePullError(f'failed to pull image "{image}": {_podman_error(err) or err.strip()}')
+                why = (_podman_error(err) or err.strip()).removeprefix("Error: ")
+                raise ImagePullError(f'failed to pull image "{image}": {why}')
             ident, size = await self._image_id(ref)
             return PulledImage(image=ref, image_id=ident, pulled=True, size_bytes=size,
                                seconds=time.monotonic() - t0)
