@@ -273,3 +273,65 @@ async def test_a_wrong_image_is_errimagepull_then_imagepullbackoff_with_the_regi
         assert "ImagePullBackOff" in described.stdout and "manifest unknown" in described.stdout, described.stdout
     finally:
         await client.close()
+
+
+def volume_pod(ns: str, name: str, image: str, *, claim: str | None = None, pull_policy: str = "IfNotPresent") -> dict:
+    """Two containers sharing an emptyDir, reading a ConfigMap, a Secret and the downward
+    API at their mountPaths, as a user other than root; with `claim`, a persistent volume too."""
+    reader = ("while [ ! -f /scratch/shared ]; do sleep 0.1; done; "
+              "echo cfg=$(cat /etc/cfg/greeting) sec=$(cat /etc/sec/password) name=$(cat /etc/info/name) "
+              "shared=$(cat /scratch/shared) uid=$(id -u) gid=$(id -g) "
+              "kept=$(cat /data/kept 2>/dev/null || echo none); "
+              "[ -d /data ] && echo $HOSTNAME > /data/kept; echo done; sleep 3600")
+    mounts = [{"name": "cfg", "mountPath": "/etc/cfg"}, {"name": "sec", "mountPath": "/etc/sec", "readOnly": True},
+              {"name": "info", "mountPath": "/etc/info"}, {"name": "scratch", "mountPath": "/scratch"}]
+    volumes = [{"name": "cfg", "configMap": {"name": "settings"}},
+               {"name": "sec", "secret": {"secretName": "creds"}},
+               {"name": "info", "downwardAPI": {"items": [{"path": "name",
+                                                            "fieldRef": {"fieldPath": "metadata.name"}}]}},
+               {"name": "scratch", "emptyDir": {}}]
+    if claim:
+        mounts.append({"name": "data", "mountPath": "/data"})
+        volumes.append({"name": "data", "persistentVolumeClaim": {"claimName": claim}})
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "securityContext": {"runAsUser": 1234, "runAsGroup": 1234, "fsGroup": 2000},
+            "volumes": volumes,
+            "containers": [
+                {"name": "writer", "image": image, "imagePullPolicy": pull_policy,
+                 "command": ["sh", "-c", "echo written-by-$(id -u) > /scratch/shared; sleep 3600"],
+                 "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+                {"name": "reader", "image": image, "imagePullPolicy": pull_policy,
+                 "command": ["sh", "-c", reader], "volumeMounts": mounts},
+            ],
+        },
+    }
+
+
+async def make_sources(client: Client, ns: str) -> None:
+    await client.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": ns},
+                         "data": {"greeting": "hello-config"}}, ns, raw=True)
+    await client.create({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "creds", "namespace": ns},
+                         "stringData": {"password": "s3cr3t"}}, ns, raw=True)
+
+
+async def reader_says(plane: Plane, client: Client, ns: str, pod: str) -> str:
+    async def said():
+        out = await asyncio.to_thread(plane.kubectl, "logs", pod, "-n", ns, "-c", "reader")
+        return out.stdout if "done" in out.stdout else None
+
+    return await wait_until(said, 90, f"{pod}'s reader to report", plane)
+
+
+async def test_volumes_and_the_user_of_a_pods_two_containers(plane: Plane):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "volumes")
+        await make_sources(client, ns)
+        await client.create(volume_pod(ns, "vols", BUSYBOX), ns, raw=True)
+        line = await reader_says(plane, client, ns, "vols")
+        assert "cfg=hello-config sec=s3cr3t name=vols shared=written-by-1234 uid=1234 gid=1234" in line, line
+    finally:
+        await client.close()
