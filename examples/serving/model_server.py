@@ -139,7 +139,7 @@ async def main() -> None:
     app.router.add_get("/metrics", server.metrics)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=30)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", int(os.environ.get("PORT", "8000")))
+    site = web.TCPSite(runner, os.environ.get("HOST", "0.0.0.0"), int(os.environ.get("PORT", "8000")))
     await site.start()
     server.ready = True
     print(f"model server {server.pod} ready on port {os.environ.get('PORT', '8000')} ({server.device})",
