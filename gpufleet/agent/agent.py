@@ -83,6 +83,8 @@ class AgentConfig:
     pod_cidr_wait: float = 15.0
     # Route other nodes' pod CIDRs via their InternalIP (needs root; off: the network does it).
     pod_routes: bool = True
+    # Trees training checkpoints may be mounted from into pods (<root>/<namespace>/...).
+    checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
 
 
 class NodeAgent:
@@ -196,6 +198,7 @@ class NodeAgent:
             volumes=self.volumes,
             api_endpoint=self._api_endpoint,
             network_ready=self.network_ready.is_set,
+            checkpoint_roots=tuple(self.config.checkpoint_roots),
             sandbox_root=self.state_dir / "sandboxes",
         )
         informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True}

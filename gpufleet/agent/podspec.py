@@ -102,6 +102,33 @@ def registry_auth(secrets: Sequence[Mapping[str, Any]]) -> list[RegistryAuth]:
     return out
 
 
+CHECKPOINT_ANNOTATION = "gpufleet.io/checkpoint-dir"
+
+
+def checkpoint_dir(pod: Mapping[str, Any], roots: Sequence[str]) -> tuple[str | None, str]:
+    """The training checkpoint directory to mount into the pod (the PyTorchJob controller
+    names it in the pod's gpufleet.io/checkpoint-dir), and why not when it may not be:
+    only a directory inside ``<root>/<the pod's namespace>/`` of one of the node's
+    checkpoint roots, so a pod never reaches another namespace's checkpoints or the host."""
+    import os.path
+
+    meta = pod.get("metadata") or {}
+    wanted = ((meta.get("annotations") or {}).get(CHECKPOINT_ANNOTATION) or "").strip()
+    if not wanted:
+        return None, ""
+    if not os.path.isabs(wanted):
+        return None, f"{CHECKPOINT_ANNOTATION} {wanted!r} is not an absolute path"
+    path = os.path.normpath(wanted)
+    namespace = str(meta.get("namespace") or "default")
+    for root in roots:
+        base = os.path.join(os.path.normpath(root), namespace)
+        if path.startswith(base + os.sep):
+            return path, ""
+    where = ", ".join(f"{os.path.join(r, namespace)}/" for r in roots) or "(none)"
+    return None, (f"checkpoint directory {wanted} not mounted: it must be inside {where} on this node "
+                  "(the agent's --checkpoint-root); the container writes its checkpoints to its own filesystem")
+
+
 def pull_policy(container: Mapping[str, Any]) -> str:
     """imagePullPolicy with Kubernetes' default: Always for :latest or no tag, else IfNotPresent."""
     policy = container.get("imagePullPolicy")

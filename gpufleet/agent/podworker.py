@@ -47,6 +47,7 @@ from gpufleet.agent.runtime.base import (
     ContainerState,
     GPUAssignment,
     ImagePullError,
+    Mount,
     PortMapping,
     RecoveredContainer,
     Runtime,
@@ -105,6 +106,8 @@ class WorkerContext:
     api_endpoint: Callable[[bool], tuple[str, int] | None] = lambda host_network: None
     # Where pod sandboxes keep their files.
     sandbox_root: Path | None = None
+    # Where training checkpoint directories may be mounted from (see podspec.checkpoint_dir).
+    checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
     # False while the node's pod network is being made: sandboxes wait for it.
     network_ready: Callable[[], bool] = lambda: True
 
@@ -587,6 +590,9 @@ class PodWorker:
             except VolumeError as exc:
                 self._start_failed(rec, "CreateContainerConfigError", exc.message or str(exc))
                 return
+        checkpoint = self._checkpoint_mount(rec)
+        if checkpoint is not None:
+            mounts = [m for m in mounts if m.container_path != checkpoint.container_path] + [checkpoint]
         if not await self._pull(rec, image):
             return
         attempt = rec.restart_count + 1 if rec.ran else rec.restart_count
@@ -654,6 +660,28 @@ class PodWorker:
         self._spawn(self._wait_exit(rec, handle), rec)
         self._start_probes(rec, handle)
         ctx.on_change()
+
+    def _checkpoint_mount(self, rec: ContainerRecord) -> Mount | None:
+        """The job's checkpoint directory, the same path inside as on the node, writable by
+        the container's user; created on first use."""
+        path, why = podspec.checkpoint_dir(self.pod, self.ctx.checkpoint_roots)
+        if why:
+            if why not in self.told_notices:
+                self.told_notices.add(why)
+                self._event(WARNING, "CheckpointDirNotMounted", why)
+            return None
+        if path is None:
+            return None
+        sec = podspec.security_spec(self.pod, rec.spec)
+        try:
+            prepare_checkpoint_dir(path, sec.run_as_user, sec.fs_group if sec.fs_group is not None else sec.run_as_group)
+        except OSError as exc:
+            message = f"cannot prepare the checkpoint directory {path}: {exc.strerror or exc}"
+            if message not in self.told_notices:
+                self.told_notices.add(message)
+                self._event(WARNING, "CheckpointDirNotMounted", message)
+            return None
+        return Mount(path, path, read_only=False)
 
     async def _pull(self, rec: ContainerRecord, image: str) -> bool:
         """The image, per the container's imagePullPolicy, with the pod's pull secrets."""
@@ -1234,6 +1262,19 @@ class PodWorker:
                "metadata": {"name": self.name, "namespace": self.namespace, "uid": self.uid}}
         with contextlib.suppress(RuntimeError):
             self.ctx.recorder.record_nowait(ref, type_, reason, message)
+
+
+def prepare_checkpoint_dir(path: str, uid: int | None, gid: int | None) -> None:
+    """Make the directory; the container's user owns it when known (the agent may chown),
+    else anyone may write it (its parents stay closed to listing by others)."""
+    import os
+
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() == 0 and uid is not None:
+        os.chown(path, uid, gid if gid is not None else -1)
+        os.chmod(path, 0o770)
+    else:
+        os.chmod(path, 0o777)
 
 
 def _same_status(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

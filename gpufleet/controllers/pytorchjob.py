@@ -770,6 +770,8 @@ class PyTorchJobController:
             owner_ref=owner_reference(job, API_VERSION, KIND),
             labels=labels,
             annotations={ATTEMPT_ANNOTATION: str(attempt), GANG_SIZE_ANNOTATION: str(len(gang_members(job))),
+                         # The node agent mounts it into the pod's containers (podman, sandbox).
+                         CHECKPOINT_ANNOTATION: checkpoint_dir(job, self.checkpoint_root),
                          **({FIXED_PORTS_ANNOTATION: "true"} if (rtype, index) == leader(job) else {})},
         )
         meta = body["metadata"]

@@ -334,6 +334,8 @@ class Fleet:
     agents: dict[str, subprocess.Popen] = field(default_factory=dict)
     pids: set[int] = field(default_factory=set)
     poll_interval: float = 0.25
+    # Arguments every agent of the fleet gets.
+    agent_args: tuple[str, ...] = ()
 
     @property
     def state(self) -> Path:
@@ -365,6 +367,7 @@ class Fleet:
         address: str | None = None,
         labels: dict[str, str] | None = None,
         join: bool = True,
+        extra: Sequence[str] = (),
     ) -> subprocess.Popen:
         """A `gpufleet agent` for node `name`. With `join` it joins as an agent on another
         machine would: the join token is traded for the node's own token and the server is
@@ -382,6 +385,7 @@ class Fleet:
             argv += ["--address", address]
         if labels:
             argv += ["--labels", ",".join(f"{k}={v}" for k, v in labels.items())]
+        argv += list(extra or self.agent_args)
         with open(self.root / f"agent-{name}.log", "w") as log:
             proc = subprocess.Popen(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
@@ -458,6 +462,7 @@ def running_fleet(
     join: bool = True,
     python_on_path: bool = False,
     poll_interval: float = 0.25,
+    agent_args: Sequence[str] = (),
 ) -> Iterator[Fleet]:
     """A server started with `server` args and one agent per name in `nodes` (addresses[i]
     for node i when given), all SIGKILLed at the end with the pods in `Fleet.pids`.
@@ -467,7 +472,7 @@ def running_fleet(
     if python_on_path:
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     env.pop("KUBECONFIG", None)
-    fleet = Fleet(root, env, poll_interval=poll_interval)
+    fleet = Fleet(root, env, poll_interval=poll_interval, agent_args=tuple(agent_args))
     try:
         fleet.start_server(server)
         for i, name in enumerate(nodes):

@@ -48,6 +48,8 @@ def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
     with running_fleet(
         tmp_path, ["up", "--no-agent"], NODES, gpus=GPUS_PER_NODE, runtime="process",
         addresses=addresses, join=False, python_on_path=True, poll_interval=0.3,
+        # Checkpoints live where the agents mount them from into the pods' sandboxes.
+        agent_args=["--checkpoint-root", str(tmp_path / "ckpt")],
     ) as f:
         yield f
 
@@ -103,7 +105,7 @@ def replica(n: int, args: list[str], *, elastic: bool = False) -> dict[str, Any]
 @pytest.mark.parametrize("fleet", ["spread"], indirect=True)
 async def test_gang_restarts_from_checkpoint_when_a_server_dies(fleet: Fleet) -> None:
     args = ["--steps", "160", "--step-sleep", "0.05", "--checkpoint-every", "10"]
-    ckpt = fleet.root / "ckpt-a"
+    ckpt = fleet.root / "ckpt" / NS / "ckpt-a"
     job = {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
         "metadata": {"name": "mlp", "annotations": {"gpufleet.io/checkpoint-dir": str(ckpt)}},
@@ -171,7 +173,7 @@ async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: 
     args = ["--steps", "100000", "--step-sleep", "0.05", "--checkpoint-every", "5"]
     job = {
         "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-        "metadata": {"name": "elastic", "annotations": {"gpufleet.io/checkpoint-dir": str(fleet.root / "ckpt-b"),
+        "metadata": {"name": "elastic", "annotations": {"gpufleet.io/checkpoint-dir": str(fleet.root / "ckpt" / NS / "ckpt-b"),
                                                         "gpufleet.io/elastic-autoscale": "false"}},
         "spec": {
             "elasticPolicy": {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 20,

@@ -50,6 +50,10 @@ def register(app: typer.Typer) -> None:
             "--labels", help="Node labels, k=v,... (e.g. gpufleet.io/rack=r1).")] = None,
         taints: Annotated[str | None, typer.Option(
             "--taints", help="Node taints, k=v:NoSchedule,...")] = None,
+        checkpoint_root: Annotated[list[str] | None, typer.Option(
+            "--checkpoint-root", help="A tree training checkpoint directories may be mounted into pods from "
+            "(<root>/<namespace>/...; repeatable; default /var/tmp/gpufleet/checkpoints, the PyTorchJob "
+            "controller's). Put a shared filesystem there for gangs across servers.")] = None,
         cpus: Annotated[float | None, typer.Option("--cpus", help="CPUs to offer (default: all).")] = None,
         memory: Annotated[str | None, typer.Option("--memory", help="Memory to offer, e.g. 16Gi.")] = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -77,6 +81,8 @@ def register(app: typer.Typer) -> None:
         state_dir = state_dir if state_dir is not None else Path("~/.gpufleet/agents") / node_name
         config = AgentConfig(node_name=node_name, state_dir=state_dir.expanduser().resolve(), address=address,
                              port=port, labels=node_labels, taints=node_taints, cpus=cpus, memory_bytes=memory_bytes)
+        if checkpoint_root:
+            config.checkpoint_roots = tuple(str(Path(r).expanduser().resolve()) for r in checkpoint_root)
         if token is not None and token_file is not None:
             raise typer.BadParameter("give --token or --token-file, not both", param_hint="--token")
         if token_file is not None:
