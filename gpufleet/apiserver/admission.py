@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 class UserInfo:
     name: str = "system:anonymous"
     groups: list[str] = field(default_factory=list)
+    # Set by the authenticators that know them (service account tokens, impersonation).
+    uid: str = ""
+    extra: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass

@@ -51,6 +51,13 @@ class ControlPlane:
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None  # the CA that signed tls_cert_file, for the kubeconfig
     token_auth_file: Path | None = None  # more static tokens, Kubernetes' CSV format
+    # Service account tokens (kube-apiserver's flags of the same names): the signing key
+    # (default <state-dir>/pki/sa.key, made once), more public keys to accept, the issuers
+    # (the first signs) and the audiences the API accepts (default: the issuers).
+    service_account_signing_key_file: Path | None = None
+    service_account_key_files: list[Path] = field(default_factory=list)
+    service_account_issuers: list[str] = field(default_factory=list)
+    api_audiences: list[str] = field(default_factory=list)
     admin_token: str | None = None
     join_token: str | None = None
     loopback_token: str | None = None
@@ -83,6 +90,7 @@ class ControlPlane:
         state dir (tokens.csv, join-token) so they survive a restart."""
         from gpufleet.apiserver.auth import Security
         from gpufleet.apiserver.auth.certs import ensure_pki, serving_hosts
+        from gpufleet.apiserver.auth.serviceaccounts import ServiceAccountTokens, ensure_service_account_key
         from gpufleet.apiserver.auth.tokens import ensure_admin_token, ensure_join_token, load_token_file
 
         state = self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-"))
@@ -98,9 +106,14 @@ class ControlPlane:
             self.tls_cert_file, self.tls_key_file, self.tls_ca_file = pki.cert, pki.key, pki.ca_cert
         ca = self.tls_ca_file or self.tls_cert_file
         self.ca_pem = ca.read_bytes() if ca is not None else None
+        signing_key = self.service_account_signing_key_file
+        if signing_key is None:
+            signing_key, _ = ensure_service_account_key(state / "pki")
+        service_accounts = ServiceAccountTokens.from_files(
+            signing_key, self.service_account_key_files, self.service_account_issuers, self.api_audiences)
         self.loopback_token = secrets.token_urlsafe(32)
         return Security(self.store, static_tokens=static, join_token=self.join_token,
-                        loopback_token=self.loopback_token)
+                        loopback_token=self.loopback_token, service_accounts=service_accounts, clock=self.clock)
 
     async def start(self) -> None:
         self.store = open_store(self.store_url, clock=self.clock)
