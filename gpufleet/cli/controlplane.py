@@ -129,6 +129,14 @@ class ControlPlane:
         security = self._security() if self.secure else None
         if security is not None:
             security.install(self.api)
+        else:
+            # Plain HTTP issues no service account tokens (pods could not use them over
+            # https anyway): pods still get their service account, but no token volume.
+            from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
+
+            for plugin in self.api.mutating:
+                if isinstance(plugin, ServiceAccountAdmission):
+                    plugin.mount_token = False
         await self.api.start()
         if security is not None:
             await security.ensure_policy(self.api)
@@ -170,7 +178,8 @@ class ControlPlane:
         from gpufleet.controllers.manager import ControllerManager
 
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
-                                 hpa_gateway_url=self.gateway.url if self.gateway is not None else None)
+                                 hpa_gateway_url=self.gateway.url if self.gateway is not None else None,
+                                 root_ca=self.ca_pem)
 
     def _new_scheduler(self) -> Any:
         from gpufleet.scheduler import Scheduler
