@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 # name -> class, imported on use so a manager running a few controllers loads only those.
 _CLASSES = {
     "namespace": "gpufleet.controllers.namespace:NamespaceController",
+    "serviceaccount": "gpufleet.controllers.serviceaccount:ServiceAccountsController",
+    "root-ca-cert-publisher": "gpufleet.controllers.serviceaccount:RootCACertPublisher",
     "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
     "deployment": "gpufleet.controllers.deployment:DeploymentController",
     "job": "gpufleet.controllers.job:JobController",
@@ -72,6 +74,9 @@ class ControllerOptions:
     # weighted share first (Kueue's fairSharing.enable; also on when any ClusterQueue
     # declares spec.fairSharing); otherwise by priority and age.
     kueue_fair_sharing: bool = False
+    # The cluster CA's certificate (PEM), published in every namespace as the ConfigMap
+    # kube-root-ca.crt (kube-controller-manager's --root-ca-file); None publishes nothing.
+    root_ca: bytes | None = None
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -106,6 +111,8 @@ class ControllerManager:
         common = {"clock": clock, "workers": opts.workers}
         kwargs: dict[str, dict[str, Any]] = {
             "namespace": {},
+            "serviceaccount": common,
+            "root-ca-cert-publisher": {**common, "root_ca": opts.root_ca},
             "replicaset": {**common, "recorder": recorder("replicaset-controller")},
             "deployment": {**common, "recorder": recorder("deployment-controller")},
             "job": {
