@@ -89,7 +89,7 @@ class ControlPlane:
         """Tokens, PKI and the Security assembly; the admin and join tokens live in the
         state dir (tokens.csv, join-token) so they survive a restart."""
         from gpufleet.apiserver.auth import Security
-        from gpufleet.apiserver.auth.certs import ensure_pki, serving_hosts
+        from gpufleet.apiserver.auth.certs import IN_CLUSTER_NAMES, ensure_pki, serving_hosts, uncovered
         from gpufleet.apiserver.auth.serviceaccounts import ServiceAccountTokens, ensure_service_account_key
         from gpufleet.apiserver.auth.tokens import ensure_admin_token, ensure_join_token, load_token_file
 
@@ -104,6 +104,11 @@ class ControlPlane:
         if self.tls_cert_file is None:
             pki = ensure_pki(state / "pki", serving_hosts(self.host))
             self.tls_cert_file, self.tls_key_file, self.tls_ca_file = pki.cert, pki.key, pki.ca_cert
+        else:
+            missing = uncovered(self.tls_cert_file.read_bytes(), list(IN_CLUSTER_NAMES))
+            if missing:
+                log.warning("%s does not name %s: programs in pods that dial the API server by these names "
+                            "will not trust it", self.tls_cert_file, ", ".join(missing))
         ca = self.tls_ca_file or self.tls_cert_file
         self.ca_pem = ca.read_bytes() if ca is not None else None
         signing_key = self.service_account_signing_key_file
