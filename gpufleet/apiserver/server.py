@@ -653,7 +653,8 @@ class ApiServer:
             used.add((svc.get("spec") or {}).get("clusterIP"))
         base = int(ipaddress.IPv4Address("10.96.0.0"))
         for _ in range(1000):
-            candidate = str(ipaddress.IPv4Address(base + secrets.randbelow(2**20 - 2) + 1))
+            # 10.96.0.1 is the default/kubernetes Service's, as Kubernetes reserves it.
+            candidate = str(ipaddress.IPv4Address(base + secrets.randbelow(2**20 - 3) + 2))
             if candidate not in used:
                 spec["clusterIP"] = candidate
                 spec["clusterIPs"] = [candidate]

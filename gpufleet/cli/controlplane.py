@@ -76,6 +76,11 @@ class ControlPlane:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     identity: str | None = None  # default: <hostname>_<pid>_<random>
+    # The default/kubernetes Service and its Endpoints (apiserver/kubernetesservice.py), with
+    # this server at advertise_address (default: the listen address, or for a wildcard the
+    # first non-loopback IPv4 address, as kube-apiserver's --advertise-address).
+    kubernetes_service: bool = True
+    advertise_address: str | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -151,6 +156,13 @@ class ControlPlane:
         self.http = HttpServer(self.api, host=self.host, port=self.port, **certs)
         await self.http.start()
         self.client = Client(self.local_transport())
+        if self.kubernetes_service:
+            from gpufleet.apiserver.kubernetesservice import KubernetesService, advertise_address
+
+            service = KubernetesService(self.api, self.advertise_address or advertise_address(self.host),
+                                        self.http.port, clock=self.clock)
+            await service.start()
+            self._stoppables.append(service)
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             write_kubeconfig(self.state_dir / "kubeconfig", self.kubeconfig_url, token=self.admin_token,

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from gpufleet.cli.commands.up import (
+    AdvertiseAddressOption,
     ApiAudiencesOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
@@ -20,6 +21,7 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    check_advertise_address,
     check_port_free,
     security_options,
 )
@@ -46,6 +48,7 @@ def register(app: typer.Typer) -> None:
         service_account_key_file: list[Path] = SaKeyFileOption,
         service_account_issuer: list[str] = SaIssuerOption,
         api_audiences: list[str] = ApiAudiencesOption,
+        advertise_address: str | None = AdvertiseAddressOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
         leader_elect: bool = typer.Option(
@@ -83,6 +86,7 @@ def register(app: typer.Typer) -> None:
                                              service_account_key_files=service_account_key_file,
                                              service_account_issuers=service_account_issuer,
                                              api_audiences=api_audiences))
+        cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
         if leader_elect:

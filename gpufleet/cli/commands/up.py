@@ -116,6 +116,22 @@ ApiAudiencesOption = typer.Option([], "--api-audiences", help="Audiences a token
                                   "by the API (comma-separated or repeated; default: the issuers).")
 
 
+AdvertiseAddressOption = typer.Option(None, "--advertise-address", help="The IP address the default/kubernetes "
+                                      "Endpoints give for this server (default: --host, or for 0.0.0.0 the first "
+                                      "non-loopback IPv4 address).")
+
+
+def check_advertise_address(value: str | None) -> str | None:
+    if value is None:
+        return None
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an IP address", param_hint="--advertise-address") from None
+
+
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
@@ -146,6 +162,7 @@ def register(app: typer.Typer) -> None:
         service_account_key_file: list[Path] = SaKeyFileOption,
         service_account_issuer: list[str] = SaIssuerOption,
         api_audiences: list[str] = ApiAudiencesOption,
+        advertise_address: str | None = AdvertiseAddressOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
     ) -> None:
@@ -172,6 +189,7 @@ def register(app: typer.Typer) -> None:
                               service_account_signing_key_file=service_account_signing_key_file,
                               service_account_key_files=service_account_key_file,
                               service_account_issuers=service_account_issuer, api_audiences=api_audiences))
+        cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
