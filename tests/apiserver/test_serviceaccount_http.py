@@ -395,3 +395,27 @@ def test_an_older_serving_certificate_is_made_again_from_the_same_ca(tmp_path: P
     leaf.verify_directly_issued_by(x509.load_pem_x509_certificate(ca))
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert "kubernetes.default.svc" in names.get_values_for_type(x509.DNSName)
+
+
+async def test_the_deprecated_service_account_field_names_the_account(cp: ControlPlane) -> None:
+    admin = connect(cp, cp.admin_token)
+    await create(admin, sa("trainer"))
+    spec = (await create(admin, pod("old-style", serviceAccount="trainer")))["spec"]
+    assert spec["serviceAccountName"] == spec["serviceAccount"] == "trainer"
+    spec = (await create(admin, pod("both", serviceAccount="ghost", serviceAccountName="trainer")))["spec"]
+    assert spec["serviceAccountName"] == spec["serviceAccount"] == "trainer"
+
+
+async def test_plain_http_issues_no_tokens_and_mounts_none(tmp_path: Path) -> None:
+    plane = ControlPlane(store_url=f"sqlite:///{tmp_path / 'db'}", port=0, state_dir=tmp_path / "state",
+                         run_controllers=False, secure=False)
+    await plane.start()
+    try:
+        c = Client(HttpTransport(plane.url))
+        await create(c, sa("default"))
+        spec = (await create(c, pod("p")))["spec"]
+        assert spec["serviceAccountName"] == "default" and "volumes" not in spec
+        r = await request_token(c, "default")
+        assert r.status == 404
+    finally:
+        await plane.stop()
