@@ -150,6 +150,11 @@ def _default_pod(pod: k8s.Pod) -> None:
         _requests_from_limits(c)
     if spec.enable_service_links is None:
         spec.enable_service_links = True
+    # v1's deprecated serviceAccount is an alias of serviceAccountName, which wins when both
+    # are given; a v1 pod shows both (Kubernetes' PodSpec conversion).
+    if spec.service_account_name or spec.service_account:
+        spec.service_account_name = spec.service_account_name or spec.service_account
+        spec.service_account = spec.service_account_name
     if spec.host_network:
         for c in [*(spec.init_containers or []), *spec.containers]:
             for port in c.ports or []:

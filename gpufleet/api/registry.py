@@ -122,7 +122,7 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("", "v1", "Secret", "secrets", True, f"{_K8S}:Secret", (), subresources=(),
                  field_labels=("type",)),
     ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, f"{_K8S}:ServiceAccount", ("sa",),
-                 subresources=()),
+                 subresources=("token",)),
     # apps/v1
     ResourceType("apps", "v1", "Deployment", "deployments", True, f"{_K8S}:Deployment", ("deploy",),
                  ("all",), subresources=("status", "scale")),

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 class UserInfo:
     name: str = "system:anonymous"
     groups: list[str] = field(default_factory=list)
+    # Set by the authenticators that know them (service account tokens, impersonation).
+    uid: str = ""
+    extra: dict[str, list[str]] = field(default_factory=dict)
 
 
 @dataclass
@@ -48,13 +51,17 @@ class ValidatingPlugin(Protocol):
         """Raise an ApiException to reject. Must not change obj."""
 
 
-def standard_plugins() -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
-    """kube-apiserver's default chain for what is served here: LimitRanger and Priority
-    mutate; LimitRanger, Priority and then ResourceQuota (last, so it charges exactly what
-    will be stored) validate."""
+def standard_plugins(*, mount_service_account_token: bool = True) -> tuple[list[MutatingPlugin],
+                                                                         list[ValidatingPlugin]]:
+    """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount and
+    Priority mutate; LimitRanger, Priority and then ResourceQuota (last, so it charges exactly
+    what will be stored) validate. ``mount_service_account_token=False`` keeps the
+    ServiceAccount plugin from mounting tokens (for a server that issues none)."""
     from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
     from gpufleet.apiserver.admission_priority import PriorityAdmission
     from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
+    from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
 
     limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
-    return [limit_ranger, priority], [limit_ranger, priority, ResourceQuotaAdmission()]
+    service_account = ServiceAccountAdmission(mount_token=mount_service_account_token)
+    return [limit_ranger, service_account, priority], [limit_ranger, priority, ResourceQuotaAdmission()]

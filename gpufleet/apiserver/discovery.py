@@ -30,6 +30,7 @@ _SUBRESOURCE_KINDS: dict[str, tuple[str, str, str]] = {
     "scale": ("autoscaling", "v1", "Scale"),
     "binding": ("", "v1", "Binding"),
     "eviction": ("policy", "v1", "Eviction"),
+    "token": ("authentication.k8s.io", "v1", "TokenRequest"),
 }
 _SUBRESOURCE_VERBS: dict[str, list[str]] = {
     "status": ["get", "patch", "update"],
@@ -37,6 +38,7 @@ _SUBRESOURCE_VERBS: dict[str, list[str]] = {
     "log": ["get"],
     "binding": ["create"],
     "eviction": ["create"],
+    "token": ["create"],
     "finalize": ["update"],
 }
 

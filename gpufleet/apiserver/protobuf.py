@@ -22,7 +22,8 @@ client would have sent them.
 Coverage is what kubectl's imperative creates and ordinary workloads carry (ObjectMeta,
 Namespace, ConfigMap, Secret, ServiceAccount, ResourceQuota, Service, Pod/PodSpec/Container,
 Deployment, ReplicaSet, Job, CronJob, PriorityClass, Role, ClusterRole, RoleBinding,
-ClusterRoleBinding, PodDisruptionBudget, HorizontalPodAutoscaler). Errors are explicit rather
+ClusterRoleBinding, PodDisruptionBudget, HorizontalPodAutoscaler, and TokenRequest for
+`kubectl create token`). Errors are explicit rather
 than lossy:
 
 * a field number a modelled message does not define -> 400 BadRequest naming the message and
@@ -756,8 +757,29 @@ _AUTOSCALING: dict[str, dict[int, tuple[str, str]]] = {
     },
 }
 
+# k8s.io/api/authentication/v1: what `kubectl create token` sends.
+_AUTHENTICATION: dict[str, dict[int, tuple[str, str]]] = {
+    "TokenRequest": {
+        1: ("metadata", "ObjectMeta"),
+        2: ("spec", "TokenRequestSpec"),
+        3: ("status", "TokenRequestStatus"),
+    },
+    "TokenRequestSpec": {
+        1: ("audiences", "![]string"),
+        3: ("boundObjectRef", "*BoundObjectReference"),
+        4: ("expirationSeconds", "*int64"),
+    },
+    "BoundObjectReference": {
+        1: ("kind", "string"),
+        2: ("apiVersion", "string"),
+        3: ("name", "string"),
+        4: ("uid", "string"),
+    },
+    "TokenRequestStatus": {1: ("token", "!string"), 2: ("expirationTimestamp", "!Time")},
+}
+
 SCHEMA: dict[str, dict[int, tuple[str, str]]] = {
-    **_META, **_CORE, **_APPS, **_BATCH, **_SCHEDULING, **_RBAC, **_POLICY, **_AUTOSCALING,
+    **_META, **_CORE, **_APPS, **_BATCH, **_SCHEDULING, **_RBAC, **_POLICY, **_AUTOSCALING, **_AUTHENTICATION,
 }
 
 # Top-level kinds this module decodes, by (apiVersion, kind). A registered kind that is not here
@@ -782,7 +804,10 @@ KINDS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "PodDisruptionBudget",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "HorizontalPodAutoscaler",
     ("autoscaling/v1", "HorizontalPodAutoscaler"): "V1HorizontalPodAutoscaler",
+    ("authentication.k8s.io/v1", "TokenRequest"): "TokenRequest",
 }
+# Kinds only a subresource takes (serviceaccounts/token): not in the registry, decoded all the same.
+SUBRESOURCE_KINDS = {("authentication.k8s.io/v1", "TokenRequest")}
 
 _SCALARS = {"string", "int32", "int64", "bool", "bytes"}
 # Wrapper messages rendered as JSON scalars/strings rather than objects.
@@ -1130,7 +1155,7 @@ def decode_k8s_protobuf(body: bytes, registry: Any) -> dict[str, Any]:
         )
     if not kind or not api_version:
         raise ProtobufDecodeError("runtime.Unknown has no apiVersion/kind")
-    if registry.by_api_version_kind(api_version, kind) is None:
+    if registry.by_api_version_kind(api_version, kind) is None and (api_version, kind) not in SUBRESOURCE_KINDS:
         raise bad_request(f'no kind "{kind}" is registered for version "{api_version}"')
     message = KINDS.get((api_version, kind))
     if message is None:

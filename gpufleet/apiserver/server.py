@@ -200,6 +200,9 @@ class ApiServer:
         self.authorizer = authorizer
         self.log_provider = log_provider
         self.node_proxy_provider: NodeProxyProvider | None = None
+        # Serves serviceaccounts/{name}/token (auth/serviceaccounts.py's TokenIssuer); without
+        # one, no service account tokens are issued and the subresource answers 404.
+        self.token_issuer: Any = None
         # Read-only groups served by other parts (e.g. metrics.k8s.io): name -> handler
         self.extra_groups: dict[tuple[str, str], Callable[[RawRequest, RequestInfo], Awaitable[RawResponse]]] = {}
         self.extra_discovery: list[dict] = []
@@ -373,6 +376,14 @@ class ApiServer:
             return _json_response(201, await self.evict_pod(rt, ns, info.name, body, user))
         if sub == "scale":
             return await self._scale(req, info, rt, ns, user)
+        if sub == "token":
+            if self.token_issuer is None:
+                raise ApiException(404, "NotFound", "the server could not find the requested resource")
+            if verb != "create":
+                raise method_not_allowed()
+            obj, warnings = await self.token_issuer.create(self, rt, ns, info.name, self._parse_body(req), user,
+                                                           dry_run)
+            return _json_response(201, obj, self._warning_headers(warnings))
         if verb == "get":
             obj = await self.get_object(rt, ns, info.name)
             return self._render_object(req, rt, obj)
@@ -642,7 +653,8 @@ class ApiServer:
             used.add((svc.get("spec") or {}).get("clusterIP"))
         base = int(ipaddress.IPv4Address("10.96.0.0"))
         for _ in range(1000):
-            candidate = str(ipaddress.IPv4Address(base + secrets.randbelow(2**20 - 2) + 1))
+            # 10.96.0.1 is the default/kubernetes Service's, as Kubernetes reserves it.
+            candidate = str(ipaddress.IPv4Address(base + secrets.randbelow(2**20 - 3) + 2))
             if candidate not in used:
                 spec["clusterIP"] = candidate
                 spec["clusterIPs"] = [candidate]

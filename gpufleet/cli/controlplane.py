@@ -51,6 +51,13 @@ class ControlPlane:
     tls_key_file: Path | None = None
     tls_ca_file: Path | None = None  # the CA that signed tls_cert_file, for the kubeconfig
     token_auth_file: Path | None = None  # more static tokens, Kubernetes' CSV format
+    # Service account tokens (kube-apiserver's flags of the same names): the signing key
+    # (default <state-dir>/pki/sa.key, made once), more public keys to accept, the issuers
+    # (the first signs) and the audiences the API accepts (default: the issuers).
+    service_account_signing_key_file: Path | None = None
+    service_account_key_files: list[Path] = field(default_factory=list)
+    service_account_issuers: list[str] = field(default_factory=list)
+    api_audiences: list[str] = field(default_factory=list)
     admin_token: str | None = None
     join_token: str | None = None
     loopback_token: str | None = None
@@ -69,6 +76,11 @@ class ControlPlane:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     identity: str | None = None  # default: <hostname>_<pid>_<random>
+    # The default/kubernetes Service and its Endpoints (apiserver/kubernetesservice.py), with
+    # this server at advertise_address (default: the listen address, or for a wildcard the
+    # first non-loopback IPv4 address, as kube-apiserver's --advertise-address).
+    kubernetes_service: bool = True
+    advertise_address: str | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -82,7 +94,8 @@ class ControlPlane:
         """Tokens, PKI and the Security assembly; the admin and join tokens live in the
         state dir (tokens.csv, join-token) so they survive a restart."""
         from gpufleet.apiserver.auth import Security
-        from gpufleet.apiserver.auth.certs import ensure_pki, serving_hosts
+        from gpufleet.apiserver.auth.certs import IN_CLUSTER_NAMES, ensure_pki, serving_hosts, uncovered
+        from gpufleet.apiserver.auth.serviceaccounts import ServiceAccountTokens, ensure_service_account_key
         from gpufleet.apiserver.auth.tokens import ensure_admin_token, ensure_join_token, load_token_file
 
         state = self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-"))
@@ -96,11 +109,21 @@ class ControlPlane:
         if self.tls_cert_file is None:
             pki = ensure_pki(state / "pki", serving_hosts(self.host))
             self.tls_cert_file, self.tls_key_file, self.tls_ca_file = pki.cert, pki.key, pki.ca_cert
+        else:
+            missing = uncovered(self.tls_cert_file.read_bytes(), list(IN_CLUSTER_NAMES))
+            if missing:
+                log.warning("%s does not name %s: programs in pods that dial the API server by these names "
+                            "will not trust it", self.tls_cert_file, ", ".join(missing))
         ca = self.tls_ca_file or self.tls_cert_file
         self.ca_pem = ca.read_bytes() if ca is not None else None
+        signing_key = self.service_account_signing_key_file
+        if signing_key is None:
+            signing_key, _ = ensure_service_account_key(state / "pki")
+        service_accounts = ServiceAccountTokens.from_files(
+            signing_key, self.service_account_key_files, self.service_account_issuers, self.api_audiences)
         self.loopback_token = secrets.token_urlsafe(32)
         return Security(self.store, static_tokens=static, join_token=self.join_token,
-                        loopback_token=self.loopback_token)
+                        loopback_token=self.loopback_token, service_accounts=service_accounts, clock=self.clock)
 
     async def start(self) -> None:
         self.store = open_store(self.store_url, clock=self.clock)
@@ -116,6 +139,14 @@ class ControlPlane:
         security = self._security() if self.secure else None
         if security is not None:
             security.install(self.api)
+        else:
+            # Plain HTTP issues no service account tokens (pods could not use them over
+            # https anyway): pods still get their service account, but no token volume.
+            from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
+
+            for plugin in self.api.mutating:
+                if isinstance(plugin, ServiceAccountAdmission):
+                    plugin.mount_token = False
         await self.api.start()
         if security is not None:
             await security.ensure_policy(self.api)
@@ -125,6 +156,13 @@ class ControlPlane:
         self.http = HttpServer(self.api, host=self.host, port=self.port, **certs)
         await self.http.start()
         self.client = Client(self.local_transport())
+        if self.kubernetes_service:
+            from gpufleet.apiserver.kubernetesservice import KubernetesService, advertise_address
+
+            service = KubernetesService(self.api, self.advertise_address or advertise_address(self.host),
+                                        self.http.port, clock=self.clock)
+            await service.start()
+            self._stoppables.append(service)
         if self.state_dir is not None:
             self.state_dir.mkdir(parents=True, exist_ok=True)
             write_kubeconfig(self.state_dir / "kubeconfig", self.kubeconfig_url, token=self.admin_token,
@@ -157,7 +195,8 @@ class ControlPlane:
         from gpufleet.controllers.manager import ControllerManager
 
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
-                                 hpa_gateway_url=self.gateway.url if self.gateway is not None else None)
+                                 hpa_gateway_url=self.gateway.url if self.gateway is not None else None,
+                                 root_ca=self.ca_pem)
 
     def _new_scheduler(self) -> Any:
         from gpufleet.scheduler import Scheduler

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 # name -> class, imported on use so a manager running a few controllers loads only those.
 _CLASSES = {
     "namespace": "gpufleet.controllers.namespace:NamespaceController",
+    "serviceaccount": "gpufleet.controllers.serviceaccount:ServiceAccountsController",
+    "root-ca-cert-publisher": "gpufleet.controllers.serviceaccount:RootCACertPublisher",
     "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
     "deployment": "gpufleet.controllers.deployment:DeploymentController",
     "job": "gpufleet.controllers.job:JobController",
@@ -76,6 +78,9 @@ class ControllerOptions:
     # Node IPAM: the pod network, cut into one subnet of this prefix length per node.
     cluster_cidr: str = "10.244.0.0/16"
     node_cidr_mask_size: int = 24
+    # The cluster CA's certificate (PEM), published in every namespace as the ConfigMap
+    # kube-root-ca.crt (kube-controller-manager's --root-ca-file); None publishes nothing.
+    root_ca: bytes | None = None
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -110,6 +115,8 @@ class ControllerManager:
         common = {"clock": clock, "workers": opts.workers}
         kwargs: dict[str, dict[str, Any]] = {
             "namespace": {},
+            "serviceaccount": common,
+            "root-ca-cert-publisher": {**common, "root_ca": opts.root_ca},
             "replicaset": {**common, "recorder": recorder("replicaset-controller")},
             "deployment": {**common, "recorder": recorder("deployment-controller")},
             "job": {

@@ -105,6 +105,9 @@ def exported(obj: dict[str, Any]) -> bool:
         return False
     if kind == "ServiceAccount" and name == "default":
         return False
+    if kind == "Service" and name == "kubernetes" and meta.get("namespace") == "default" and \
+            labels.get("provider") == "kubernetes":
+        return False
     if kind == "ConfigMap" and name == "kube-root-ca.crt":
         return False
     if kind == "Secret" and obj.get("type") in ("kubernetes.io/service-account-token", "gpufleet.io/token"):
@@ -139,6 +142,7 @@ def clean(obj: dict[str, Any]) -> dict[str, Any]:
         elif kind == "Pod" and group == "":
             # The scheduler's choice among this cluster's nodes.
             spec.pop("nodeName", None)
+            _clean_service_account(spec)
         elif kind == "Namespace":
             _set_or_drop(spec, "finalizers", [f for f in spec.get("finalizers") or [] if f != "kubernetes"])
         if not spec and kind == "Namespace":
@@ -167,6 +171,24 @@ def _clean_service(spec: dict[str, Any]) -> None:
         spec.pop("clusterIPs", None)
     for key in ("ipFamilies", "ipFamilyPolicy"):
         spec.pop(key, None)
+
+
+def _clean_service_account(spec: dict[str, Any]) -> None:
+    """What the ServiceAccount admission plugin added: the kube-api-access volume (every
+    cluster adds its own) and its mounts, the deprecated copy of the service account's name,
+    and the name itself when it is the default."""
+    added = {v.get("name") for v in spec.get("volumes") or []
+             if isinstance(v, dict) and str(v.get("name", "")).startswith("kube-api-access-")
+             and v.get("projected") is not None}
+    if added:
+        _set_or_drop(spec, "volumes", [v for v in spec["volumes"] if v.get("name") not in added])
+        for key in ("initContainers", "containers"):
+            for c in spec.get(key) or []:
+                if isinstance(c, dict) and c.get("volumeMounts"):
+                    _set_or_drop(c, "volumeMounts", [m for m in c["volumeMounts"] if m.get("name") not in added])
+    spec.pop("serviceAccount", None)
+    if spec.get("serviceAccountName") == "default":
+        spec.pop("serviceAccountName")
 
 
 def _clean_job(job: dict[str, Any], spec: dict[str, Any]) -> None:

@@ -493,7 +493,8 @@ class Gateway:
         live: set[str] = set()
         for key, route in self.routes.items():
             if key.partition("/")[0] == ns:
-                live.update(e.pod for eps in route.ports.values() for e in eps)
+                # Endpoints written by hand (default/kubernetes) name no pod: no pod metrics.
+                live.update(e.pod for eps in route.ports.values() for e in eps if "/" in e.pod)
         now = rfc3339(self.clock.now())
         items = []
         for pod in sorted(live):

@@ -339,3 +339,24 @@ def test_children_and_system_objects_are_left_out() -> None:
                                    "annotations": {"gpufleet.io/gpu-memory-min": "40000"}}
     assert pod.obj["spec"] == {"containers": [{"name": "c", "image": "i"}]}
     assert any("gpufleet.io/gpu-memory-min" in n for n in pod.notes)
+
+
+def test_what_service_account_admission_added_to_a_pod_is_left_out() -> None:
+    access = {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}
+    mount = {"name": "kube-api-access-x7k2p", "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}
+    data = {"name": "data", "mountPath": "/data"}
+
+    def pod(name: str, account: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"serviceAccountName": account, "serviceAccount": account,
+                         "containers": [{"name": "c", "image": "i", "volumeMounts": [mount, data]}],
+                         "initContainers": [{"name": "i", "image": "i", "volumeMounts": [mount]}],
+                         "volumes": [access, {"name": "data", "emptyDir": {}}]}}
+
+    export = build([pod("a", "default"), pod("b", "trainer")])
+    specs = {d.obj["metadata"]["name"]: d.obj["spec"] for d in export.documents}
+    assert specs["a"] == {"containers": [{"name": "c", "image": "i", "volumeMounts": [data]}],
+                          "initContainers": [{"name": "i", "image": "i"}],
+                          "volumes": [{"name": "data", "emptyDir": {}}]}
+    assert specs["b"]["serviceAccountName"] == "trainer" and "serviceAccount" not in specs["b"]

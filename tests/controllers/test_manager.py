@@ -56,8 +56,8 @@ class FakeScheduler:
 async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, controllers) -> None:
     manager = await controllers(node_monitor_grace_period=1.0, default_eviction_seconds=0.5)
     assert [type(c).__name__ for c in manager.controllers] == [
-        "NamespaceController", "ReplicaSetController", "DeploymentController", "JobController",
-        "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
+        "NamespaceController", "ServiceAccountsController", "RootCACertPublisher", "ReplicaSetController",
+        "DeploymentController", "JobController", "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
         "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")
     for hb in (a, b):

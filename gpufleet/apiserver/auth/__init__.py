@@ -1,6 +1,7 @@
 """Authentication, authorization and admission for who-may-do-what.
 
-`Security` assembles them for one ApiServer: bearer tokens (tokens.py), impersonation
+`Security` assembles them for one ApiServer: bearer tokens (tokens.py) and service account
+tokens with the TokenRequest API (serviceaccounts.py), impersonation
 (impersonation.py: ``kubectl --as``, checked with the authorizers below), the Node authorizer
 (nodeauthz.py: a node reads only the secrets and config maps of its own pods) ahead of RBAC
 with the default roles (rbac.py), NodeRestriction for node agents (node.py) and the review
@@ -28,6 +29,7 @@ from gpufleet.apiserver.auth.rbac import (
     bootstrap_policy,
 )
 from gpufleet.apiserver.auth.reviews import Reviews
+from gpufleet.apiserver.auth.serviceaccounts import ServiceAccountTokens
 from gpufleet.apiserver.auth.tokens import (
     LOOPBACK_USER,
     SUPERUSER_GROUP,
@@ -38,6 +40,7 @@ from gpufleet.apiserver.auth.tokens import (
 from gpufleet.apiserver.errors import ApiException
 from gpufleet.apiserver.requestinfo import RequestInfo
 from gpufleet.store import base as store_base
+from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 if TYPE_CHECKING:
     from gpufleet.apiserver.server import ApiServer
@@ -52,9 +55,15 @@ __all__ = ["Security", "Attributes", "Decision", "ImpersonatedUser", "NodeRestri
 
 class Security:
     def __init__(self, store: store_base.Store, *, static_tokens: dict[str, UserInfo] | None = None,
-                 join_token: str | None = None, loopback_token: str | None = None) -> None:
+                 join_token: str | None = None, loopback_token: str | None = None,
+                 service_accounts: ServiceAccountTokens | None = None, clock: Clock = REAL_CLOCK) -> None:
+        self.service_accounts = service_accounts
+        self.token_issuer = service_accounts.issuer(clock) if service_accounts is not None else None
+        sa_authenticator = service_accounts.authenticator(store, clock) if service_accounts is not None else None
         self.authenticator = TokenAuthenticator(store, static=static_tokens, join_token=join_token,
-                                                loopback_token=loopback_token)
+                                                loopback_token=loopback_token,
+                                                service_accounts=sa_authenticator.authenticate
+                                                if sa_authenticator is not None else None)
         # What the API server asks: the token's user, or whom it may impersonate.
         self.impersonating = ImpersonatingAuthenticator(self.authenticator, self.decide)
         self.rbac = RbacAuthorizer(store)
@@ -96,6 +105,8 @@ class Security:
     def install(self, api: ApiServer) -> None:
         api.authenticator = self.impersonating
         api.authorizer = self.authorize
+        if self.token_issuer is not None:
+            api.token_issuer = self.token_issuer
         for plugin in (self.node_restriction, self.escalation):
             if not any(getattr(p, "name", "") == plugin.name for p in api.validating):
                 api.validating.append(plugin)

@@ -3,6 +3,11 @@
 `gpufleet up` and `gpufleet server` keep them under <state-dir>/pki and reuse them across
 restarts, so a kubeconfig handed out once (it carries the CA) stays valid. Keys are ECDSA
 P-256: small, fast to make, and accepted by kubectl, httpx and the official clients.
+
+The serving certificate names, besides the server's own addresses, what a program in a pod
+dials (``kubernetes.default.svc`` and its longer and shorter forms, and the ClusterIP of the
+``default/kubernetes`` Service), as kube-apiserver's does; one made before without them is
+made again from the same CA at the next start.
 """
 
 from __future__ import annotations
@@ -20,6 +25,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 CA_DAYS = 3650
 SERVING_DAYS = 825
+# The names in-cluster clients reach the API server by (KUBERNETES_SERVICE_HOST, kubeconfigs
+# written for pods), and the ClusterIP of the default/kubernetes Service: the first address of
+# the service range, as Kubernetes reserves it.
+IN_CLUSTER_NAMES = ("kubernetes", "kubernetes.default", "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local")
+KUBERNETES_SERVICE_IP = "10.96.0.1"
 
 
 @dataclass(frozen=True)
@@ -102,16 +113,22 @@ def make_serving_cert(ca_cert_pem: bytes, ca_key_pem: bytes, hosts: list[str],
     return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
+def uncovered(cert_pem: bytes, hosts: list[str]) -> list[str]:
+    """The names and addresses of ``hosts`` that the certificate does not name."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return list(hosts)
+    have = {str(v) for v in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
+    return [h for h in hosts if (str(ipaddress.ip_address(h)) if _is_ip(h) else h) not in have]
+
+
 def _covers(cert_pem: bytes, hosts: list[str]) -> bool:
     cert = x509.load_pem_x509_certificate(cert_pem)
     if cert.not_valid_after_utc - dt.datetime.now(dt.UTC) < dt.timedelta(days=30):
         return False
-    try:
-        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return False
-    have = {str(v) for v in san.get_values_for_type(x509.IPAddress)} | set(san.get_values_for_type(x509.DNSName))
-    return all(str(ipaddress.ip_address(h)) in have if _is_ip(h) else h in have for h in hosts)
+    return not uncovered(cert_pem, hosts)
 
 
 def _is_ip(h: str) -> bool:
@@ -124,13 +141,13 @@ def _is_ip(h: str) -> bool:
 
 def serving_hosts(listen_host: str) -> list[str]:
     """The names a serving certificate must cover for a server listening on ``listen_host``:
-    loopback, and for a wildcard address the host's names and every address of its
-    interfaces (agents on other machines dial one of them)."""
+    loopback, the in-cluster names, and for a wildcard address the host's names and every
+    address of its interfaces (agents on other machines dial one of them)."""
     import socket
 
     import psutil
 
-    hosts = ["127.0.0.1", "::1", "localhost"]
+    hosts = ["127.0.0.1", "::1", "localhost", *IN_CLUSTER_NAMES, KUBERNETES_SERVICE_IP]
     if listen_host in ("0.0.0.0", "::", ""):
         hosts += [socket.gethostname(), socket.getfqdn()]
         for addrs in psutil.net_if_addrs().values():

@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import unquote
 
 from gpufleet.apiserver.admission import UserInfo
@@ -59,10 +59,8 @@ Decide = Callable[[UserInfo, Attributes], Awaitable[Decision]]
 
 @dataclass
 class ImpersonatedUser(UserInfo):
-    """The user a request acts as, with what only impersonation can set and who asked."""
+    """The user a request acts as, and who asked."""
 
-    uid: str = ""
-    extra: dict[str, list[str]] = field(default_factory=dict)
     impersonator: UserInfo | None = None
 
 

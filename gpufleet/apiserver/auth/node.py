@@ -3,7 +3,9 @@
 RBAC (the ``system:node`` role) lets every member of ``system:nodes`` write nodes, leases
 and pods; this admission plugin narrows that to the agent's own Node (and its status), its
 own Lease in kube-node-lease, and the pods bound to it (status, the annotations the agent
-records, and the final delete). It cannot create pods. Other users pass through untouched.
+records, and the final delete). It cannot create pods. A service account token it asks for
+(which the Node authorizer allows only for the service accounts of its pods) must be bound
+to one of its pods, named with its uid. Other users pass through untouched.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from typing import Any
 
 from gpufleet.apiserver.admission import AdmissionContext
 from gpufleet.apiserver.auth.tokens import node_name_of
-from gpufleet.apiserver.errors import ApiException, qualified
+from gpufleet.apiserver.errors import ApiException, not_found, qualified
+from gpufleet.store import base as store_base
 
 LEASE_NAMESPACE = "kube-node-lease"
 
@@ -41,6 +44,8 @@ class NodeRestriction:
             if ctx.namespace != LEASE_NAMESPACE or target != node:
                 self._deny(ctx, target, f'node "{node}" can only access leases with the name "{node}" '
                                         f'in the "{LEASE_NAMESPACE}" namespace')
+        elif kind == "ServiceAccount" and ctx.subresource == "token" and ctx.operation == "CREATE":
+            await self._token_request(ctx, node, obj)
         elif kind == "Pod":
             if ctx.operation == "CREATE":
                 self._deny(ctx, target, f'node "{node}" can not create pods')
@@ -48,6 +53,24 @@ class NodeRestriction:
             if bound != node or (ctx.operation == "UPDATE" and _node_of(obj) != node):
                 verb = "delete" if ctx.operation == "DELETE" else "update"
                 self._deny(ctx, target, f'node "{node}" can only {verb} pods with spec.nodeName set to itself')
+
+    async def _token_request(self, ctx: AdmissionContext, node: str, obj: dict[str, Any]) -> None:
+        """As Kubernetes' admitServiceAccount: the token must be bound to a pod on this node."""
+        ref = (obj.get("spec") or {}).get("boundObjectRef") or {}
+        if ref.get("apiVersion") != "v1" or ref.get("kind") != "Pod" or not ref.get("name"):
+            self._deny(ctx, ctx.name, "node requested token not bound to a pod")
+        if not ref.get("uid"):
+            self._deny(ctx, ctx.name, "node requested token with a pod binding without a uid")
+        pods = ctx.server.registry.by_key("pods")
+        try:
+            pod = await ctx.server.store.get("pods", ctx.namespace, ref["name"])
+        except store_base.NotFound:
+            raise not_found(pods, ref["name"]) from None
+        if (pod.get("metadata") or {}).get("uid") != ref["uid"]:
+            self._deny(ctx, ctx.name, f"the UID in the bound object reference ({ref['uid']}) does not match the UID "
+                                      "in record. The object might have been deleted and then recreated")
+        if _node_of(pod) != node:
+            self._deny(ctx, ctx.name, "node requested token bound to a pod scheduled on a different node")
 
     @staticmethod
     def _deny(ctx: AdmissionContext, name: str, why: str) -> None:

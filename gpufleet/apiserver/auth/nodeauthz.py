@@ -1,15 +1,20 @@
-"""The Node authorizer: a node agent reads only the secrets and config maps of its own pods,
-and lists or watches only its own pods.
+"""The Node authorizer: a node agent reads only the secrets, config maps and volume claims of
+its own pods, asks tokens only for their service accounts, and lists or watches only its own
+pods.
 
 As Kubernetes' (plugin/pkg/auth/authorizer/node): a member of ``system:nodes`` acting as
-``system:node:<name>`` may ``get`` a Secret or ConfigMap only when a pod bound to that node
-(``spec.nodeName``) references it, through a volume (also inside a projected volume), an
-env ``valueFrom``, an ``envFrom`` or an ``imagePullSecrets`` entry. A list or watch of them,
-which would reveal every one in a namespace, is refused. Everything else a node reads or
-writes is left to RBAC (the ``system:node`` role) and NodeRestriction, except listing and
-watching pods: allowed only with the field selector ``spec.nodeName=<the node>``, as
-Kubernetes' Node authorizer does (AuthorizeNodeWithSelectors), so a node cannot read the
-pods of the whole cluster.
+``system:node:<name>`` may ``get`` a Secret, ConfigMap or PersistentVolumeClaim only when a
+pod bound to that node (``spec.nodeName``) references it, through a volume (also inside a
+projected volume: the ``kube-root-ca.crt`` config map of every pod's API access volume), an
+env ``valueFrom``, an ``envFrom``, an ``imagePullSecrets`` entry or, for claims, a
+``persistentVolumeClaim`` or ``ephemeral`` volume; and a PersistentVolume only when such a
+claim is bound to it. A list or watch of them, which would reveal every one in a namespace,
+is refused. It may ``create`` the ``token`` subresource of a ServiceAccount only when a pod
+bound to it runs as that service account; NodeRestriction (node.py) then requires the token
+to be bound to such a pod. Everything else a node reads or writes is left to RBAC (the
+``system:node`` role) and NodeRestriction, except listing and watching pods: allowed only
+with the field selector ``spec.nodeName=<the node>``, as Kubernetes' Node authorizer does
+(AuthorizeNodeWithSelectors), so a node cannot read the pods of the whole cluster.
 
 Kubernetes keeps a graph that informers update, so a decision can lag behind a binding or a
 deletion. Here each decision reads the store as of that request: the authorizer keeps, per
@@ -29,8 +34,8 @@ from gpufleet.api.selectors import SelectorError, parse_field_selector
 from gpufleet.apiserver.auth.rbac import Attributes, Decision
 from gpufleet.store import base as store_base
 
-# The kinds a node reaches only through its pods: resource -> what a pod calls them.
-GRAPH_RESOURCES = ("secrets", "configmaps")
+# The namespaced kinds a node reads only through its pods.
+GRAPH_RESOURCES = ("secrets", "configmaps", "persistentvolumeclaims")
 
 # Volume sources that name a Secret under a key of their own (Kubernetes' VisitPodSecretNames).
 _VOLUME_SECRET_REFS: dict[str, tuple[str, str]] = {
@@ -63,10 +68,13 @@ def _sub(obj: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
-    """The names of the secrets and config maps ``pod`` needs, by resource."""
+    """The names of the secrets, config maps, volume claims and service account ``pod``
+    needs, by resource."""
     secrets: set[str] = set()
     configmaps: set[str] = set()
+    claims: set[str] = set()
     spec = _sub(pod, "spec")
+    pod_name = _sub(pod, "metadata").get("name") or ""
     for ref in _dicts(spec.get("imagePullSecrets")):
         secrets.add(ref.get("name") or "")
     for c in _containers(spec):
@@ -86,6 +94,11 @@ def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
             secrets.add(_sub(vol, "secret").get("secretName") or "")
         if "configMap" in vol:
             configmaps.add(_sub(vol, "configMap").get("name") or "")
+        if "persistentVolumeClaim" in vol:
+            claims.add(_sub(vol, "persistentVolumeClaim").get("claimName") or "")
+        if "ephemeral" in vol and pod_name:
+            # The claim an ephemeral volume makes is named <pod>-<volume>.
+            claims.add(f"{pod_name}-{vol.get('name') or ''}")
         for source in _dicts(_sub(vol, "projected").get("sources")):
             if "secret" in source:
                 secrets.add(_sub(source, "secret").get("name") or "")
@@ -98,7 +111,10 @@ def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
                 secrets.add(name)
     secrets.discard("")
     configmaps.discard("")
-    return {"secrets": secrets, "configmaps": configmaps}
+    claims.discard("")
+    account = spec.get("serviceAccountName") or spec.get("serviceAccount")
+    return {"secrets": secrets, "configmaps": configmaps, "persistentvolumeclaims": claims,
+            "serviceaccounts": {account} if isinstance(account, str) and account else set()}
 
 
 def _selects_node(field_selector: str, node: str) -> bool:
@@ -157,6 +173,10 @@ class NodeAuthorizer:
             if _selects_node(attrs.field_selector, node):
                 return Decision(True, f"node '{node}' lists its own pods")
             return Decision(False, "can only list/watch pods with spec.nodeName field selector")
+        if attrs.resource == "serviceaccounts":
+            return await self._create_token(node, attrs)
+        if attrs.resource == "persistentvolumes":
+            return await self._persistent_volume(node, attrs)
         if attrs.resource not in GRAPH_RESOURCES:
             return None
         if attrs.verb != "get" or not attrs.name:
@@ -167,6 +187,33 @@ class NodeAuthorizer:
             return Decision(False, "can only read namespaced object of this type")
         if await self.references(node, attrs.resource, attrs.namespace, attrs.name):
             return Decision(True, f"node '{node}' runs a pod that references this object")
+        return _no_relationship(node)
+
+    async def _create_token(self, node: str, attrs: Attributes) -> Decision:
+        if attrs.verb != "create" or not attrs.name:
+            return Decision(False, "can only create tokens for individual service accounts")
+        if attrs.subresource != "token":
+            return Decision(False, "can only create token subresource of serviceaccount")
+        if attrs.namespace and await self.references(node, "serviceaccounts", attrs.namespace, attrs.name):
+            return Decision(True, f"node '{node}' runs a pod as this service account")
+        return _no_relationship(node)
+
+    async def _persistent_volume(self, node: str, attrs: Attributes) -> Decision:
+        if attrs.verb != "get" or not attrs.name:
+            return Decision(False, "can only get individual resources of this type")
+        if attrs.subresource:
+            return Decision(False, "cannot get subresource")
+        for pod in (await self.store.list("pods", None)).items:
+            if _sub(pod, "spec").get("nodeName") != node:
+                continue
+            ns = _sub(pod, "metadata").get("namespace") or ""
+            for claim in pod_references(pod)["persistentvolumeclaims"]:
+                try:
+                    pvc = await self.store.get("persistentvolumeclaims", ns, claim)
+                except store_base.NotFound:
+                    continue
+                if _sub(pvc, "spec").get("volumeName") == attrs.name:
+                    return Decision(True, f"node '{node}' runs a pod whose claim is bound to this volume")
         return _no_relationship(node)
 
     async def references(self, node: str, resource: str, namespace: str, name: str) -> bool:

@@ -158,26 +158,40 @@ class RbacAuthorizer:
             return Decision(True, f'member of the group "{SUPERUSER_GROUP}"')
         bindings = (await self.store.list(_CLUSTER_ROLE_BINDINGS)).items
         for b in bindings:
-            if not any(subject_matches(s, user) for s in b.get("subjects") or []):
+            subject = _matching(b, user, "")
+            if subject is None:
                 continue
             ref = b.get("roleRef") or {}
             if any(rule_allows(r, attrs) for r in await self._role_rules(ref, "")):
                 return Decision(True, f'RBAC: allowed by ClusterRoleBinding "{b["metadata"]["name"]}" of '
-                                      f'ClusterRole "{ref.get("name")}" to {_who(user)}')
+                                      f'ClusterRole "{ref.get("name")}" to {_describe(subject, "")}')
         if attrs.is_resource and attrs.namespace:
             for b in (await self.store.list(_ROLE_BINDINGS, attrs.namespace)).items:
-                if not any(subject_matches(s, user, attrs.namespace) for s in b.get("subjects") or []):
+                subject = _matching(b, user, attrs.namespace)
+                if subject is None:
                     continue
                 ref = b.get("roleRef") or {}
                 if any(rule_allows(r, attrs) for r in await self._role_rules(ref, attrs.namespace)):
                     return Decision(True, f'RBAC: allowed by RoleBinding "{b["metadata"]["name"]}/'
                                           f'{attrs.namespace}" of {ref.get("kind")} "{ref.get("name")}" '
-                                          f'to {_who(user)}')
+                                          f'to {_describe(subject, attrs.namespace)}')
         return Decision(False, "")
 
 
-def _who(user: UserInfo) -> str:
-    return f'User "{user.name}"'
+def _matching(binding: dict[str, Any], user: UserInfo, namespace: str) -> dict[str, Any] | None:
+    for s in binding.get("subjects") or []:
+        if isinstance(s, dict) and subject_matches(s, user, namespace):
+            return s
+    return None
+
+
+def _describe(subject: dict[str, Any], binding_namespace: str) -> str:
+    """The subject a binding matched, as Kubernetes' RBAC reason names it (``User "alice"``,
+    ``Group "ops"``, ``ServiceAccount "bot/team"``)."""
+    kind, name = subject.get("kind"), subject.get("name")
+    if kind == "ServiceAccount":
+        return f'{kind} "{name}/{subject.get("namespace") or binding_namespace}"'
+    return f'{kind} "{name}"'
 
 
 class RbacEscalationCheck:
@@ -304,8 +318,10 @@ def _edit_rules() -> list[dict[str, Any]]:
     rules += [_rule([g], rs, _READ) for g, rs in _VIEWABLE_ONLY]
     rules.append(_rule([""], ["pods/log"], _READ))
     # As Kubernetes' edit role: acting as the namespace's service accounts (kubectl --as
-    # system:serviceaccount:<namespace>:<name>), which the workloads one may create run as anyway.
+    # system:serviceaccount:<namespace>:<name>) and asking for their tokens (kubectl create
+    # token), which the workloads one may create run as anyway.
     rules.append(_rule([""], ["serviceaccounts"], ["impersonate"]))
+    rules.append(_rule([""], ["serviceaccounts/token"], ["create"]))
     return rules
 
 

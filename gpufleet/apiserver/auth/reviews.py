@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gpufleet.apiserver.admission import UserInfo
-from gpufleet.apiserver.auth.impersonation import ImpersonatedUser
 from gpufleet.apiserver.auth.rbac import Attributes, Decision
 from gpufleet.apiserver.auth.tokens import (
     LOOPBACK_USER,
@@ -223,10 +222,10 @@ class Reviews:
             raise method_not_allowed()
         user = await self._user(req)
         user_info: dict[str, Any] = {"username": user.name}
-        if isinstance(user, ImpersonatedUser) and user.uid:
+        if user.uid:
             user_info["uid"] = user.uid
         user_info["groups"] = list(user.groups)
-        if isinstance(user, ImpersonatedUser) and user.extra:
+        if user.extra:
             user_info["extra"] = user.extra
         return _json(201, {"apiVersion": f"{AUTHN_GROUP}/v1", "kind": "SelfSubjectReview",
                            "metadata": {"creationTimestamp": None}, "status": {"userInfo": user_info}})

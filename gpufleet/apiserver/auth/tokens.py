@@ -9,6 +9,7 @@ Where a token can come from, checked in this order:
   (``gpufleet up`` keeps the admin token in <state-dir>/tokens.csv);
 * the join token (<state-dir>/join-token): user ``system:bootstrap:join`` in group
   ``system:bootstrappers``, which may do one thing, ask for a node token;
+* service account tokens (JWTs of the cluster's issuer, serviceaccounts.py);
 * token Secrets: ``type: gpufleet.io/token`` in kube-system, named
   ``gpufleet-token-<id>`` for a token ``<id>.<secret>``. The Secret holds the SHA-256 of the
   secret part (never the token), the user name and the groups. ``gpufleet token create`` and
@@ -28,6 +29,7 @@ import io
 import os
 import re
 import secrets
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -172,8 +174,10 @@ class TokenAuthenticator:
     """ApiServer's authenticator: the user a request's bearer token names, or None."""
 
     def __init__(self, store: store_base.Store, *, static: dict[str, UserInfo] | None = None,
-                 join_token: str | None = None, loopback_token: str | None = None) -> None:
+                 join_token: str | None = None, loopback_token: str | None = None,
+                 service_accounts: Callable[[str], Awaitable[UserInfo | None]] | None = None) -> None:
         self.store = store
+        self.service_accounts = service_accounts
         self.static = {t: with_authenticated(u) for t, u in (static or {}).items()}
         if join_token:
             self.static[join_token] = with_authenticated(UserInfo(BOOTSTRAP_USER, [BOOTSTRAPPERS_GROUP]))
@@ -195,6 +199,8 @@ class TokenAuthenticator:
         for known, user in self.static.items():
             if hmac.compare_digest(known.encode(), token.encode()):
                 return user
+        if self.service_accounts is not None and token.count(".") == 2:
+            return await self.service_accounts(token)
         return await self.lookup(token)
 
     async def lookup(self, token: str) -> UserInfo | None:

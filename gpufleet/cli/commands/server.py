@@ -9,13 +9,19 @@ from pathlib import Path
 import typer
 
 from gpufleet.cli.commands.up import (
+    AdvertiseAddressOption,
+    ApiAudiencesOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
+    SaIssuerOption,
+    SaKeyFileOption,
+    SaSigningKeyOption,
     TlsCaOption,
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    check_advertise_address,
     check_port_free,
     security_options,
 )
@@ -38,6 +44,11 @@ def register(app: typer.Typer) -> None:
         tls_key_file: Path | None = TlsKeyOption,
         tls_ca_file: Path | None = TlsCaOption,
         token_auth_file: Path | None = TokenFileOption,
+        service_account_signing_key_file: Path | None = SaSigningKeyOption,
+        service_account_key_file: list[Path] = SaKeyFileOption,
+        service_account_issuer: list[str] = SaIssuerOption,
+        api_audiences: list[str] = ApiAudiencesOption,
+        advertise_address: str | None = AdvertiseAddressOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
         leader_elect: bool = typer.Option(
@@ -70,7 +81,12 @@ def register(app: typer.Typer) -> None:
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
-                          **security_options(insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file))
+                          **security_options(insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file,
+                                             service_account_signing_key_file=service_account_signing_key_file,
+                                             service_account_key_files=service_account_key_file,
+                                             service_account_issuers=service_account_issuer,
+                                             api_audiences=api_audiences))
+        cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
         if leader_elect:

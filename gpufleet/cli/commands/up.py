@@ -17,8 +17,38 @@ console = Console(stderr=True, soft_wrap=True)  # no line breaks inside commands
 
 
 def security_options(insecure: bool, tls_cert_file: Path | None, tls_key_file: Path | None,
-                     tls_ca_file: Path | None, token_auth_file: Path | None) -> dict:
+                     tls_ca_file: Path | None, token_auth_file: Path | None, *,
+                     service_account_signing_key_file: Path | None = None,
+                     service_account_key_files: list[Path] | None = None,
+                     service_account_issuers: list[str] | None = None,
+                     api_audiences: list[str] | None = None) -> dict:
     """ControlPlane keyword arguments for the TLS and authentication flags of up and server."""
+    key_files = [p.expanduser().resolve() for p in service_account_key_files or []]
+    signing_key = service_account_signing_key_file.expanduser().resolve() if service_account_signing_key_file else None
+    if signing_key is not None or key_files:
+        from gpufleet.apiserver.auth.serviceaccounts import KeyFileError, load_public_keys, load_signing_key
+
+        try:
+            if signing_key is not None:
+                load_signing_key(signing_key)
+            for p in key_files:
+                load_public_keys(p)
+        except KeyFileError as exc:
+            flag = "--service-account-signing-key-file" if signing_key is not None and str(signing_key) in str(exc) \
+                else "--service-account-key-file"
+            raise typer.BadParameter(str(exc), param_hint=flag) from None
+    issuers = [i.strip() for i in service_account_issuers or [] if i.strip()]
+    for issuer in issuers:
+        if ":" in issuer:
+            from urllib.parse import urlsplit
+
+            parts = urlsplit(issuer)
+            if not (parts.scheme and parts.netloc):
+                raise typer.BadParameter(f"{issuer!r} contained a ':' but was not a valid URL",
+                                         param_hint="--service-account-issuer")
+    audiences = [a.strip() for value in api_audiences or [] for a in value.split(",") if a.strip()]
+    sa_options = dict(service_account_signing_key_file=signing_key, service_account_key_files=key_files,
+                      service_account_issuers=issuers, api_audiences=audiences)
     if (tls_cert_file is None) != (tls_key_file is None):
         raise typer.BadParameter("give --tls-cert-file and --tls-private-key-file together",
                                  param_hint="--tls-cert-file")
@@ -36,7 +66,7 @@ def security_options(insecure: bool, tls_cert_file: Path | None, tls_key_file: P
     def path(p: Path | None) -> Path | None:
         return p.expanduser().resolve() if p is not None else None
     return dict(secure=not insecure, tls_cert_file=path(tls_cert_file), tls_key_file=path(tls_key_file),
-                tls_ca_file=path(tls_ca_file), token_auth_file=path(token_auth_file))
+                tls_ca_file=path(tls_ca_file), token_auth_file=path(token_auth_file), **sa_options)
 
 
 def check_port_free(host: str, port: int, flag: str = "--port") -> None:
@@ -73,6 +103,35 @@ TokenFileOption = typer.Option(None, "--token-auth-file", help="More static toke
                                'token,user,uid,"group1,group2".')
 
 
+SaSigningKeyOption = typer.Option(None, "--service-account-signing-key-file", help="Private key (PEM, RSA or "
+                                  "ECDSA) service account tokens are signed with (default <state-dir>/pki/sa.key, "
+                                  "made once). Servers sharing a store must share it.")
+SaKeyFileOption = typer.Option([], "--service-account-key-file", help="More keys (PEM: public keys, private keys "
+                               "or certificates) service account tokens are accepted from, e.g. a previous signing "
+                               "key's; repeatable.")
+SaIssuerOption = typer.Option([], "--service-account-issuer", help="The iss of issued tokens (default "
+                              "https://kubernetes.default.svc.cluster.local); repeat to also accept tokens of "
+                              "earlier issuers (the first one signs).")
+ApiAudiencesOption = typer.Option([], "--api-audiences", help="Audiences a token must carry one of to be accepted "
+                                  "by the API (comma-separated or repeated; default: the issuers).")
+
+
+AdvertiseAddressOption = typer.Option(None, "--advertise-address", help="The IP address the default/kubernetes "
+                                      "Endpoints give for this server (default: --host, or for 0.0.0.0 the first "
+                                      "non-loopback IPv4 address).")
+
+
+def check_advertise_address(value: str | None) -> str | None:
+    if value is None:
+        return None
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise typer.BadParameter(f"{value!r} is not an IP address", param_hint="--advertise-address") from None
+
+
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
@@ -100,6 +159,11 @@ def register(app: typer.Typer) -> None:
         tls_key_file: Path | None = TlsKeyOption,
         tls_ca_file: Path | None = TlsCaOption,
         token_auth_file: Path | None = TokenFileOption,
+        service_account_signing_key_file: Path | None = SaSigningKeyOption,
+        service_account_key_file: list[Path] = SaKeyFileOption,
+        service_account_issuer: list[str] = SaIssuerOption,
+        api_audiences: list[str] = ApiAudiencesOption,
+        advertise_address: str | None = AdvertiseAddressOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
     ) -> None:
@@ -121,8 +185,12 @@ def register(app: typer.Typer) -> None:
         state_dir = state_dir.expanduser().resolve()
         state_dir.mkdir(parents=True, exist_ok=True)
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
-                          state_dir=state_dir, **security_options(insecure, tls_cert_file, tls_key_file,
-                                                                  tls_ca_file, token_auth_file))
+                          state_dir=state_dir, **security_options(
+                              insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file,
+                              service_account_signing_key_file=service_account_signing_key_file,
+                              service_account_key_files=service_account_key_file,
+                              service_account_issuers=service_account_issuer, api_audiences=api_audiences))
+        cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
