@@ -335,3 +335,62 @@ async def test_volumes_and_the_user_of_a_pods_two_containers(plane: Plane):
         assert "cfg=hello-config sec=s3cr3t name=vols shared=written-by-1234 uid=1234 gid=1234" in line, line
     finally:
         await client.close()
+
+
+PYTHON = "localhost/gpufleet/python:3.11"
+IN_CLUSTER = """
+from kubernetes import client, config
+config.load_incluster_config()
+api = client.CoreV1Api()
+print("own", sorted(p.metadata.name for p in api.list_namespaced_pod("{own}").items), flush=True)
+try:
+    api.list_namespaced_pod("{other}")
+    print("other allowed", flush=True)
+except client.ApiException as e:
+    print("other", e.status, e.reason, flush=True)
+"""
+
+
+async def test_a_program_in_a_pod_calls_the_api_with_its_service_account(plane: Plane):
+    client = plane.client()
+    try:
+        own = await namespace(client, "identity-a")
+        other = await namespace(client, "identity-b")
+        # As in Kubernetes, a service account may do nothing until a role says so.
+        await client.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                             "metadata": {"name": "pod-reader", "namespace": own},
+                             "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]},
+                            own, raw=True)
+        await client.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                             "metadata": {"name": "default-reads-pods", "namespace": own},
+                             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                         "name": "pod-reader"},
+                             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": own}]},
+                            own, raw=True)
+
+        async def default_sa():
+            try:
+                return await client.get("ServiceAccount", "default", own, raw=True)
+            except Exception:
+                return None
+
+        await wait_until(default_sa, 30, "the default service account", plane)
+        await client.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "caller", "namespace": own},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "main", "image": PYTHON, "imagePullPolicy": "IfNotPresent",
+                "command": ["python", "-c", IN_CLUSTER.format(own=own, other=other)]}]},
+        }, own, raw=True)
+
+        async def finished():
+            pod = await client.get("Pod", "caller", own, raw=True)
+            return pod if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed") else None
+
+        pod = await wait_until(finished, 90, "the caller pod to finish", plane)
+        out = (await asyncio.to_thread(plane.kubectl, "logs", "caller", "-n", own)).stdout
+        assert pod["status"]["phase"] == "Succeeded", out
+        assert "own ['caller']" in out and "other 403 Forbidden" in out, out
+        env = {e["name"] for c in pod["spec"]["containers"] for e in c.get("env") or []}
+        assert "KUBERNETES_SERVICE_HOST" not in env  # the agent adds it; the spec stays the user's
+    finally:
+        await client.close()
