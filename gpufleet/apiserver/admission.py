@@ -49,12 +49,21 @@ class ValidatingPlugin(Protocol):
 
 
 def standard_plugins() -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
-    """kube-apiserver's default chain for what is served here: LimitRanger and Priority
-    mutate; LimitRanger, Priority and then ResourceQuota (last, so it charges exactly what
+    """kube-apiserver's default chain for what is served here: LimitRanger, Priority,
+    DefaultStorageClass and StorageObjectInUseProtection mutate; LimitRanger, Priority,
+    PersistentVolumeClaimResize and then ResourceQuota (last, so it charges exactly what
     will be stored) validate."""
     from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
     from gpufleet.apiserver.admission_priority import PriorityAdmission
     from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
+    from gpufleet.apiserver.admission_storage import (
+        DefaultStorageClass,
+        PersistentVolumeClaimResize,
+        StorageObjectInUseProtection,
+    )
 
     limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
-    return [limit_ranger, priority], [limit_ranger, priority, ResourceQuotaAdmission()]
+    mutating: list[MutatingPlugin] = [limit_ranger, priority, DefaultStorageClass(), StorageObjectInUseProtection()]
+    validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
+                                          ResourceQuotaAdmission()]
+    return mutating, validating
