@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from gpufleet.api.storage import DEFAULT_NODE_PATH
 from gpufleet.client.api import Client
 from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
@@ -29,6 +30,8 @@ _CLASSES = {
     "horizontalpodautoscaler": "gpufleet.controllers.hpa:HorizontalPodAutoscalerController",
     "pytorchjob": "gpufleet.controllers.pytorchjob:PyTorchJobController",
     "kueue": "gpufleet.controllers.kueue:KueueController",
+    "persistentvolume": "gpufleet.controllers.persistentvolume:PersistentVolumeController",
+    "localpath": "gpufleet.controllers.localpath:LocalPathProvisioner",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -72,6 +75,8 @@ class ControllerOptions:
     # weighted share first (Kueue's fairSharing.enable; also on when any ClusterQueue
     # declares spec.fairSharing); otherwise by priority and age.
     kueue_fair_sharing: bool = False
+    # Where the local-path StorageClass made at start keeps its volumes on each node.
+    local_path_node_path: str = DEFAULT_NODE_PATH
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -134,6 +139,9 @@ class ControllerManager:
                            "checkpoint_root": opts.pytorchjob_checkpoint_root,
                            "elastic_resize_interval": opts.pytorchjob_resize_interval},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
+            "persistentvolume": {**common, "recorder": recorder("persistentvolume-controller")},
+            "localpath": {**common, "recorder": recorder("gpufleet.io/local-path"),
+                          "node_path": opts.local_path_node_path},
         }
         self.controllers: list[Any] = [
             _controller_class(name)(client, self.informers, **kwargs[name])
