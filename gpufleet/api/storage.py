@@ -78,16 +78,22 @@ LOCAL_PATH_NODE_LABEL = "gpufleet.io/local-path-node"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
+def _part(obj: Mapping[str, Any] | None, key: str) -> Mapping[str, Any]:
+    # Objects come from the store as clients wrote them: a malformed part reads as empty.
+    value = obj.get(key) if isinstance(obj, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
 def _meta(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return (obj or {}).get("metadata") or {}
+    return _part(obj, "metadata")
 
 
 def _spec(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return (obj or {}).get("spec") or {}
+    return _part(obj, "spec")
 
 
 def _status(obj: Mapping[str, Any] | None) -> Mapping[str, Any]:
-    return (obj or {}).get("status") or {}
+    return _part(obj, "status")
 
 
 def annotations_of(obj: Mapping[str, Any] | None) -> Mapping[str, str]:
@@ -200,7 +206,8 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
     ephemeral volume the claim Kubernetes names ``<pod>-<volume>``."""
     out: list[str] = []
     name = _meta(pod).get("name") or ""
-    for vol in _spec(pod).get("volumes") or []:
+    volumes = _spec(pod).get("volumes")
+    for vol in volumes if isinstance(volumes, list) else []:
         if not isinstance(vol, Mapping):
             continue
         source = vol.get("persistentVolumeClaim")

@@ -161,8 +161,8 @@ def test_pki_is_made_once_and_verifies(tmp_path: Path) -> None:
     assert "gpu-head.example" in names.get_values_for_type(x509.DNSName)
 
 
-def test_every_way_a_pod_references_secrets_and_configmaps() -> None:
-    pod = {"spec": {
+def test_every_way_a_pod_references_secrets_configmaps_and_claims() -> None:
+    pod = {"metadata": {"name": "train"}, "spec": {
         "imagePullSecrets": [{"name": "pull"}],
         "initContainers": [{"name": "i", "envFrom": [{"secretRef": {"name": "init-env"}}]}],
         "containers": [{"name": "c",
@@ -182,12 +182,18 @@ def test_every_way_a_pod_references_secrets_and_configmaps() -> None:
             {"name": "v4", "csi": {"driver": "d", "nodePublishSecretRef": {"name": "csi"}}},
             {"name": "v5", "azureFile": {"secretName": "azure", "shareName": "s"}},
             {"name": "v6", "emptyDir": {}},
+            {"name": "v7", "persistentVolumeClaim": {"claimName": "ckpt"}},
+            {"name": "v8", "ephemeral": {"volumeClaimTemplate": {"spec": {}}}},
         ]}}
     assert pod_references(pod) == {
         "secrets": {"pull", "init-env", "key", "debug", "vol", "proj", "csi", "azure"},
         "configmaps": {"cm-env", "cm-key", "cm-vol", "cm-proj"},
+        "persistentvolumeclaims": {"ckpt", "train-v8"},
     }
-    assert pod_references({"spec": {"containers": [{"name": "c"}]}}) == {"secrets": set(), "configmaps": set()}
+    assert pod_references({"spec": {"containers": [{"name": "c"}]}}) == {
+        "secrets": set(), "configmaps": set(), "persistentvolumeclaims": set()}
     # Malformed shapes (the authorizer reads whatever the store holds) reference nothing.
     assert pod_references({"spec": {"volumes": "x", "containers": [{"env": [None, {"valueFrom": 3}]}]}}) == {
-        "secrets": set(), "configmaps": set()}
+        "secrets": set(), "configmaps": set(), "persistentvolumeclaims": set()}
+    assert pod_references({"metadata": [], "spec": {"volumes": [{"persistentVolumeClaim": "x"}, {"ephemeral": 1}]}}) \
+        == {"secrets": set(), "configmaps": set(), "persistentvolumeclaims": set()}
