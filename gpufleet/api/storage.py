@@ -365,14 +365,16 @@ def find_matching_volume(
     *,
     delay_binding: bool = False,
     node: tuple[str, Mapping[str, str]] | None = None,
+    prebound_anywhere: bool = False,
 ) -> Mapping[str, Any] | None:
     """The volume the claim should be bound to, as Kubernetes' findMatchingVolume picks it.
 
     A volume pre-bound to the claim (its ``claimRef`` names it) wins outright: that is the
-    administrator's choice. Otherwise the smallest Available volume that satisfies the claim
-    and its selector. With ``delay_binding`` (a WaitForFirstConsumer claim whose consumer has
-    no node yet) only a pre-bound volume counts; ``node`` (name, labels) keeps only the
-    volumes reachable from that node.
+    administrator's (or a provisioner's) choice. Otherwise the smallest Available volume that
+    satisfies the claim and its selector. With ``delay_binding`` (a WaitForFirstConsumer
+    claim whose consumer has no node yet) only a pre-bound volume counts; ``node`` (name,
+    labels) keeps only the volumes reachable from that node, pre-bound ones too unless
+    ``prebound_anywhere`` (the PV controller binds what was reserved wherever it is).
     """
     best: Mapping[str, Any] | None = None
     best_capacity: Fraction | None = None
@@ -382,7 +384,7 @@ def find_matching_volume(
             continue
         reachable = node is None or volume_node_affinity_matches(pv, node[0], node[1])
         if claim_ref_names(pv, pvc):
-            return pv if reachable else None
+            return pv if reachable or prebound_anywhere else None
         if _spec(pv).get("claimRef") or delay_binding or not reachable:
             continue
         if _status(pv).get("phase") != VOLUME_AVAILABLE or not _selector_matches(pvc, pv):

@@ -40,7 +40,7 @@ from gpufleet.api.k8s import Node, PersistentVolume, PersistentVolumeClaim, Stor
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
-from gpufleet.client.errors import AlreadyExists, Conflict, NotFound
+from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound, TransportError
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
@@ -136,7 +136,11 @@ class LocalPathProvisioner:
         self.classes.add_event_handler(self._class, lambda old, new: self._class(new))
 
     async def start(self) -> None:
-        await self.ensure_default_class()
+        try:
+            await self.ensure_default_class()
+        except (ApiError, TransportError) as exc:
+            # Provisioning for the classes that exist must not wait for this one.
+            log.warning("could not create the StorageClass %s: %s", storage.LOCAL_PATH_CLASS, exc)
         await self.controller.start()
 
     async def stop(self) -> None:

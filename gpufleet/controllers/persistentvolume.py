@@ -260,7 +260,7 @@ class PersistentVolumeController:
         selected = _annotations(pvc).get(storage.ANN_SELECTED_NODE)
         node = (selected, self._node_labels(selected)) if delayed and selected else None
         volume = storage.find_matching_volume(pvc, self._all_volumes(), delay_binding=delayed and not selected,
-                                              node=node)
+                                              node=node, prebound_anywhere=True)
         if volume is not None:
             await self._bind(dict(volume), pvc)
             return

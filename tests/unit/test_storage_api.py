@@ -338,6 +338,12 @@ def test_node_affinity_limits_volumes_to_their_nodes() -> None:
     assert storage.find_matching_volume(claim, [pinned], node=("gpu-2", {storage.HOSTNAME_LABEL: "gpu-2"})) is None
     assert storage.find_matching_volume(claim, [pinned], node=("gpu-1", {storage.HOSTNAME_LABEL: "gpu-1"}))
     assert storage.pinned_nodes(pinned) == {"gpu-1"}
+    # What was reserved for the claim binds wherever it lives, when the caller says so.
+    reserved = pv_body("reserved", nodeAffinity=storage.node_affinity_for("gpu-1"),
+                       claimRef={"namespace": "default", "name": "data"})
+    elsewhere = ("gpu-2", {storage.HOSTNAME_LABEL: "gpu-2"})
+    assert storage.find_matching_volume(claim, [reserved], node=elsewhere) is None
+    assert storage.find_matching_volume(claim, [reserved], node=elsewhere, prebound_anywhere=True) is reserved
 
 
 def test_a_pods_claims_include_generic_ephemeral_volumes() -> None:
