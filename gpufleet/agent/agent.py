@@ -29,6 +29,7 @@ from gpufleet.agent import logfiles, node
 from gpufleet.agent import stats as stats_mod
 from gpufleet.agent.apiproxy import ApiRelay
 from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer
+from gpufleet.agent.localpath import LocalPathCleanup
 from gpufleet.agent.podworker import PodWorker, WorkerContext
 from gpufleet.agent.resources import GPUTable, PortTable
 from gpufleet.agent.runtime.base import RecoveredContainer, RecoveredSandbox, Runtime
@@ -108,6 +109,7 @@ class NodeAgent:
         self._probe_http: httpx.AsyncClient | None = None
         self._pods: Informer | None = None
         self._node_informer: Informer | None = None
+        self._local_path: LocalPathCleanup | None = None
         self._tasks: list[asyncio.Task] = []
         self._registered = asyncio.Event()
         self._need_register = True
@@ -214,6 +216,10 @@ class NodeAgent:
         await self._node_informer.start()
         await self._pods.start()
         self._tasks.append(asyncio.create_task(self._reap_orphans(), name=f"agent:{self.name}:orphans"))
+        # Directories of this node's local-path volumes go when their volumes are deleted.
+        self._local_path = LocalPathCleanup(self.client, self.name, self.clock, recorder=self.recorder,
+                                            backoff_max=self.config.api_retry_max)
+        await self._local_path.start()
         log.info("agent %s: serving on %s:%d with the %s runtime and %d GPU(s)", self.name,
                  self.config.address, self._http.port, self.runtime.name, len(self._gpus))
 
@@ -234,6 +240,8 @@ class NodeAgent:
         for inf in (self._pods, self._node_informer):
             if inf is not None:
                 await inf.stop()
+        if self._local_path is not None:
+            await self._local_path.stop()
         await asyncio.gather(*(w.cancel() for w in list(self.workers.values())), return_exceptions=True)
         self.workers.clear()
         if self.config.close_runtime:

@@ -332,6 +332,39 @@ def _default_priority_class(pc: k8s.PriorityClass) -> None:
         pc.preemption_policy = "PreemptLowerPriority"
 
 
+# --- storage ----------------------------------------------------------------------------
+
+
+def _default_persistent_volume(pv: k8s.PersistentVolume) -> None:
+    # Kubernetes' SetDefaults_PersistentVolume: a new volume is Pending until the PV
+    # controller has looked at it.
+    if pv.spec is not None:
+        if not pv.spec.persistent_volume_reclaim_policy:
+            pv.spec.persistent_volume_reclaim_policy = "Retain"
+        if pv.spec.volume_mode is None:
+            pv.spec.volume_mode = "Filesystem"
+    if pv.status is None:
+        pv.status = k8s.PersistentVolumeStatus()
+    if not pv.status.phase:
+        pv.status.phase = "Pending"
+
+
+def _default_persistent_volume_claim(pvc: k8s.PersistentVolumeClaim) -> None:
+    if pvc.spec is not None and pvc.spec.volume_mode is None:
+        pvc.spec.volume_mode = "Filesystem"
+    if pvc.status is None:
+        pvc.status = k8s.PersistentVolumeClaimStatus()
+    if not pvc.status.phase:
+        pvc.status.phase = "Pending"
+
+
+def _default_storage_class(sc: k8s.StorageClass) -> None:
+    if sc.reclaim_policy is None:
+        sc.reclaim_policy = "Delete"
+    if sc.volume_binding_mode is None:
+        sc.volume_binding_mode = "Immediate"
+
+
 def _default_namespace(ns: k8s.Namespace) -> None:
     if ns.metadata is not None and ns.metadata.name:
         labels = dict(ns.metadata.labels or {})
@@ -399,4 +432,7 @@ _DEFAULTERS: dict[type, Defaulter] = {
     k8s.Node: _default_node,
     k8s.Secret: _default_secret,
     k8s.LimitRange: _default_limit_range,
+    k8s.PersistentVolume: _default_persistent_volume,
+    k8s.PersistentVolumeClaim: _default_persistent_volume_claim,
+    k8s.StorageClass: _default_storage_class,
 }

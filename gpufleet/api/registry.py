@@ -123,6 +123,9 @@ _BUILTIN: list[ResourceType] = [
                  field_labels=("type",)),
     ResourceType("", "v1", "ServiceAccount", "serviceaccounts", True, f"{_K8S}:ServiceAccount", ("sa",),
                  subresources=("token",)),
+    ResourceType("", "v1", "PersistentVolume", "persistentvolumes", False, f"{_K8S}:PersistentVolume", ("pv",)),
+    ResourceType("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True,
+                 f"{_K8S}:PersistentVolumeClaim", ("pvc",)),
     # apps/v1
     ResourceType("apps", "v1", "Deployment", "deployments", True, f"{_K8S}:Deployment", ("deploy",),
                  ("all",), subresources=("status", "scale")),
@@ -137,6 +140,9 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("autoscaling", "v1", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True,
                  "gpufleet.api.autoscaling_v1:HorizontalPodAutoscalerV1", ("hpa",), ("all",),
                  storage_version="v2", conversion_path="gpufleet.api.conversion:HPA_V1"),
+    # storage.k8s.io/v1
+    ResourceType("storage.k8s.io", "v1", "StorageClass", "storageclasses", False, f"{_K8S}:StorageClass",
+                 ("sc",), subresources=()),
     # scheduling.k8s.io/v1
     ResourceType("scheduling.k8s.io", "v1", "PriorityClass", "priorityclasses", False,
                  f"{_K8S}:PriorityClass", ("pc",), subresources=()),

@@ -53,15 +53,25 @@ class ValidatingPlugin(Protocol):
 
 def standard_plugins(*, mount_service_account_token: bool = True) -> tuple[list[MutatingPlugin],
                                                                          list[ValidatingPlugin]]:
-    """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount and
-    Priority mutate; LimitRanger, Priority and then ResourceQuota (last, so it charges exactly
+    """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount,
+    Priority, DefaultStorageClass and StorageObjectInUseProtection mutate; LimitRanger,
+    Priority, PersistentVolumeClaimResize and then ResourceQuota (last, so it charges exactly
     what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
     from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
     from gpufleet.apiserver.admission_priority import PriorityAdmission
     from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
     from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
+    from gpufleet.apiserver.admission_storage import (
+        DefaultStorageClass,
+        PersistentVolumeClaimResize,
+        StorageObjectInUseProtection,
+    )
 
     limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
     service_account = ServiceAccountAdmission(mount_token=mount_service_account_token)
-    return [limit_ranger, service_account, priority], [limit_ranger, priority, ResourceQuotaAdmission()]
+    mutating: list[MutatingPlugin] = [limit_ranger, service_account, priority, DefaultStorageClass(),
+                                      StorageObjectInUseProtection()]
+    validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
+                                          ResourceQuotaAdmission()]
+    return mutating, validating

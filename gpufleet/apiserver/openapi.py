@@ -57,7 +57,7 @@ _META_TYPES = frozenset(
     }
 )
 # Shared types that Kubernetes files under core/v1 but that no core kind served here embeds.
-_CORE_TYPES = frozenset({"PodTemplateSpec"})
+_CORE_TYPES = frozenset({"PodTemplateSpec", "TopologySelectorTerm", "TopologySelectorLabelRequirement"})
 
 # Patch strategy and merge key of well-known lists, by property name (Kubernetes' Go tags).
 _PATCH_META: dict[str, tuple[str, str | None]] = {

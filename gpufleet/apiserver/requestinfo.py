@@ -19,11 +19,14 @@ class RequestInfo:
     name: str = ""
     subresource: str = ""
     path: str = ""
-    # The request's ?fieldSelector= as given (the Node authorizer scopes a node's pod reads by it).
+    # The request's ?fieldSelector= and ?labelSelector= as given (the Node authorizer scopes a
+    # node's reads of pods and of its local volumes by them).
     field_selector: str = ""
+    label_selector: str = ""
 
 
-def parse_request(method: str, path: str, is_watch: bool, field_selector: str = "") -> RequestInfo:
+def parse_request(method: str, path: str, is_watch: bool, field_selector: str = "",
+                  label_selector: str = "") -> RequestInfo:
     """``.../proxy/<more>`` keeps ``proxy`` as the subresource, whatever follows it (the path
     the proxy forwards), as Kubernetes does."""
     parts = [p for p in path.split("/") if p]
@@ -75,6 +78,7 @@ def parse_request(method: str, path: str, is_watch: bool, field_selector: str = 
 
     info.is_resource_request = True
     info.field_selector = field_selector
+    info.label_selector = label_selector
     m = method.upper()
     if m in ("GET", "HEAD"):
         if is_watch:

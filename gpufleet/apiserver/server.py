@@ -64,7 +64,8 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 # Kinds whose status a create may set (the agent registers its Node with what it found).
 _STATUS_ON_CREATE = {"Node", "Event", "Lease"}
 # Kinds whose spec changes are not tracked by metadata.generation on a real cluster.
-_NO_GENERATION = {"Pod", "Namespace", "Node", "Service", "ResourceQuota"}
+_NO_GENERATION = {"Pod", "Namespace", "Node", "Service", "ResourceQuota", "PersistentVolume",
+                  "PersistentVolumeClaim"}
 _WATCH_DEFAULT_TIMEOUT = 1800.0
 
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
@@ -243,7 +244,8 @@ class ApiServer:
         if path == "/version":
             return _json_response(200, discovery.VERSION_INFO)
         is_watch = _truthy(req.param("watch"))
-        info = parse_request(method, path, is_watch, req.param("fieldSelector") or "")
+        info = parse_request(method, path, is_watch, req.param("fieldSelector") or "",
+                             req.param("labelSelector") or "")
         user = await self._authenticate(req)
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
             if not await self.authorizer(user, info):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.api import storage
 from gpufleet.api.quantity import to_int_bytes
 from gpufleet.api.registry import ResourceType
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
@@ -1050,6 +1051,116 @@ _ROLE_BINDING_COLUMNS = (
 )
 
 
+# --- storage -------------------------------------------------------------------------------
+
+
+def _storage_text(resources: Any) -> str:
+    value = (resources or {}).get("storage") if isinstance(resources, dict) else None
+    return "" if value is None else str(value)
+
+
+def _pv_row(obj: Obj, now: float) -> list[Any]:
+    spec, status = _spec(obj), _status(obj)
+    ref = spec.get("claimRef")
+    claim = f"{ref.get('namespace') or ''}/{ref.get('name') or ''}" if isinstance(ref, dict) else ""
+    phase = "Terminating" if _meta(obj).get("deletionTimestamp") else status.get("phase") or ""
+    return [
+        _name(obj),
+        _storage_text(spec.get("capacity")),
+        storage.access_modes_text(spec.get("accessModes")),
+        spec.get("persistentVolumeReclaimPolicy") or "",
+        phase,
+        claim,
+        storage.volume_class(obj),
+        spec.get("volumeAttributesClassName") or "<unset>",
+        status.get("reason") or "",
+        age_cell(obj, now),
+        spec.get("volumeMode") or "<unset>",
+    ]
+
+
+_PV_COLUMNS = (
+    NAME_COLUMN,
+    Column("Capacity", description="capacity is the description of the persistent volume's resources and "
+                                   "capacity."),
+    Column("Access Modes", description="accessModes contains all ways the volume can be mounted."),
+    Column("Reclaim Policy", description="persistentVolumeReclaimPolicy defines what happens to a persistent "
+                                         "volume when released from its claim."),
+    Column("Status", description="phase indicates if a volume is available, bound to a claim, or released by "
+                                 "a claim."),
+    Column("Claim", description="claimRef is part of a bi-directional binding between PersistentVolume and "
+                                "PersistentVolumeClaim."),
+    Column("StorageClass", description="StorageClass of the pv"),
+    Column("VolumeAttributesClass", description="VolumeAttributesClass of the pv"),
+    Column("Reason", description="reason is a brief CamelCase string that describes any failure and is meant "
+                                 "for machine parsing and tidy display in the CLI."),
+    AGE_COLUMN,
+    Column("VolumeMode", priority=1, description="volumeMode defines if a volume is intended to be used with a "
+                                                 "formatted filesystem or to remain in raw block state."),
+)
+
+
+def _pvc_row(obj: Obj, now: float) -> list[Any]:
+    spec, status = _spec(obj), _status(obj)
+    phase = "Terminating" if _meta(obj).get("deletionTimestamp") else status.get("phase") or ""
+    capacity = modes = ""
+    if spec.get("volumeName"):
+        capacity = _storage_text(status.get("capacity"))
+        modes = storage.access_modes_text(status.get("accessModes"))
+    return [
+        _name(obj),
+        phase,
+        spec.get("volumeName") or "",
+        capacity,
+        modes,
+        storage.claim_class(obj),
+        spec.get("volumeAttributesClassName") or "<unset>",
+        age_cell(obj, now),
+        spec.get("volumeMode") or "<unset>",
+    ]
+
+
+_PVC_COLUMNS = (
+    NAME_COLUMN,
+    Column("Status", description="phase represents the current phase of PersistentVolumeClaim."),
+    Column("Volume", description="volumeName is the binding reference to the PersistentVolume backing this "
+                                 "claim."),
+    Column("Capacity", description="capacity represents the actual resources of the underlying volume."),
+    Column("Access Modes", description="accessModes contains the actual access modes the volume backing the PVC "
+                                       "has."),
+    Column("StorageClass", description="StorageClass of the pvc"),
+    Column("VolumeAttributesClass", description="VolumeAttributesClass of the pvc"),
+    AGE_COLUMN,
+    Column("VolumeMode", priority=1, description="volumeMode defines what type of volume is required by the "
+                                                 "claim."),
+)
+
+
+def _storage_class_row(obj: Obj, now: float) -> list[Any]:
+    name = _name(obj) + (" (default)" if storage.is_default_class(obj) else "")
+    return [
+        name,
+        obj.get("provisioner") or "",
+        obj.get("reclaimPolicy") or "Delete",
+        obj.get("volumeBindingMode") or "Immediate",
+        bool(obj.get("allowVolumeExpansion")),
+        age_cell(obj, now),
+    ]
+
+
+_STORAGE_CLASS_COLUMNS = (
+    NAME_COLUMN,
+    Column("Provisioner", description="provisioner indicates the type of the provisioner."),
+    Column("ReclaimPolicy", description="reclaimPolicy controls the reclaimPolicy for dynamically provisioned "
+                                        "PersistentVolumes of this storage class."),
+    Column("VolumeBindingMode", description="volumeBindingMode indicates how PersistentVolumeClaims should be "
+                                            "provisioned and bound."),
+    Column("AllowVolumeExpansion", description="allowVolumeExpansion shows whether the storage class allow "
+                                               "volume expand."),
+    AGE_COLUMN,
+)
+
+
 def _default_row(obj: Obj, now: float) -> list[Any]:
     return [_name(obj), age_cell(obj, now)]
 
@@ -1068,6 +1179,9 @@ for _group, _kind, _columns, _row in (
     ("", "ConfigMap", _CONFIG_MAP_COLUMNS, _config_map_row),
     ("", "Secret", _SECRET_COLUMNS, _secret_row),
     ("", "ServiceAccount", _SERVICE_ACCOUNT_COLUMNS, _service_account_row),
+    ("", "PersistentVolume", _PV_COLUMNS, _pv_row),
+    ("", "PersistentVolumeClaim", _PVC_COLUMNS, _pvc_row),
+    ("storage.k8s.io", "StorageClass", _STORAGE_CLASS_COLUMNS, _storage_class_row),
     ("apps", "Deployment", _DEPLOYMENT_COLUMNS, _deployment_row),
     ("apps", "ReplicaSet", _REPLICASET_COLUMNS, _replicaset_row),
     ("batch", "Job", _JOB_COLUMNS, _job_row),

@@ -67,6 +67,9 @@ class ControlPlane:
     gateway_port: int | None = None
     hpa_sync_period: float = 15.0
     gateway: Any = None
+    # Where the local-path StorageClass made at first start keeps volumes on each node
+    # (None: /var/lib/gpufleet/local-path).
+    local_path_dir: str | None = None
     # The scheduler and the controller manager run only while this process holds their
     # Lease (kube-system/gpufleet-scheduler, kube-system/gpufleet-controller-manager), so
     # several servers on one PostgreSQL have one active of each. leader_elect=False runs
@@ -194,9 +197,12 @@ class ControlPlane:
     def _new_controller_manager(self) -> Any:
         from gpufleet.controllers.manager import ControllerManager
 
+        options: dict[str, Any] = {}
+        if self.local_path_dir is not None:
+            options["local_path_node_path"] = self.local_path_dir
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
                                  hpa_gateway_url=self.gateway.url if self.gateway is not None else None,
-                                 root_ca=self.ca_pem)
+                                 root_ca=self.ca_pem, **options)
 
     def _new_scheduler(self) -> Any:
         from gpufleet.scheduler import Scheduler

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from gpufleet.api.storage import DEFAULT_NODE_PATH
 from gpufleet.client.api import Client
 from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
@@ -32,6 +33,8 @@ _CLASSES = {
     "pytorchjob": "gpufleet.controllers.pytorchjob:PyTorchJobController",
     "kueue": "gpufleet.controllers.kueue:KueueController",
     "nodeipam": "gpufleet.controllers.nodeipam:NodeIpamController",
+    "persistentvolume": "gpufleet.controllers.persistentvolume:PersistentVolumeController",
+    "localpath": "gpufleet.controllers.localpath:LocalPathProvisioner",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -81,6 +84,8 @@ class ControllerOptions:
     # The cluster CA's certificate (PEM), published in every namespace as the ConfigMap
     # kube-root-ca.crt (kube-controller-manager's --root-ca-file); None publishes nothing.
     root_ca: bytes | None = None
+    # Where the local-path StorageClass made at start keeps its volumes on each node.
+    local_path_node_path: str = DEFAULT_NODE_PATH
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -147,6 +152,9 @@ class ControllerManager:
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},
+            "persistentvolume": {**common, "recorder": recorder("persistentvolume-controller")},
+            "localpath": {**common, "recorder": recorder("gpufleet.io/local-path"),
+                          "node_path": opts.local_path_node_path},
         }
         self.controllers: list[Any] = [
             _controller_class(name)(client, self.informers, **kwargs[name])

@@ -56,6 +56,13 @@ SYSTEM_ANNOTATIONS = frozenset({
     "autoscaling.alpha.kubernetes.io/conditions",
     "autoscaling.alpha.kubernetes.io/behavior",
     "rbac.authorization.kubernetes.io/autoupdate",
+    # Binding and provisioning bookkeeping of claims and volumes (the PV controller's).
+    "pv.kubernetes.io/bind-completed",
+    "pv.kubernetes.io/bound-by-controller",
+    "pv.kubernetes.io/provisioned-by",
+    "volume.kubernetes.io/selected-node",
+    "volume.kubernetes.io/storage-provisioner",
+    "volume.beta.kubernetes.io/storage-provisioner",
 })
 # gpufleet.io/ annotations a user sets that mean nothing on a real cluster (kept, with a note).
 GPUFLEET_USER_ANNOTATIONS = frozenset({
@@ -71,7 +78,11 @@ JOB_GENERATED_LABELS = frozenset({
 })
 _METADATA_KEEP = ("name", "namespace", "labels", "annotations", "finalizers")
 # Finalizers the system adds and removes itself; a real cluster would never remove them.
-_SYSTEM_FINALIZERS = frozenset({"kubernetes", "foregroundDeletion", "orphan"})
+_SYSTEM_FINALIZERS = frozenset({"kubernetes", "foregroundDeletion", "orphan", "kubernetes.io/pvc-protection",
+                                "kubernetes.io/pv-protection"})
+_BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
+# The StorageClass gpufleet makes at start: a real cluster brings its own storage.
+BUILT_IN_STORAGE_CLASS = ("local-path", "gpufleet.io/local-path")
 _QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -96,6 +107,12 @@ def exported(obj: dict[str, Any]) -> bool:
     if kind == "Namespace" and name in SYSTEM_NAMESPACES:
         return False
     if kind == "PriorityClass" and name.startswith("system-"):
+        return False
+    if kind == "StorageClass" and (name, obj.get("provisioner")) == BUILT_IN_STORAGE_CLASS:
+        return False
+    if kind == "PersistentVolume" and group == "" and "pv.kubernetes.io/provisioned-by" in (
+            meta.get("annotations") or {}):
+        # Made by a provisioner for a claim: the claim gets a new one there.
         return False
     if kind in ("ClusterRole", "ClusterRoleBinding") and (
             name.startswith("system:") or labels.get("kubernetes.io/bootstrapping") == "rbac-defaults"):
@@ -143,6 +160,8 @@ def clean(obj: dict[str, Any]) -> dict[str, Any]:
             # The scheduler's choice among this cluster's nodes.
             spec.pop("nodeName", None)
             _clean_service_account(spec)
+        elif kind in ("PersistentVolumeClaim", "PersistentVolume") and group == "":
+            _clean_storage(kind, spec, meta)
         elif kind == "Namespace":
             _set_or_drop(spec, "finalizers", [f for f in spec.get("finalizers") or [] if f != "kubernetes"])
         if not spec and kind == "Namespace":
@@ -205,6 +224,21 @@ def _clean_job(job: dict[str, Any], spec: dict[str, Any]) -> None:
         if spec.get("manualSelector") is False:
             spec.pop("manualSelector")
     _clean_queued(job, spec)
+
+
+def _clean_storage(kind: str, spec: dict[str, Any], meta: dict[str, Any]) -> None:
+    """A binding the PV controller chose is made again there; one the user wrote (a claim
+    naming its volume, a volume reserved for a claim) stays, without this cluster's uids."""
+    chosen = _BOUND_BY_CONTROLLER in (meta.get("annotations") or {})
+    if kind == "PersistentVolumeClaim":
+        if chosen:
+            spec.pop("volumeName", None)
+        return
+    ref = spec.get("claimRef")
+    if chosen or not isinstance(ref, dict):
+        spec.pop("claimRef", None)
+    else:
+        spec["claimRef"] = {k: v for k, v in ref.items() if k in ("apiVersion", "kind", "namespace", "name")}
 
 
 def _clean_queued(obj: dict[str, Any], suspend_holder: Any) -> None:

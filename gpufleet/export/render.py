@@ -20,6 +20,7 @@ from gpufleet.export.clean import GPUFLEET_USER_ANNOTATIONS, clean, exported, gp
 # then the workloads. Kinds not named here go after, by group and kind.
 ORDER = [
     "Namespace", "PriorityClass", "ServiceAccount", "Secret", "ConfigMap", "ResourceQuota", "LimitRange",
+    "StorageClass", "PersistentVolume", "PersistentVolumeClaim",
     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
     "ResourceFlavor", "ClusterQueue", "LocalQueue",
     "PodDisruptionBudget", "Service", "PodGroup", "Deployment", "HorizontalPodAutoscaler",
@@ -137,6 +138,12 @@ def notes_for(obj: dict[str, Any]) -> list[str]:
         if spec.get("minReplicas") == 0:
             notes.append("minReplicas 0 needs the HPAScaleToZero feature gate; gpufleet's gateway also holds "
                          "requests while a replica starts, a real cluster does not")
+    if kind == "PersistentVolumeClaim" and group == "" and spec.get("storageClassName") == "local-path":
+        notes.append("storageClassName local-path: k3s has a class of that name (rancher.io/local-path); elsewhere "
+                     "install Rancher's local-path-provisioner or name a class the cluster has")
+    if kind == "StorageClass" and obj.get("provisioner") == "gpufleet.io/local-path":
+        notes.append("provisioner gpufleet.io/local-path is gpufleet's own: on Kubernetes use rancher.io/local-path "
+                     "(Rancher's local-path-provisioner), which gpufleet also serves")
     kept = [a for a in gpufleet_annotations(obj) if a in GPUFLEET_USER_ANNOTATIONS]
     if kept:
         notes.append(f"{', '.join(kept)}: gpufleet-only, ignored there (kept so the export re-applies to gpufleet)")

@@ -302,9 +302,15 @@ NODE_TAINT = "Node/UpdateTaint"
 NODE_ANNOTATION = "Node/UpdateAnnotation"
 POD_DELETE = "AssignedPod/Delete"
 POD_UPDATE = "AssignedPod/Update"
+PVC_ADD = "PersistentVolumeClaim/Add"
+PVC_UPDATE = "PersistentVolumeClaim/Update"
+PV_ADD = "PersistentVolume/Add"
+PV_UPDATE = "PersistentVolume/Update"
+STORAGE_CLASS_ADD = "StorageClass/Add"
 UNSCHEDULABLE_TIMEOUT = "UnschedulableTimeout"
 ALL_EVENTS = frozenset(
-    {NODE_ADD, NODE_DELETE, NODE_ALLOCATABLE, NODE_LABEL, NODE_TAINT, NODE_ANNOTATION, POD_DELETE, POD_UPDATE}
+    {NODE_ADD, NODE_DELETE, NODE_ALLOCATABLE, NODE_LABEL, NODE_TAINT, NODE_ANNOTATION, POD_DELETE, POD_UPDATE,
+     PVC_ADD, PVC_UPDATE, PV_ADD, PV_UPDATE, STORAGE_CLASS_ADD}
 )
 
 
@@ -438,6 +444,9 @@ class FrameworkHandle:
     nominated_nodes: dict[str, str] = field(default_factory=dict)
     # Pods ('namespace/name') preemption is deleting, not yet seen terminating.
     pending_victims: set[str] = field(default_factory=set)
+    # The claims, volumes and classes as they are now (a volumes.StorageTracker), for the
+    # binding steps that wait on them; cycles read the snapshot's copy instead.
+    volumes: Any = None
 
 
 PluginFactory = Callable[[Mapping[str, Any], FrameworkHandle], Any]

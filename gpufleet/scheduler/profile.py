@@ -27,6 +27,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "GPUMemory",
     "NodeResourcesFit",
     "GPUTopology",
+    "VolumeBinding",
     "DefaultSpread",
     "DefaultPreemption",
     "DefaultBinder",

@@ -2,9 +2,11 @@
 
     informers (Nodes, Pods) --> cache (NodeInfos, assumed pods)
                             \\-> queue (pending pods)
+    informers (claims, volumes, storage classes) --> storage state (on each snapshot)
     loop: pop a pod -> framework.schedule(pod, snapshot)      (pure, no awaits)
           -> fits:    assume in the cache, Permit, then bind in the background:
-                      PreBind (GPU indices annotation) -> Bind (pods/binding)
+                      PreBind (claims waiting for their first consumer get the node
+                      and are waited for) -> Bind (pods/binding)
                       failure: forget the assumption, back off, retry
           -> no node: back to the queue until a cluster event may help, and tell the
                       user: PodScheduled=False/Unschedulable and a FailedScheduling Event
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections import Counter
@@ -52,6 +55,11 @@ from gpufleet.scheduler.framework import (
     NODE_LABEL,
     NODE_TAINT,
     POD_DELETE,
+    PV_ADD,
+    PV_UPDATE,
+    PVC_ADD,
+    PVC_UPDATE,
+    STORAGE_CLASS_ADD,
     Code,
     CycleState,
     FitError,
@@ -68,6 +76,7 @@ from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
 from gpufleet.scheduler.profile import Profile
 from gpufleet.scheduler.queue import QueueClosed, QueuedPodInfo, SchedulingQueue
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot
+from gpufleet.scheduler.volumes import StorageTracker
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
 log = logging.getLogger(__name__)
@@ -162,6 +171,10 @@ class Scheduler:
         self.clock = clock
         self.profile = profile or Profile()
         self.handle = FrameworkHandle(client=client, clock=clock)
+        # Claims, volumes and classes: copied onto each cycle's snapshot, and waited on by
+        # VolumeBinding's PreBind.
+        self.storage = StorageTracker()
+        self.handle.volumes = self.storage
         self.framework = Framework(self.profile, registry=registry, handle=self.handle, rng=rng)
         self.cache = SchedulerCache(clock=clock, ttl=assumed_pod_ttl)
         self.queue = SchedulingQueue(
@@ -189,6 +202,9 @@ class Scheduler:
         self._podgroup_informer: Any = None
         self._pdb_informer: Any = None
         self._handlers: list[tuple[Any, Any]] = []
+        # Pod queue key -> its binding cycle in flight (cancelled when the pod is deleted:
+        # a PreBind may wait minutes for its volumes).
+        self._bindings: dict[str, asyncio.Task[Any]] = {}
         self._started = False
         # PodGroup 'namespace/name' -> queue key -> member pod (every phase).
         self._members: dict[str, dict[str, k8s.Pod]] = {}
@@ -213,7 +229,22 @@ class Scheduler:
         self._pod_informer = factory.informer("pods")
         self._podgroup_informer = factory.informer(pg_api.PodGroup)
         self._pdb_informer = factory.informer("poddisruptionbudgets")
+        claims = factory.informer("persistentvolumeclaims")
+        volumes = factory.informer("persistentvolumes")
+        classes = factory.informer("storageclasses")
         self._handlers = [
+            (claims, claims.add_event_handler(
+                self._storage_event(self.storage.put_claim, PVC_ADD),
+                self._storage_update(self.storage.put_claim, PVC_UPDATE),
+                self._storage_event(self.storage.delete_claim, None))),
+            (volumes, volumes.add_event_handler(
+                self._storage_event(self.storage.put_volume, PV_ADD),
+                self._storage_update(self.storage.put_volume, PV_UPDATE),
+                self._storage_event(self.storage.delete_volume, None))),
+            (classes, classes.add_event_handler(
+                self._storage_event(self.storage.put_class, STORAGE_CLASS_ADD),
+                self._storage_update(self.storage.put_class, STORAGE_CLASS_ADD),
+                self._storage_event(self.storage.delete_class, None))),
             (
                 node_informer,
                 node_informer.add_event_handler(
@@ -266,10 +297,20 @@ class Scheduler:
                 log.warning("the scheduler's informers did not stop within %gs", self.stop_timeout)
         self._started = False
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+    def _spawn_binding(self, qpi: QueuedPodInfo, assumed: PodInfo, result: ScheduleResult) -> None:
+        task = self._spawn(self._binding_cycle(qpi, assumed, result), f"bind:{qpi.pod_info.key}")
+        self._bindings[qpi.key] = task
+        task.add_done_callback(functools.partial(self._binding_done, qpi.key))
+
+    def _binding_done(self, key: str, task: asyncio.Task[Any]) -> None:
+        if self._bindings.get(key) is task:
+            del self._bindings[key]
 
     async def wait_idle(self) -> None:
         """Wait for the bindings and status writes in flight (tests)."""
@@ -287,6 +328,21 @@ class Scheduler:
         if interested is None:
             interested = self._interested[event] = self.framework.plugins_for_event(event)
         self.queue.move_all_to_active_or_backoff(interested)
+
+    def _storage_event(self, put: Any, event: str | None) -> Any:
+        def handle(obj: Any) -> None:
+            put(obj)
+            if event is not None:
+                self._move(event)
+
+        return handle
+
+    def _storage_update(self, put: Any, event: str) -> Any:
+        def handle(old: Any, new: Any) -> None:
+            put(new)
+            self._move(event)
+
+        return handle
 
     def _on_node_add(self, obj: Any) -> None:
         self.cache.add_node(_node(obj))
@@ -339,6 +395,9 @@ class Scheduler:
         waiting = self.framework.get_waiting_pod(key)
         if waiting is not None:
             waiting.reject("", "pod was deleted")
+        binding = self._bindings.pop(key, None)
+        if binding is not None and not binding.done():
+            binding.cancel()
         if _assigned(pod) or self.cache.is_assumed(pod):
             self.cache.remove_pod(pod)
             self._move(POD_DELETE)
@@ -444,7 +503,7 @@ class Scheduler:
             return None
         self._observe("scheduled", start, profile)
         log.debug("%s -> %s (gpus %s)", pod_info.key, result.node, result.gpu_indices)
-        self._spawn(self._binding_cycle(qpi, assumed, result), f"bind:{pod_info.key}")
+        self._spawn_binding(qpi, assumed, result)
         return result
 
     def _observe(self, result: str, start: float, profile: str) -> None:
@@ -600,6 +659,7 @@ class Scheduler:
         they are at least as important (what their victims free is theirs)."""
         snapshot = self._snapshot
         self.cache.update_snapshot(snapshot)
+        snapshot.storage = self.storage.state()
         snapshot.pdbs = (
             [_model(k8s.PodDisruptionBudget, o) for o in self._pdb_informer.list()]
             if (self._pdb_informer is not None)
@@ -843,7 +903,7 @@ class Scheduler:
                     self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
                     continue
                 self._observe("scheduled", start, profile)
-                self._spawn(self._binding_cycle(member_qpi, assumed, result), f"bind:{member.key}")
+                self._spawn_binding(member_qpi, assumed, result)
             for member, error in placement.failed:
                 member_qpi = by_key[member.uid or member.key]
                 member_qpi.unschedulable_plugins = set(error.diagnosis.unschedulable_plugins)

@@ -28,6 +28,8 @@ from gpufleet.scheduler.gpu import (
     parse_gpu_indices,
     parse_gpus_annotation,
 )
+from gpufleet.scheduler.volumes import EMPTY as EMPTY_STORAGE
+from gpufleet.scheduler.volumes import StorageState
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -576,6 +578,9 @@ class Snapshot:
         # The PodDisruptionBudget objects preemption weighs its victims against, set by
         # the scheduler before each cycle (preemption.disruption_budgets reads them).
         self.pdbs: list[Any] = []
+        # The claims, volumes and storage classes of the cycle (a volumes.StorageState),
+        # set by the scheduler before each cycle; VolumeBinding reads them.
+        self.storage: StorageState = EMPTY_STORAGE
         # No pod on these nodes has a lower priority than this (None: not known); lets
         # preemption answer at once when nothing could be a victim.
         self.lowest_priority: int | None = None

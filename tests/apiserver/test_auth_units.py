@@ -196,3 +196,5 @@ def test_every_way_a_pod_references_secrets_configmaps_claims_and_its_service_ac
     assert pod_references({"spec": {"containers": [{"name": "c"}]}}) == none
     # Malformed shapes (the authorizer reads whatever the store holds) reference nothing.
     assert pod_references({"spec": {"volumes": "x", "containers": [{"env": [None, {"valueFrom": 3}]}]}}) == none
+    assert pod_references({"metadata": [], "spec": {"volumes": [{"persistentVolumeClaim": "x"}, {"ephemeral": 1}]}}) \
+        == none

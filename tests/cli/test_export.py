@@ -360,3 +360,46 @@ def test_what_service_account_admission_added_to_a_pod_is_left_out() -> None:
                           "initContainers": [{"name": "i", "image": "i"}],
                           "volumes": [{"name": "data", "emptyDir": {}}]}
     assert specs["b"]["serviceAccountName"] == "trainer" and "serviceAccount" not in specs["b"]
+
+
+def test_storage_exports_what_the_user_wrote_and_leaves_the_bookkeeping() -> None:
+    bound = {"pv.kubernetes.io/bind-completed": "yes", "pv.kubernetes.io/bound-by-controller": "yes"}
+    objects = [
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "gpufleet.io/local-path",
+         "metadata": {"name": "local-path", "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}}},
+        {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "provisioner": "gpufleet.io/local-path",
+         "metadata": {"name": "scratch"}, "parameters": {"nodePath": "/nvme"}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
+            "name": "pvc-1", "annotations": {"pv.kubernetes.io/provisioned-by": "gpufleet.io/local-path"}},
+         "spec": {"hostPath": {"path": "/x"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {
+            "name": "datasets", "finalizers": ["kubernetes.io/pv-protection"],
+            "annotations": {"pv.kubernetes.io/bound-by-controller": "yes"}},
+         "spec": {"hostPath": {"path": "/srv"}, "claimRef": {"namespace": "ml", "name": "data", "uid": "u1"}},
+         "status": {"phase": "Bound"}},
+        {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "reserved"},
+         "spec": {"hostPath": {"path": "/r"}, "claimRef": {"namespace": "ml", "name": "mine", "uid": "u2",
+                                                            "resourceVersion": "7"}}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+            "name": "ckpt", "namespace": "ml", "finalizers": ["kubernetes.io/pvc-protection"],
+            "annotations": {**bound, "volume.kubernetes.io/selected-node": "gpu-1"}},
+         "spec": {"storageClassName": "local-path", "volumeName": "pvc-1"}, "status": {"phase": "Bound"}},
+        {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {
+            "name": "mine", "namespace": "ml", "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+         "spec": {"storageClassName": "", "volumeName": "reserved"}},
+    ]
+    export = build(objects)
+    docs = {(d.kind, d.obj["metadata"]["name"]): d for d in export.documents}
+    assert list(docs) == [("StorageClass", "scratch"), ("PersistentVolume", "datasets"),
+                          ("PersistentVolume", "reserved"), ("PersistentVolumeClaim", "ckpt"),
+                          ("PersistentVolumeClaim", "mine")]
+    assert docs[("PersistentVolume", "datasets")].obj == {"apiVersion": "v1", "kind": "PersistentVolume",
+                                                          "metadata": {"name": "datasets"},
+                                                          "spec": {"hostPath": {"path": "/srv"}}}
+    assert docs[("PersistentVolume", "reserved")].obj["spec"]["claimRef"] == {"namespace": "ml", "name": "mine"}
+    ckpt = docs[("PersistentVolumeClaim", "ckpt")]
+    assert ckpt.obj["metadata"] == {"name": "ckpt", "namespace": "ml"}
+    assert ckpt.obj["spec"] == {"storageClassName": "local-path"}
+    assert any("k3s has a class of that name" in n for n in ckpt.notes)
+    assert docs[("PersistentVolumeClaim", "mine")].obj["spec"] == {"storageClassName": "", "volumeName": "reserved"}
+    assert any("rancher.io/local-path" in n for n in docs[("StorageClass", "scratch")].notes)

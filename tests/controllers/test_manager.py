@@ -58,7 +58,8 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
     assert [type(c).__name__ for c in manager.controllers] == [
         "NamespaceController", "ServiceAccountsController", "RootCACertPublisher", "ReplicaSetController",
         "DeploymentController", "JobController", "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
-        "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController"]
+        "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController",
+        "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")
     for hb in (a, b):
         await hb.register()

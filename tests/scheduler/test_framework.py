@@ -220,7 +220,9 @@ class TestWiring:
             "GPUMemory",
             "NodeResourcesFit",
             "GPUTopology",
+            "VolumeBinding",
         ]
+        assert [p.name for p in fw.pre_bind] == ["VolumeBinding"]
         assert {p.name: w for p, w in fw.scorers} == {
             "TaintToleration": 3,
             "NodeAffinity": 2,

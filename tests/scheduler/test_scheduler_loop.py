@@ -29,9 +29,12 @@ def scheduler_with(nodes: dict[str, int], pods: int, **kwargs) -> tuple[Schedule
         scheduler.queue.add(pod_info)
     started: list[str] = []
 
-    def spawn(coro, name: str) -> None:
+    def spawn(coro, name: str) -> asyncio.Future:
         started.append(name.split(":", 1)[0])
         coro.close()
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     scheduler._spawn = spawn  # type: ignore[method-assign]
     return scheduler, started, pending

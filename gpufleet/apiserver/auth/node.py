@@ -5,13 +5,16 @@ and pods; this admission plugin narrows that to the agent's own Node (and its st
 own Lease in kube-node-lease, and the pods bound to it (status, the annotations the agent
 records, and the final delete). It cannot create pods. A service account token it asks for
 (which the Node authorizer allows only for the service accounts of its pods) must be bound
-to one of its pods, named with its uid. Other users pass through untouched.
+to one of its pods, named with its uid. The Node authorizer lets it update the
+PersistentVolumes that live on it; here such an update may only take finalizers away (the
+local-path cleanup, once the volume's directory is gone). Other users pass through untouched.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.api import storage
 from gpufleet.apiserver.admission import AdmissionContext
 from gpufleet.apiserver.auth.tokens import node_name_of
 from gpufleet.apiserver.errors import ApiException, not_found, qualified
@@ -26,6 +29,19 @@ def _name(obj: dict[str, Any] | None) -> str:
 
 def _node_of(pod: dict[str, Any] | None) -> str:
     return ((pod or {}).get("spec") or {}).get("nodeName") or ""
+
+
+def _without_finalizers(obj: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in obj.items() if k != "metadata"}
+    out["metadata"] = {k: v for k, v in (obj.get("metadata") or {}).items()
+                       if k not in ("finalizers", "resourceVersion", "managedFields")}
+    return out
+
+
+def _only_finalizers_removed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    before = set((old.get("metadata") or {}).get("finalizers") or [])
+    after = set((new.get("metadata") or {}).get("finalizers") or [])
+    return after <= before and _without_finalizers(old) == _without_finalizers(new)
 
 
 class NodeRestriction:
@@ -53,6 +69,11 @@ class NodeRestriction:
             if bound != node or (ctx.operation == "UPDATE" and _node_of(obj) != node):
                 verb = "delete" if ctx.operation == "DELETE" else "update"
                 self._deny(ctx, target, f'node "{node}" can only {verb} pods with spec.nodeName set to itself')
+        elif kind == "PersistentVolume":
+            if ctx.operation != "UPDATE" or old is None or not storage.pinned_to(old, node):
+                self._deny(ctx, target, f'node "{node}" can only update persistentvolumes that live on it')
+            elif not _only_finalizers_removed(old, obj):
+                self._deny(ctx, target, f'node "{node}" may only remove finalizers of persistentvolumes')
 
     async def _token_request(self, ctx: AdmissionContext, node: str, obj: dict[str, Any]) -> None:
         """As Kubernetes' admitServiceAccount: the token must be bound to a pod on this node."""

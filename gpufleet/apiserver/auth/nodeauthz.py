@@ -1,20 +1,26 @@
-"""The Node authorizer: a node agent reads only the secrets, config maps and volume claims of
-its own pods, asks tokens only for their service accounts, and lists or watches only its own
-pods.
+"""The Node authorizer: a node agent reads only the secrets, config maps, claims and volumes
+of its own pods, asks tokens only for their service accounts, and lists or watches only its
+own pods and the local volumes it looks after.
 
 As Kubernetes' (plugin/pkg/auth/authorizer/node): a member of ``system:nodes`` acting as
 ``system:node:<name>`` may ``get`` a Secret, ConfigMap or PersistentVolumeClaim only when a
 pod bound to that node (``spec.nodeName``) references it, through a volume (also inside a
-projected volume: the ``kube-root-ca.crt`` config map of every pod's API access volume), an
-env ``valueFrom``, an ``envFrom``, an ``imagePullSecrets`` entry or, for claims, a
-``persistentVolumeClaim`` or ``ephemeral`` volume; and a PersistentVolume only when such a
-claim is bound to it. A list or watch of them, which would reveal every one in a namespace,
-is refused. It may ``create`` the ``token`` subresource of a ServiceAccount only when a pod
-bound to it runs as that service account; NodeRestriction (node.py) then requires the token
-to be bound to such a pod. Everything else a node reads or writes is left to RBAC (the
-``system:node`` role) and NodeRestriction, except listing and watching pods: allowed only
-with the field selector ``spec.nodeName=<the node>``, as Kubernetes' Node authorizer does
-(AuthorizeNodeWithSelectors), so a node cannot read the pods of the whole cluster.
+projected volume; a claim by ``persistentVolumeClaim.claimName`` or as a generic ephemeral
+volume), an env ``valueFrom``, an ``envFrom`` or an ``imagePullSecrets`` entry, and a
+PersistentVolume when such a claim is bound to it. A list or watch of them, which would
+reveal every one in a namespace, is refused. It may ``create`` the ``token`` subresource of a
+ServiceAccount only when a pod bound to it runs as that service account; NodeRestriction
+(node.py) then requires the token to be bound to such a pod. Everything else a node reads or writes is left
+to RBAC (the ``system:node`` role) and NodeRestriction, except listing and watching pods:
+allowed only with the field selector ``spec.nodeName=<the node>``, as Kubernetes' Node
+authorizer does (AuthorizeNodeWithSelectors), so a node cannot read the pods of the whole
+cluster.
+
+Volumes that live on the node (their node affinity names it: what the local-path
+provisioner makes) are the node's to clean up when they are deleted: it may get and update
+them (NodeRestriction lets the update only remove finalizers), list and watch them with the
+label selector ``gpufleet.io/local-path-node=<the node>``, and get the StorageClass one of
+them names (to learn where the class keeps its volumes).
 
 Kubernetes keeps a graph that informers update, so a decision can lag behind a binding or a
 deletion. Here each decision reads the store as of that request: the authorizer keeps, per
@@ -30,12 +36,16 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.api.selectors import SelectorError, parse_field_selector
+from gpufleet.api import storage
+from gpufleet.api.selectors import SelectorError, parse_field_selector, parse_label_selector
 from gpufleet.apiserver.auth.rbac import Attributes, Decision
 from gpufleet.store import base as store_base
 
-# The namespaced kinds a node reads only through its pods.
+# The kinds a node reaches only through its pods: resource -> what a pod calls them.
 GRAPH_RESOURCES = ("secrets", "configmaps", "persistentvolumeclaims")
+VOLUMES = "persistentvolumes"
+CLAIMS = "persistentvolumeclaims"
+CLASSES = "storageclasses.storage.k8s.io"
 
 # Volume sources that name a Secret under a key of their own (Kubernetes' VisitPodSecretNames).
 _VOLUME_SECRET_REFS: dict[str, tuple[str, str]] = {
@@ -112,6 +122,7 @@ def pod_references(pod: dict[str, Any]) -> dict[str, set[str]]:
     secrets.discard("")
     configmaps.discard("")
     claims.discard("")
+    claims |= set(storage.pod_claim_names(pod))
     account = spec.get("serviceAccountName") or spec.get("serviceAccount")
     return {"secrets": secrets, "configmaps": configmaps, "persistentvolumeclaims": claims,
             "serviceaccounts": {account} if isinstance(account, str) and account else set()}
@@ -124,6 +135,14 @@ def _selects_node(field_selector: str, node: str) -> bool:
         return False
     return any(r.field == "spec.nodeName" and r.operator == "=" and r.value == node
                for r in selector.requirements)
+
+
+def _selects_local_volumes(label_selector: str, node: str) -> bool:
+    try:
+        selector = parse_label_selector(label_selector)
+    except SelectorError:
+        return False
+    return selector.requires_exact_match(storage.LOCAL_PATH_NODE_LABEL) == node
 
 
 def _no_relationship(node: str) -> Decision:
@@ -159,24 +178,29 @@ class _Namespace:
 
 
 class NodeAuthorizer:
-    """Decides a node's requests for secrets and config maps, and its lists and watches of
-    pods; has no opinion on the rest (``decide`` returns None), which RBAC then decides."""
+    """Decides a node's requests for secrets, config maps, claims, volumes and storage
+    classes, and its lists and watches of pods; has no opinion on the rest (``decide``
+    returns None), which RBAC then decides."""
 
     def __init__(self, store: store_base.Store) -> None:
         self.store = store
         self._namespaces: dict[str, _Namespace] = {}
 
     async def decide(self, node: str, attrs: Attributes) -> Decision | None:
-        if not attrs.is_resource or attrs.group != "":
+        if not attrs.is_resource:
             return None
+        if attrs.group == "storage.k8s.io" and attrs.resource == "storageclasses":
+            return await self._storage_class(node, attrs)
+        if attrs.group != "":
+            return None
+        if attrs.resource == VOLUMES:
+            return await self._volume(node, attrs)
         if attrs.resource == "pods" and not attrs.subresource and attrs.verb in ("list", "watch"):
             if _selects_node(attrs.field_selector, node):
                 return Decision(True, f"node '{node}' lists its own pods")
             return Decision(False, "can only list/watch pods with spec.nodeName field selector")
         if attrs.resource == "serviceaccounts":
             return await self._create_token(node, attrs)
-        if attrs.resource == "persistentvolumes":
-            return await self._persistent_volume(node, attrs)
         if attrs.resource not in GRAPH_RESOURCES:
             return None
         if attrs.verb != "get" or not attrs.name:
@@ -198,22 +222,43 @@ class NodeAuthorizer:
             return Decision(True, f"node '{node}' runs a pod as this service account")
         return _no_relationship(node)
 
-    async def _persistent_volume(self, node: str, attrs: Attributes) -> Decision:
-        if attrs.verb != "get" or not attrs.name:
-            return Decision(False, "can only get individual resources of this type")
+    async def _volume(self, node: str, attrs: Attributes) -> Decision:
         if attrs.subresource:
             return Decision(False, "cannot get subresource")
-        for pod in (await self.store.list("pods", None)).items:
-            if _sub(pod, "spec").get("nodeName") != node:
-                continue
-            ns = _sub(pod, "metadata").get("namespace") or ""
-            for claim in pod_references(pod)["persistentvolumeclaims"]:
-                try:
-                    pvc = await self.store.get("persistentvolumeclaims", ns, claim)
-                except store_base.NotFound:
-                    continue
-                if _sub(pvc, "spec").get("volumeName") == attrs.name:
-                    return Decision(True, f"node '{node}' runs a pod whose claim is bound to this volume")
+        if attrs.verb in ("list", "watch"):
+            if _selects_local_volumes(attrs.label_selector, node):
+                return Decision(True, f"node '{node}' lists the local volumes it cleans up")
+            return Decision(False, f"can only list/watch persistentvolumes with the label selector "
+                                   f"{storage.LOCAL_PATH_NODE_LABEL}={node}")
+        if attrs.verb not in ("get", "update") or not attrs.name:
+            return Decision(False, "can only get individual persistentvolumes, or update the ones on this node")
+        try:
+            pv = await self.store.get(VOLUMES, "", attrs.name)
+        except store_base.NotFound:
+            return _no_relationship(node)
+        if storage.pinned_to(pv, node):
+            return Decision(True, f"persistentvolume '{attrs.name}' lives on node '{node}'")
+        if attrs.verb == "get" and await self._claimed_here(node, pv):
+            return Decision(True, f"node '{node}' runs a pod whose claim is bound to this volume")
+        return _no_relationship(node)
+
+    async def _claimed_here(self, node: str, pv: dict[str, Any]) -> bool:
+        ref = _sub(_sub(pv, "spec"), "claimRef")
+        namespace, claim = ref.get("namespace") or "", ref.get("name") or ""
+        if not namespace or not claim or not await self.references(node, CLAIMS, namespace, claim):
+            return False
+        try:
+            pvc = await self.store.get(CLAIMS, namespace, claim)
+        except store_base.NotFound:
+            return False
+        return _sub(pvc, "spec").get("volumeName") == _sub(pv, "metadata").get("name")
+
+    async def _storage_class(self, node: str, attrs: Attributes) -> Decision:
+        if attrs.verb != "get" or not attrs.name or attrs.subresource:
+            return Decision(False, "can only get individual storageclasses")
+        for pv in (await self.store.list(VOLUMES, None)).items:
+            if storage.volume_class(pv) == attrs.name and storage.pinned_to(pv, node):
+                return Decision(True, f"a volume on node '{node}' is of this class")
         return _no_relationship(node)
 
     async def references(self, node: str, resource: str, namespace: str, name: str) -> bool:

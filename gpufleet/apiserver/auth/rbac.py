@@ -45,8 +45,9 @@ class Attributes:
     namespace: str = ""
     name: str = ""
     path: str = ""
-    # The request's field selector, as given (``spec.nodeName=n1``); RBAC ignores it.
+    # The request's field and label selectors, as given (``spec.nodeName=n1``); RBAC ignores them.
     field_selector: str = ""
+    label_selector: str = ""
 
     @classmethod
     def from_request(cls, info: RequestInfo) -> Attributes:
@@ -58,7 +59,8 @@ class Attributes:
             # team-a lets its subjects get the namespace team-a.
             ns = info.name
         return cls(verb=info.verb, group=info.group, resource=info.resource, subresource=info.subresource,
-                   namespace=ns, name=info.name, path=info.path, field_selector=info.field_selector)
+                   namespace=ns, name=info.name, path=info.path, field_selector=info.field_selector,
+                   label_selector=info.label_selector)
 
 
 def _verb_matches(rule: dict[str, Any], verb: str) -> bool:

@@ -14,6 +14,7 @@ from gpufleet.cli.commands.up import (
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
+    LocalPathHelp,
     SaIssuerOption,
     SaKeyFileOption,
     SaSigningKeyOption,
@@ -62,6 +63,7 @@ def register(app: typer.Typer) -> None:
             "stops leading (less than the lease duration)."),
         retry_period: float = typer.Option(
             2.0, "--leader-elect-retry-period", help="Seconds between two attempts to acquire or renew."),
+        local_path_dir: str = typer.Option("/var/lib/gpufleet/local-path", "--local-path-dir", help=LocalPathHelp),
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -89,6 +91,7 @@ def register(app: typer.Typer) -> None:
         cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
+        cp.local_path_dir = local_path_dir
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

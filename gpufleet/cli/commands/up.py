@@ -136,6 +136,8 @@ GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the servi
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
                                    "each HorizontalPodAutoscaler.")
+LocalPathHelp = ("Where the StorageClass local-path, made at the first start, keeps each volume on its node "
+                 "(a directory per claim); an existing class keeps its nodePath.")
 
 
 def register(app: typer.Typer) -> None:
@@ -166,6 +168,8 @@ def register(app: typer.Typer) -> None:
         advertise_address: str | None = AdvertiseAddressOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
+        local_path_dir: Path | None = typer.Option(None, "--local-path-dir", help=LocalPathHelp
+                                                   + " Default: <state-dir>/local-path."),
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -193,6 +197,9 @@ def register(app: typer.Typer) -> None:
         cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
+        # This machine is the only node and its agent runs as this user: volumes live under
+        # the state dir rather than in /var/lib.
+        cp.local_path_dir = str((local_path_dir or state_dir / "local-path").expanduser().resolve())
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
 

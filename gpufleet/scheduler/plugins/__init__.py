@@ -14,6 +14,7 @@ from gpufleet.scheduler.plugins.nodeunschedulable import NodeUnschedulable
 from gpufleet.scheduler.plugins.queuesort import PrioritySort
 from gpufleet.scheduler.plugins.schedulinggates import SchedulingGates
 from gpufleet.scheduler.plugins.tainttoleration import TaintToleration
+from gpufleet.scheduler.plugins.volumebinding import VolumeBinding
 from gpufleet.scheduler.preemption import DefaultPreemption
 
 _IN_TREE = (
@@ -26,6 +27,7 @@ _IN_TREE = (
     GPUMemory,
     NodeResourcesFit,
     GPUTopology,
+    VolumeBinding,
     DefaultSpread,
     DefaultPreemption,
     DefaultBinder,
@@ -51,5 +53,6 @@ __all__ = [
     "PrioritySort",
     "SchedulingGates",
     "TaintToleration",
+    "VolumeBinding",
     "in_tree_registry",
 ]
