@@ -366,6 +366,10 @@ class NodeAgent:
             await self.clock.sleep(10.0)
 
     def _volume_manager(self) -> Any:
+        # A runtime that mounts nothing (or only pretends, as the simulated one) needs no
+        # volumes made on the node.
+        if "mounts" not in getattr(self.runtime, "capabilities", ()) or self.runtime.name == "simulated":
+            return None
         try:
             from gpufleet.agent.volumes import VolumeManager
         except ImportError:
