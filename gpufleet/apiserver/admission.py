@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufleet.api.registry import ResourceType
 
 if TYPE_CHECKING:
+    from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
     from gpufleet.apiserver.server import ApiServer
 
 
@@ -32,6 +33,8 @@ class AdmissionContext:
     user: UserInfo
     dry_run: bool
     server: ApiServer
+    # What the response tells the client besides the object (``Warning:`` headers).
+    warnings: list[str] = field(default_factory=list)
 
 
 class MutatingPlugin(Protocol):
@@ -48,13 +51,17 @@ class ValidatingPlugin(Protocol):
         """Raise an ApiException to reject. Must not change obj."""
 
 
-def standard_plugins() -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
+def standard_plugins(pod_security: PodSecurityConfig | None = None,
+                     ) -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
     """kube-apiserver's default chain for what is served here: LimitRanger and Priority
-    mutate; LimitRanger, Priority and then ResourceQuota (last, so it charges exactly what
-    will be stored) validate."""
+    mutate; LimitRanger, Priority, PodSecurity (``pod_security``: its configuration, default
+    enforce baseline outside kube-system) and then ResourceQuota (last, so it charges exactly
+    what will be stored) validate."""
     from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
+    from gpufleet.apiserver.admission_podsecurity import PodSecurityAdmission
     from gpufleet.apiserver.admission_priority import PriorityAdmission
     from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
 
     limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
-    return [limit_ranger, priority], [limit_ranger, priority, ResourceQuotaAdmission()]
+    return [limit_ranger, priority], [limit_ranger, priority, PodSecurityAdmission(pod_security),
+                                      ResourceQuotaAdmission()]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
 from gpufleet.apiserver.app import HttpServer
 from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
@@ -69,6 +70,9 @@ class ControlPlane:
     renew_deadline: float = 10.0
     retry_period: float = 2.0
     identity: str | None = None  # default: <hostname>_<pid>_<random>
+    # The PodSecurity admission plugin's configuration (None: enforce baseline in every
+    # namespace but kube-system).
+    pod_security: PodSecurityConfig | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -107,7 +111,8 @@ class ControlPlane:
         await self.store.start()
         # Logs and metrics.k8s.io come from the node agents, through the node proxy.
         self.node_proxy = NodeProxy(self.store, clock=self.clock)
-        self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider)
+        self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider,
+                             pod_security=self.pod_security)
         self.node_proxy.install(self.api)
         # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
         from gpufleet.queueing.serverside import install as install_queues

@@ -9,14 +9,17 @@ from pathlib import Path
 import typer
 
 from gpufleet.cli.commands.up import (
+    AdmissionConfigOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
+    PodSecurityDefaultOption,
     TlsCaOption,
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
     check_port_free,
+    pod_security_config,
     security_options,
 )
 
@@ -51,6 +54,8 @@ def register(app: typer.Typer) -> None:
             "stops leading (less than the lease duration)."),
         retry_period: float = typer.Option(
             2.0, "--leader-elect-retry-period", help="Seconds between two attempts to acquire or renew."),
+        pod_security_default: str | None = PodSecurityDefaultOption,
+        admission_config_file: Path | None = AdmissionConfigOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -67,12 +72,14 @@ def register(app: typer.Typer) -> None:
             except OSError as exc:
                 raise typer.BadParameter(f"cannot create {db_dir} for the database ({exc.strerror}); "
                                          "choose a directory you can write to", param_hint="--store") from None
+        pod_security = pod_security_config(pod_security_default, admission_config_file)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
                           **security_options(insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file))
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
+        cp.pod_security = pod_security
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

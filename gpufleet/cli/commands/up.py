@@ -73,6 +73,40 @@ TokenFileOption = typer.Option(None, "--token-auth-file", help="More static toke
                                'token,user,uid,"group1,group2".')
 
 
+PodSecurityDefaultOption = typer.Option(
+    None, "--pod-security-default", help="Pod Security level enforced in namespaces without a "
+    "pod-security.kubernetes.io/enforce label: privileged, baseline or restricted, optionally with a version "
+    "(baseline:v1.30). Default: baseline, or what --admission-control-config-file says.")
+AdmissionConfigOption = typer.Option(
+    None, "--admission-control-config-file", help="An AdmissionConfiguration (apiserver.config.k8s.io/v1) "
+    "whose PodSecurity plugin configuration gives the defaults and exemptions (usernames, runtimeClasses, "
+    "namespaces), as kube-apiserver reads it.")
+
+
+def pod_security_config(default: str | None, config_file: Path | None):
+    """The PodSecurity configuration from --pod-security-default and
+    --admission-control-config-file: the file's, else gpufleet's (baseline, kube-system
+    exempt); --pod-security-default sets the enforce default on top."""
+    from gpufleet.api.podsecurity import LevelVersion, PolicyValueError
+    from gpufleet.apiserver.admission_podsecurity import ConfigError, PodSecurityConfig, load_admission_config
+
+    config = None
+    if config_file is not None:
+        try:
+            config = load_admission_config(config_file.expanduser().resolve())
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--admission-control-config-file") from None
+    if config is None:
+        config = PodSecurityConfig.default()
+    if default is not None:
+        try:
+            config = config.with_enforce(LevelVersion.parse(default))
+        except PolicyValueError as exc:
+            raise typer.BadParameter(f'"{default}": {exc} (optionally with a version: baseline:v1.30)',
+                                     param_hint="--pod-security-default") from None
+    return config
+
+
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
@@ -101,6 +135,8 @@ def register(app: typer.Typer) -> None:
         token_auth_file: Path | None = TokenFileOption,
         gateway_port: int = GatewayPortOption,
         hpa_sync_period: float = HpaSyncPeriodOption,
+        pod_security_default: str | None = PodSecurityDefaultOption,
+        admission_config_file: Path | None = AdmissionConfigOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -116,6 +152,7 @@ def register(app: typer.Typer) -> None:
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # One line per probe and per metrics read is noise unless asked for.
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
+        pod_security = pod_security_config(pod_security_default, admission_config_file)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -124,6 +161,7 @@ def register(app: typer.Typer) -> None:
                                                                   tls_ca_file, token_auth_file))
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
+        cp.pod_security = pod_security
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
 
