@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.api.kubeflow import DEFAULT_PORT_NAME, rendezvous_port
 from gpufleet.api.quantity import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -128,12 +129,17 @@ class PortRequest:
 
 def port_requests(pod: Mapping[str, Any]) -> list[PortRequest]:
     spec = pod.get("spec") or {}
+    # A PyTorchJob leader's rendezvous port is pinned like a hostPort (see kubeflow.py).
+    pinned = rendezvous_port(pod)
     out: list[PortRequest] = []
     for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         for p in c.get("ports") or []:
             cp = int(p.get("containerPort") or 0)
             name = p.get("name") or ""
-            out.append(PortRequest(c.get("name", ""), name or str(cp), name, cp, p.get("hostPort"),
+            host_port = p.get("hostPort")
+            if not host_port and pinned is not None and name == DEFAULT_PORT_NAME and cp == pinned:
+                host_port = pinned
+            out.append(PortRequest(c.get("name", ""), name or str(cp), name, cp, host_port,
                                    p.get("protocol") or "TCP"))
     return out
 

@@ -37,9 +37,11 @@ Where gpufleet differs, and why:
   leader is bound; until then the node agent holds those containers back
   (CreateContainerConfigError, retried).
 - Port. Jobs on one server must not collide, so each gang attempt gets its own port
-  (20000-39999, from the job's uid and the attempt) as ``hostPort == containerPort`` of the
-  leader's ``pytorchjob-port``; the agent then refuses to start a second pod holding it.
-  ``elasticPolicy.rdzvPort`` fixes it instead.
+  (20000-39999, from the job's uid and the attempt) as the containerPort of the leader's
+  ``pytorchjob-port``, pinned as the node port by the leader's annotation
+  ``gpufleet.io/rendezvous-port`` (not a hostPort, which Pod Security's baseline refuses);
+  the agent then refuses to start a second pod holding it. ``elasticPolicy.rdzvPort`` fixes
+  it instead.
 - Restarts. Member pods run with restartPolicy Never and the controller restarts the whole
   gang: when a member fails (replica restartPolicy OnFailure/Always; ExitCode only for exit
   codes above 127, i.e. signals; Never fails the job) or is lost (deleted, or evicted with its
@@ -90,6 +92,7 @@ from gpufleet.api.kubeflow import (
     DEFAULT_PORT_NAME,
     FAILED,
     MASTER,
+    RENDEZVOUS_PORT_ANNOTATION,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
@@ -766,6 +769,9 @@ class PyTorchJobController:
         sp = run_policy(job).scheduling_policy
         if sp is not None and sp.priority_class and not pspec.get("priorityClassName"):
             pspec["priorityClassName"] = sp.priority_class
+        # Only the controller says which pod is the leader and which port it holds.
+        annotations = meta.setdefault("annotations", {})
+        annotations.pop(RENDEZVOUS_PORT_ANNOTATION, None)
         containers = pspec.get("containers") or []
         if not containers:
             return body
@@ -774,8 +780,8 @@ class PyTorchJobController:
         is_leader = (rtype, index) == leader(job)
         if is_leader:
             ports = [p for p in target.get("ports") or [] if p.get("name") != DEFAULT_PORT_NAME]
-            target["ports"] = [{"name": DEFAULT_PORT_NAME, "containerPort": port, "hostPort": port,
-                                "protocol": "TCP"}, *ports]
+            target["ports"] = [{"name": DEFAULT_PORT_NAME, "containerPort": port, "protocol": "TCP"}, *ports]
+            annotations[RENDEZVOUS_PORT_ANNOTATION] = str(port)
         env = self._env(job, target, rtype, index, attempt, is_leader)
         own = {e.get("name") for e in target.get("env") or []}
         target["env"] = [*(e for e in env if e["name"] not in own), *(target.get("env") or [])]
