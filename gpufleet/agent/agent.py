@@ -41,6 +41,7 @@ from gpufleet.client import (
     TransportError,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
+from gpufleet.utils.files import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,8 @@ class NodeAgent:
         return f"{self.runtime.name}://{version}"
 
     async def start(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # Tokens, logs and the pods' sandboxes: nobody else's business.
+        private_dir(self.state_dir)
         self._http = AgentHttpServer(self, self.config.address, self.config.port, log_token=self.config.log_token)
         await self._http.start()
         self._gpus = await self._fingerprint()

@@ -29,8 +29,9 @@ a log line of the logger ``gpufleet.apiserver.podsecurity``, carrying what kube-
 into the audit event's annotations, e.g. ``PodSecurity audit: create pods team-a/x by alice:
 pod-security.kubernetes.io/audit-violations="would violate PodSecurity ..."``.
 
-Out of the box (no configuration): enforce ``baseline`` in every namespace, warn and audit
-``privileged``, and the namespace kube-system exempt. Like Kubernetes, ``system:masters``
+Out of the box (no configuration): enforce and warn ``baseline`` in every namespace (so a
+workload whose pods would be refused says so when it is created), audit ``privileged``, and
+the namespace kube-system exempt. Like Kubernetes, ``system:masters``
 is not exempt: controllers acting for a user meet the user's namespace policy.
 """
 
@@ -127,12 +128,17 @@ class PodSecurityConfig:
 
     @classmethod
     def default(cls) -> PodSecurityConfig:
-        """gpufleet's out-of-the-box policy: enforce baseline everywhere but kube-system."""
-        return cls(defaults=ps.Policy(enforce=ps.LevelVersion(ps.BASELINE)), exempt_namespaces=frozenset({
-            "kube-system"}))
+        """gpufleet's out-of-the-box policy: enforce (and warn about workloads) baseline
+        everywhere but kube-system."""
+        return cls(exempt_namespaces=frozenset({"kube-system"})).with_enforce(ps.LevelVersion(ps.BASELINE))
 
     def with_enforce(self, lv: ps.LevelVersion) -> PodSecurityConfig:
-        return PodSecurityConfig(ps.Policy(lv, self.defaults.audit, self.defaults.warn), self.exempt_usernames,
+        """Enforce ``lv`` by default, and warn at least at it, so that a Deployment whose pods
+        it would refuse says so when it is created (a pod template is never refused)."""
+        warn = self.defaults.warn
+        if ps.compare_levels(lv.level, warn.level) > 0:
+            warn = lv
+        return PodSecurityConfig(ps.Policy(lv, self.defaults.audit, warn), self.exempt_usernames,
                                  self.exempt_namespaces, self.exempt_runtime_classes)
 
 

@@ -27,6 +27,7 @@ from gpufleet.client.leaderelection import (
 from gpufleet.client.transport import LocalTransport
 from gpufleet.store.base import Store, open_store
 from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.utils.files import private_dir, tighten
 
 log = logging.getLogger("gpufleet")
 
@@ -89,8 +90,7 @@ class ControlPlane:
         from gpufleet.apiserver.auth.certs import ensure_pki, serving_hosts
         from gpufleet.apiserver.auth.tokens import ensure_admin_token, ensure_join_token, load_token_file
 
-        state = self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-"))
-        state.mkdir(parents=True, exist_ok=True)
+        state = private_dir(self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-")))
         tokens_csv = state / "tokens.csv"
         self.admin_token = ensure_admin_token(tokens_csv)
         self.join_token = ensure_join_token(state / "join-token")
@@ -107,6 +107,8 @@ class ControlPlane:
                         loopback_token=self.loopback_token)
 
     async def start(self) -> None:
+        if self.state_dir is not None:
+            tighten_state_dir(self.state_dir)
         self.store = open_store(self.store_url, clock=self.clock)
         await self.store.start()
         # Logs and metrics.k8s.io come from the node agents, through the node proxy.
@@ -131,7 +133,6 @@ class ControlPlane:
         await self.http.start()
         self.client = Client(self.local_transport())
         if self.state_dir is not None:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
             write_kubeconfig(self.state_dir / "kubeconfig", self.kubeconfig_url, token=self.admin_token,
                              ca_data=self.ca_pem)
         if self.state_dir is not None:
@@ -216,6 +217,23 @@ class ControlPlane:
             await self.node_proxy.close()
         if self.store is not None:
             await self.store.close()
+
+
+# What the state dir holds that nobody else may read (the database is the store's care).
+_PRIVATE_STATE_FILES = ("tokens.csv", "join-token", "kubeconfig")
+
+
+def tighten_state_dir(state: Path) -> None:
+    """The state dir (0700) and the secrets in it (0600), also when an earlier run, an older
+    version or a loose umask left them readable to others."""
+    private_dir(state)
+    for name in _PRIVATE_STATE_FILES:
+        tighten(state / name)
+    pki = state / "pki"
+    if pki.is_dir():
+        tighten(pki)
+        for key in pki.glob("*.key"):
+            tighten(key)
 
 
 class _Term:

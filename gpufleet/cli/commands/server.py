@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         if store.startswith("sqlite:///") and ":memory:" not in store:
             db_dir = Path(store.removeprefix("sqlite://")).parent
             try:
-                db_dir.mkdir(parents=True, exist_ok=True)
+                db_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as exc:
                 raise typer.BadParameter(f"cannot create {db_dir} for the database ({exc.strerror}); "
                                          "choose a directory you can write to", param_hint="--store") from None

@@ -74,9 +74,10 @@ TokenFileOption = typer.Option(None, "--token-auth-file", help="More static toke
 
 
 PodSecurityDefaultOption = typer.Option(
-    None, "--pod-security-default", help="Pod Security level enforced in namespaces without a "
-    "pod-security.kubernetes.io/enforce label: privileged, baseline or restricted, optionally with a version "
-    "(baseline:v1.30). Default: baseline, or what --admission-control-config-file says.")
+    None, "--pod-security-default", help="Pod Security level enforced (and at least warned about) in "
+    "namespaces without a pod-security.kubernetes.io/enforce label: privileged, baseline or restricted, "
+    "optionally with a version (baseline:v1.30). Default: baseline, or what --admission-control-config-file "
+    "says.")
 AdmissionConfigOption = typer.Option(
     None, "--admission-control-config-file", help="An AdmissionConfiguration (apiserver.config.k8s.io/v1) "
     "whose PodSecurity plugin configuration gives the defaults and exemptions (usernames, runtimeClasses, "
@@ -147,6 +148,7 @@ def register(app: typer.Typer) -> None:
         PostgreSQL, one of them leading, run `gpufleet server` (--leader-elect and its timings).
         """
         from gpufleet.cli.controlplane import ControlPlane
+        from gpufleet.utils.files import private_dir
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -154,8 +156,7 @@ def register(app: typer.Typer) -> None:
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
         pod_security = pod_security_config(pod_security_default, admission_config_file)
         check_port_free(host, port)
-        state_dir = state_dir.expanduser().resolve()
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = private_dir(state_dir.expanduser().resolve())
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
                           state_dir=state_dir, **security_options(insecure, tls_cert_file, tls_key_file,
                                                                   tls_ca_file, token_auth_file))
@@ -173,10 +174,10 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.agent.node import hostname
     from gpufleet.client import Client, LocalTransport
+    from gpufleet.utils.files import private_dir
 
     name = hostname()
-    agent_dir = state_dir / "agent"
-    agent_dir.mkdir(parents=True, exist_ok=True)
+    agent_dir = private_dir(state_dir / "agent")
     address = options["address"] if options["address"] not in ("0.0.0.0", "::") else "127.0.0.1"
     # It joins like any other agent (join token -> its own node token), so NodeRestriction
     # holds for it too; with --insecure there is no token and it runs unrestricted.
