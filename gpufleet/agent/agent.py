@@ -43,6 +43,7 @@ from gpufleet.client import (
     TransportError,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
+from gpufleet.utils.files import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,8 @@ class NodeAgent:
         return f"{self.runtime.name}://{version}"
 
     async def start(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # Tokens, logs and the pods' sandboxes: nobody else's business.
+        private_dir(self.state_dir)
         await self._recover()
         self.volumes = self._volume_manager()
         if self.config.api_server is not None:

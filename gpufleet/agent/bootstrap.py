@@ -22,6 +22,7 @@ from typing import Any
 from gpufleet.client import Client
 from gpufleet.client.errors import NotFound, TransportError, Unauthorized
 from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.utils.files import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def saved_log_token(state_dir: Path) -> str | None:
 
 
 def _save(path: Path, token: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

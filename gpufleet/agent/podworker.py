@@ -28,7 +28,6 @@ from gpufleet.agent.envvars import EnvError, build_env, expand_command
 from gpufleet.agent.logfiles import container_log_path
 from gpufleet.agent.probes import Prober, make_action
 from gpufleet.agent.resources import (
-    FIXED_PORTS_ANNOTATION,
     GPU_INDICES_ANNOTATION,
     HOST_PORTS_ANNOTATION,
     GPUTable,
@@ -1087,8 +1086,7 @@ class PodWorker:
                 requests = [r for r in requests if r.host_port]
             try:
                 self.ports = ctx.port_table.allocate(self.uid, requests,
-                                                     parse_host_ports(ann.get(HOST_PORTS_ANNOTATION)),
-                                                     exact=ann.get(FIXED_PORTS_ANNOTATION) == "true")
+                                                     parse_host_ports(ann.get(HOST_PORTS_ANNOTATION)))
             except PortsUnavailable as exc:
                 return self._blocked("PortsUnavailable", str(exc))
         if self.blocked is not None:

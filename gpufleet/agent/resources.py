@@ -13,14 +13,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.api.kubeflow import DEFAULT_PORT_NAME, rendezvous_port
 from gpufleet.api.quantity import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_INDICES_ANNOTATION = "gpufleet.io/gpu-indices"
 HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"
-# "true": on the host's network the pod's container ports are taken as they are (waiting
-# while one is in use), not renumbered (a training job's leader announces its port in advance).
-FIXED_PORTS_ANNOTATION = "gpufleet.io/fixed-ports"
 
 
 def container_gpus(container: Mapping[str, Any]) -> int:
@@ -131,12 +129,17 @@ class PortRequest:
 
 def port_requests(pod: Mapping[str, Any]) -> list[PortRequest]:
     spec = pod.get("spec") or {}
+    # A PyTorchJob leader's rendezvous port is pinned like a hostPort (see kubeflow.py).
+    pinned = rendezvous_port(pod)
     out: list[PortRequest] = []
     for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         for p in c.get("ports") or []:
             cp = int(p.get("containerPort") or 0)
             name = p.get("name") or ""
-            out.append(PortRequest(c.get("name", ""), name or str(cp), name, cp, p.get("hostPort"),
+            host_port = p.get("hostPort")
+            if not host_port and pinned is not None and name == DEFAULT_PORT_NAME and cp == pinned:
+                host_port = pinned
+            out.append(PortRequest(c.get("name", ""), name or str(cp), name, cp, host_port,
                                    p.get("protocol") or "TCP"))
     return out
 
@@ -153,18 +156,17 @@ class PortTable:
             del self.owner[p]
 
     def allocate(self, uid: str, requests: Sequence[PortRequest],
-                 previous: Mapping[str, int] | None = None, exact: bool = False) -> dict[str, int]:
-        """A host port per requested port: the fixed hostPort (or with `exact` the container
-        port itself), else the one this pod had before (an agent restart keeps its replicas
-        where they were announced), else a free one. Raises PortsUnavailable naming what is
-        taken."""
+                 previous: Mapping[str, int] | None = None) -> dict[str, int]:
+        """A host port per requested port: the fixed hostPort, else the one this pod had
+        before (an agent restart keeps its replicas where they were announced), else a free
+        one. Raises PortsUnavailable naming what is taken."""
         previous = previous or {}
         mine: dict[str, int] = {}
         taken: list[str] = []
         for req in requests:
             if req.key in mine:
                 continue
-            fixed = req.host_port or (req.container_port if exact else None)
+            fixed = req.host_port
             want = fixed or previous.get(req.key)
             if want:
                 holder = self.owner.get(int(want))

@@ -14,6 +14,7 @@ CRD declares it), so validation is also what refuses a scale outside
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field
@@ -42,6 +43,24 @@ SCALE_LABEL_SELECTOR_PATH = "status.replicaStatuses.Worker.selector"
 DEFAULT_CONTAINER_NAME = "pytorch"
 DEFAULT_PORT_NAME = "pytorchjob-port"
 DEFAULT_PORT = 23456
+# On the leader pod, set by the controller: the node port its DEFAULT_PORT_NAME port must
+# have (the members reach the leader at its node's address, as there is no pod network).
+# The node agent honours it only on pods a PyTorchJob controls, and only the control plane
+# (or whoever may bind pods) may create a pod carrying it; a hostPort would do the same but
+# is refused by Pod Security's baseline level.
+RENDEZVOUS_PORT_ANNOTATION = "gpufleet.io/rendezvous-port"
+
+
+def rendezvous_port(pod: Any) -> int | None:
+    """The leader port a PyTorchJob's pod (a JSON dict) asks its node for, if it is one."""
+    meta = (pod.get("metadata") or {}) if isinstance(pod, Mapping) else {}
+    value = (meta.get("annotations") or {}).get(RENDEZVOUS_PORT_ANNOTATION)
+    controlled = any(isinstance(o, Mapping) and o.get("controller") is True and o.get("kind") == KIND
+                     and str(o.get("apiVersion") or "").startswith(f"{GROUP}/")
+                     for o in meta.get("ownerReferences") or [])
+    if not controlled or not isinstance(value, str) or not value.isdigit() or not 1 <= int(value) <= 65535:
+        return None
+    return int(value)
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")

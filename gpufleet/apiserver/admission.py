@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufleet.api.registry import ResourceType
 
 if TYPE_CHECKING:
+    from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
     from gpufleet.apiserver.server import ApiServer
 
 
@@ -35,6 +36,8 @@ class AdmissionContext:
     user: UserInfo
     dry_run: bool
     server: ApiServer
+    # What the response tells the client besides the object (``Warning:`` headers).
+    warnings: list[str] = field(default_factory=list)
 
 
 class MutatingPlugin(Protocol):
@@ -51,14 +54,16 @@ class ValidatingPlugin(Protocol):
         """Raise an ApiException to reject. Must not change obj."""
 
 
-def standard_plugins(*, mount_service_account_token: bool = True) -> tuple[list[MutatingPlugin],
-                                                                         list[ValidatingPlugin]]:
+def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_service_account_token: bool = True,
+                     ) -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
     """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount,
     Priority, DefaultStorageClass and StorageObjectInUseProtection mutate; LimitRanger,
-    Priority, PersistentVolumeClaimResize and then ResourceQuota (last, so it charges exactly
-    what will be stored) validate. ``mount_service_account_token=False`` keeps the
+    Priority, PersistentVolumeClaimResize, PodSecurity (``pod_security``: its configuration,
+    default enforce baseline outside kube-system) and then ResourceQuota (last, so it charges
+    exactly what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
     from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
+    from gpufleet.apiserver.admission_podsecurity import PodSecurityAdmission
     from gpufleet.apiserver.admission_priority import PriorityAdmission
     from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
     from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
@@ -73,5 +78,6 @@ def standard_plugins(*, mount_service_account_token: bool = True) -> tuple[list[
     mutating: list[MutatingPlugin] = [limit_ranger, service_account, priority, DefaultStorageClass(),
                                       StorageObjectInUseProtection()]
     validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
+                                          PodSecurityAdmission(pod_security),
                                           ResourceQuotaAdmission()]
     return mutating, validating

@@ -37,6 +37,7 @@ from gpufleet.apiserver.admission import (
     ValidatingPlugin,
     standard_plugins,
 )
+from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
 from gpufleet.apiserver.errors import (
     ApiException,
     already_exists,
@@ -188,13 +189,16 @@ class ApiServer:
         authenticator: Authenticator | None = None,
         authorizer: Authorizer | None = None,
         log_provider: LogProvider | None = None,
+        pod_security: PodSecurityConfig | None = None,
     ) -> None:
+        """``pod_security``: the PodSecurity plugin's configuration in the standard chain
+        (default: enforce baseline in every namespace but kube-system)."""
         self.store = store
         self.registry = registry
         self.clock = clock
         self.event_ttl = event_ttl
         if mutating is None and validating is None:
-            mutating, validating = standard_plugins()
+            mutating, validating = standard_plugins(pod_security)
         self.mutating = list(mutating or [])
         self.validating = list(validating or [])
         self.authenticator = authenticator
@@ -665,7 +669,8 @@ class ApiServer:
                            "range is full")
 
     async def _admit(self, op: str, rt: ResourceType, ns: str, name: str, sub: str, obj: dict, old: dict | None,
-                     user: UserInfo, dry_run: bool, mutate: bool) -> None:
+                     user: UserInfo, dry_run: bool, mutate: bool) -> list[str]:
+        """Runs the mutating or the validating chain; returns the warnings the plugins gave."""
         ctx = AdmissionContext(op, rt, ns, name, sub, user, dry_run, self)
         plugins = self.mutating if mutate else self.validating
         for p in plugins:
@@ -673,6 +678,7 @@ class ApiServer:
                 await p.admit(ctx, obj, old)  # type: ignore[union-attr]
             else:
                 await p.validate(ctx, obj, old)  # type: ignore[union-attr]
+        return ctx.warnings
 
     # ------------------------------------------------------------------ verbs (also used in-process)
 
@@ -732,10 +738,10 @@ class ApiServer:
         obj = self._track_fields(rt, None, obj, manager, managed, "")
         model, warnings = self._decode(rt, obj, name, field_validation)
         obj = self._finish(rt, model, name, None)
-        await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
+        warnings += await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
         if self.mutating:
             obj = self._finish(rt, self._decode(rt, obj, name, "Ignore")[0], name, None)
-        await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=False)
+        warnings += await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=False)
         if dry_run:
             return obj, warnings
         ttl = self.event_ttl if rt.kind == "Event" and not rt.group else None
@@ -807,8 +813,8 @@ class ApiServer:
         old_model = rt.model.model_validate(current)
         new = self._finish(rt, model, name, old_model)
         op = "UPDATE"
-        await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
-        await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)
+        warnings += await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
+        warnings += await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)
         if "status" in rt.subresources and subresource != "status" and rt.kind not in _NO_GENERATION:
             before = {k: v for k, v in current.items() if k not in ("metadata", "status")}
             after = {k: v for k, v in new.items() if k not in ("metadata", "status")}

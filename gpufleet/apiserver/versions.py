@@ -119,7 +119,10 @@ async def serve(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Resou
         except ApiException as e:
             raise _renamed(rt, e, stored) from None
         if warnings:
-            resp.headers.update(server._warning_headers(warnings))
+            # The inner request's own warnings (admission's) come after the decoding ones.
+            ours = server._warning_headers(warnings)["warning"]
+            theirs = resp.headers.get("warning")
+            resp.headers["warning"] = f"{ours}, {theirs}" if theirs else ours
         return _convert_response(rt, resp)
     if verb == "patch":
         ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()

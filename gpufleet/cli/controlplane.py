@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
 from gpufleet.apiserver.app import HttpServer
 from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
@@ -26,6 +27,7 @@ from gpufleet.client.leaderelection import (
 from gpufleet.client.transport import LocalTransport
 from gpufleet.store.base import Store, open_store
 from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.utils.files import private_dir, tighten
 
 log = logging.getLogger("gpufleet")
 
@@ -84,6 +86,9 @@ class ControlPlane:
     # first non-loopback IPv4 address, as kube-apiserver's --advertise-address).
     kubernetes_service: bool = True
     advertise_address: str | None = None
+    # The PodSecurity admission plugin's configuration (None: enforce baseline in every
+    # namespace but kube-system).
+    pod_security: PodSecurityConfig | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -101,8 +106,7 @@ class ControlPlane:
         from gpufleet.apiserver.auth.serviceaccounts import ServiceAccountTokens, ensure_service_account_key
         from gpufleet.apiserver.auth.tokens import ensure_admin_token, ensure_join_token, load_token_file
 
-        state = self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-"))
-        state.mkdir(parents=True, exist_ok=True)
+        state = private_dir(self.state_dir or Path(tempfile.mkdtemp(prefix="gpufleet-")))
         tokens_csv = state / "tokens.csv"
         self.admin_token = ensure_admin_token(tokens_csv)
         self.join_token = ensure_join_token(state / "join-token")
@@ -129,11 +133,14 @@ class ControlPlane:
                         loopback_token=self.loopback_token, service_accounts=service_accounts, clock=self.clock)
 
     async def start(self) -> None:
+        if self.state_dir is not None:
+            tighten_state_dir(self.state_dir)
         self.store = open_store(self.store_url, clock=self.clock)
         await self.store.start()
         # Logs and metrics.k8s.io come from the node agents, through the node proxy.
         self.node_proxy = NodeProxy(self.store, clock=self.clock)
-        self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider)
+        self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider,
+                             pod_security=self.pod_security)
         self.node_proxy.install(self.api)
         # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
         from gpufleet.queueing.serverside import install as install_queues
@@ -167,7 +174,6 @@ class ControlPlane:
             await service.start()
             self._stoppables.append(service)
         if self.state_dir is not None:
-            self.state_dir.mkdir(parents=True, exist_ok=True)
             write_kubeconfig(self.state_dir / "kubeconfig", self.kubeconfig_url, token=self.admin_token,
                              ca_data=self.ca_pem)
         if self.state_dir is not None:
@@ -256,6 +262,23 @@ class ControlPlane:
             await self.node_proxy.close()
         if self.store is not None:
             await self.store.close()
+
+
+# What the state dir holds that nobody else may read (the database is the store's care).
+_PRIVATE_STATE_FILES = ("tokens.csv", "join-token", "kubeconfig")
+
+
+def tighten_state_dir(state: Path) -> None:
+    """The state dir (0700) and the secrets in it (0600), also when an earlier run, an older
+    version or a loose umask left them readable to others."""
+    private_dir(state)
+    for name in _PRIVATE_STATE_FILES:
+        tighten(state / name)
+    pki = state / "pki"
+    if pki.is_dir():
+        tighten(pki)
+        for key in pki.glob("*.key"):
+            tighten(key)
 
 
 class _Term:

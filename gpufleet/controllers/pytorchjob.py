@@ -39,10 +39,10 @@ Where gpufleet differs, and why:
   before scheduling.
 - Port. Jobs whose pods share one server's network must not collide, so each gang attempt
   gets its own port (20000-39999, from the job's uid and the attempt) as the containerPort of
-  the leader's ``pytorchjob-port``, and the leader carries ``gpufleet.io/fixed-ports:
-  "true"``: an agent whose pods share the host's network then takes that port as it is (no
-  renumbering) and holds the pod back while another pod has it. No hostPort: Pod Security's
-  baseline level forbids them. ``elasticPolicy.rdzvPort`` fixes the port instead.
+  the leader's ``pytorchjob-port``, pinned as the node port by the leader's annotation
+  ``gpufleet.io/rendezvous-port`` (not a hostPort, which Pod Security's baseline refuses);
+  the agent then refuses to start a second pod holding it. ``elasticPolicy.rdzvPort`` fixes
+  it instead.
 - Restarts. Member pods run with restartPolicy Never and the controller restarts the whole
   gang: when a member fails (replica restartPolicy OnFailure/Always; ExitCode only for exit
   codes above 127, i.e. signals; Never fails the job) or is lost (deleted, or evicted with its
@@ -93,6 +93,7 @@ from gpufleet.api.kubeflow import (
     DEFAULT_PORT_NAME,
     FAILED,
     MASTER,
+    RENDEZVOUS_PORT_ANNOTATION,
     RESTARTING,
     RUNNING,
     SUCCEEDED,
@@ -152,9 +153,6 @@ RESIZE_ANNOTATION = "gpufleet.io/elastic-resize"
 CHECKPOINT_ANNOTATION = "gpufleet.io/checkpoint-dir"
 AUTOSCALE_ANNOTATION = "gpufleet.io/elastic-autoscale"
 ELASTIC_REASON_ANNOTATION = "gpufleet.io/elastic-reason"
-# Read by the node agent: on a node whose pods share the host's network, take the pod's
-# container ports as they are instead of renumbering them.
-FIXED_PORTS_ANNOTATION = "gpufleet.io/fixed-ports"
 CHECKPOINT_ENV = "GPUFLEET_CHECKPOINT_DIR"
 GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
@@ -772,7 +770,7 @@ class PyTorchJobController:
             annotations={ATTEMPT_ANNOTATION: str(attempt), GANG_SIZE_ANNOTATION: str(len(gang_members(job))),
                          # The node agent mounts it into the pod's containers (podman, sandbox).
                          CHECKPOINT_ANNOTATION: checkpoint_dir(job, self.checkpoint_root),
-                         **({FIXED_PORTS_ANNOTATION: "true"} if (rtype, index) == leader(job) else {})},
+                         },
         )
         meta = body["metadata"]
         meta.pop("generateName", None)
@@ -784,6 +782,9 @@ class PyTorchJobController:
         sp = run_policy(job).scheduling_policy
         if sp is not None and sp.priority_class and not pspec.get("priorityClassName"):
             pspec["priorityClassName"] = sp.priority_class
+        # Only the controller says which pod is the leader and which port it holds.
+        annotations = meta.setdefault("annotations", {})
+        annotations.pop(RENDEZVOUS_PORT_ANNOTATION, None)
         containers = pspec.get("containers") or []
         if not containers:
             return body
@@ -793,6 +794,7 @@ class PyTorchJobController:
         if is_leader:
             ports = [p for p in target.get("ports") or [] if p.get("name") != DEFAULT_PORT_NAME]
             target["ports"] = [{"name": DEFAULT_PORT_NAME, "containerPort": port, "protocol": "TCP"}, *ports]
+            annotations[RENDEZVOUS_PORT_ANNOTATION] = str(port)
         env = self._env(job, target, rtype, index, attempt, is_leader)
         own = {e.get("name") for e in target.get("env") or []}
         target["env"] = [*(e for e in env if e["name"] not in own), *(target.get("env") or [])]

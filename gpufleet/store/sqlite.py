@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import sqlite3
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet.store._common import (
@@ -38,6 +39,7 @@ from gpufleet.store._common import (
 )
 from gpufleet.store.base import AlreadyExists, Conflict, ListResult, NotFound, WatchEvent
 from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.utils.files import private_file, tighten
 
 T = TypeVar("T")
 
@@ -130,10 +132,19 @@ class SQLiteStore(HousekeepingMixin):
     # -- lifecycle
 
     async def start(self) -> None:
+        if self._path != ":memory:":
+            # The database holds every Secret: owner-only, from its first byte. SQLite makes
+            # its -wal and -shm files with the database's mode; ones left by an earlier run
+            # are tightened too. (Where the file cannot be made, sqlite3 says why below.)
+            with contextlib.suppress(OSError):
+                private_file(Path(self._path))
         db = sqlite3.connect(self._path, isolation_level=None, timeout=self._busy_timeout)
         db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
         if self._path != ":memory:":
             db.execute("PRAGMA journal_mode = WAL")
+            for suffix in ("-wal", "-shm", "-journal"):
+                with contextlib.suppress(OSError):
+                    tighten(Path(self._path + suffix))
         db.execute(f"PRAGMA synchronous = {self._synchronous}")
         self._db = db
 

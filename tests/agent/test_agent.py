@@ -231,6 +231,19 @@ async def test_node_registers_with_gpus_labels_taints_and_lease(h):
 # -- running pods -------------------------------------------------------------------------------
 
 
+async def test_the_agent_state_dir_is_its_owners_only(h, tmp_path):
+    """The node token, logs and sandboxes live there: 0700, also when it existed open."""
+    import os
+    import stat
+
+    state = tmp_path / f"agent-{NODE}"
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    await h.start_agent()
+    assert stat.S_IMODE(state.stat().st_mode) == 0o700
+    assert stat.S_IMODE((state / "node-token").stat().st_mode) == 0o600
+
+
 async def test_pod_runs_with_gpus_ports_and_env(h, tmp_path):
     await h.start_agent()
     await h.api.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg", "namespace": "default"},

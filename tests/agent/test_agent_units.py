@@ -21,6 +21,7 @@ from gpufleet.agent.resources import (
     PortTable,
     pod_gpus,
     port_env,
+    port_requests,
     split_gpus,
 )
 
@@ -214,6 +215,28 @@ def test_ports_are_never_shared_and_env_names_them():
         table.allocate("c", fixed)
     table.release("a")
     assert table.allocate("c", fixed) == {"http": a["http"]}
+
+
+def test_a_pytorchjob_leader_pins_its_rendezvous_port_by_annotation_only_when_the_job_controls_it():
+    owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "j", "uid": "u", "controller": True}
+    leader = {"metadata": {"annotations": {"gpufleet.io/rendezvous-port": "23456"}, "ownerReferences": [owner]},
+              "spec": {"containers": [{"name": "pytorch", "ports": [
+                  {"name": "pytorchjob-port", "containerPort": 23456}, {"name": "other", "containerPort": 8080}]}]}}
+    assert [(r.key, r.host_port) for r in port_requests(leader)] == [("pytorchjob-port", 23456), ("other", None)]
+    table = PortTable("127.0.0.1")
+    table.allocate("a", port_requests(leader))
+    with pytest.raises(PortsUnavailable, match="pytorchjob-port->23456"):
+        table.allocate("b", port_requests(leader))
+    # Anything else carrying the annotation gets no pinned port from it.
+    for meta in ({"ownerReferences": [{**owner, "kind": "ReplicaSet", "apiVersion": "apps/v1"}]},
+                 {"ownerReferences": [{**owner, "controller": False}]}, {}):
+        other = {**leader, "metadata": {**leader["metadata"], **meta}}
+        if not meta:
+            other["metadata"].pop("ownerReferences")
+        assert port_requests(other)[0].host_port is None
+    mismatched = {**leader, "spec": {"containers": [{"name": "pytorch", "ports": [
+        {"name": "pytorchjob-port", "containerPort": 1234}]}]}}
+    assert port_requests(mismatched)[0].host_port is None
 
 
 # -- logs -----------------------------------------------------------------------------------------

@@ -74,12 +74,12 @@ async def test_gang_pods_service_podgroup_and_env(client: Client, controllers) -
     assert wenv["PET_NNODES"] == "3" and wenv["PET_NODE_RANK"] == "2" and wenv["PET_NPROC_PER_NODE"] == "1"
     assert wenv["MASTER_PORT"] == menv["MASTER_PORT"]
     port = int(menv["MASTER_PORT"])
-    # The leader's port is announced in advance: no hostPort (Pod Security's baseline forbids
-    # them), but the agent takes it as it is on a node whose pods share its network.
     assert {"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"} in \
         master["spec"]["containers"][0]["ports"]
-    assert master["metadata"]["annotations"]["gpufleet.io/fixed-ports"] == "true"
-    assert "gpufleet.io/fixed-ports" not in w1["metadata"]["annotations"]
+    # The leader's port is pinned on its node by an annotation, not a hostPort, so the gang
+    # passes Pod Security's baseline level; only the leader carries it.
+    assert master["metadata"]["annotations"]["gpufleet.io/rendezvous-port"] == str(port)
+    assert "gpufleet.io/rendezvous-port" not in (w1["metadata"].get("annotations") or {})
     assert wenv[CHECKPOINT_ENV] == menv[CHECKPOINT_ENV] == "/shared/ck"
     # No node reports an address yet: the leader reads its own, the others the ConfigMap.
     assert menv["MASTER_ADDR"]["fieldRef"]["fieldPath"] == "status.podIP"

@@ -308,3 +308,74 @@ def test_kubectl_as_acts_as_another_user(cluster: Cluster, kubectl: Kubectl, tmp
                                  'allowed to modify node "as-n2"\n')
     finally:
         kubectl("delete", "node", "as-n1", "as-n2")
+
+
+PRIVILEGED_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: escape}
+spec:
+  hostPID: true
+  containers:
+  - name: shell
+    image: busybox
+    securityContext: {privileged: true}
+  volumes:
+  - name: root
+    hostPath: {path: /}
+"""
+
+PINNED_POD = """
+apiVersion: v1
+kind: Pod
+metadata: {name: pinned}
+spec:
+  nodeName: some-node
+  containers:
+  - {name: c, image: busybox}
+"""
+
+
+def test_pod_security_as_kubectl_shows_it(cluster: Cluster, kubectl: Kubectl, tmp_path: Path) -> None:
+    """A team's edit token meets Pod Security (baseline by default) and the nodeName rule;
+    a namespace the admin labels warn-only answers kubectl's `Warning:` lines."""
+    kubectl("create", "namespace", "team-ps").ok()
+    kubeconfig = tmp_path / "bob.kubeconfig"
+    gpufleet(cluster, "token", "create", "--namespace", "team-ps", "--role", "edit", "--user", "bob",
+             "--write-kubeconfig", str(kubeconfig))
+    bob = as_user(kubectl, kubeconfig)
+    denied = bob("apply", "-f", "-", input=PRIVILEGED_POD).failed()
+    assert denied.stderr.strip() == (
+        'Error from server (Forbidden): error when creating "STDIN": pods "escape" is forbidden: violates '
+        'PodSecurity "baseline:latest": host namespaces (hostPID=true), hostPath volumes (volume "root"), '
+        'privileged (container "shell" must not set securityContext.privileged=true)')
+    assert bob("run", "fine", "--image=busybox", "--restart=Never").ok().stdout.strip() == "pod/fine created"
+
+    denied = bob("apply", "-f", "-", input=PINNED_POD).failed()
+    assert denied.stderr.startswith('Error from server (Forbidden): error when creating "STDIN": pods "pinned" is '
+                                    'forbidden: spec.nodeName is set to "some-node", which skips the scheduler')
+    assert "leave spec.nodeName empty" in denied.stderr
+    assert kubectl("apply", "-n", "team-ps", "-f", "-", input=PINNED_POD).ok().stdout.strip() == "pod/pinned created"
+
+    kubectl("label", "namespace", "team-ps", "pod-security.kubernetes.io/enforce=privileged",
+            "pod-security.kubernetes.io/warn=restricted").ok()
+    made = bob("apply", "-f", "-", input=PRIVILEGED_POD).ok()
+    assert made.stdout.strip() == "pod/escape created"
+    warning = [line for line in made.stderr.splitlines() if line.startswith("Warning:")]
+    assert warning == [
+        'Warning: would violate PodSecurity "restricted:latest": host namespaces (hostPID=true), privileged '
+        '(container "shell" must not set securityContext.privileged=true), allowPrivilegeEscalation != false '
+        '(container "shell" must set securityContext.allowPrivilegeEscalation=false), unrestricted capabilities '
+        '(container "shell" must set securityContext.capabilities.drop=["ALL"]), restricted volume types (volume '
+        '"root" uses restricted volume type "hostPath"), runAsNonRoot != true (pod or container "shell" must set '
+        'securityContext.runAsNonRoot=true), seccompProfile (pod or container "shell" must set '
+        'securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost")']
+    # Back to baseline: kubectl shows which existing pods the stricter level would refuse.
+    relabeled = kubectl("label", "--overwrite", "namespace", "team-ps",
+                        "pod-security.kubernetes.io/enforce=baseline").ok()
+    assert 'Warning: existing pods in namespace "team-ps" violate the new PodSecurity enforce level ' \
+           '"baseline:latest"' in relabeled.stderr
+    assert "Warning: escape: host namespaces, hostPath volumes, privileged" in relabeled.stderr
+    bad = kubectl("label", "--overwrite", "namespace", "team-ps", "pod-security.kubernetes.io/enforce=strict").failed()
+    assert 'metadata.labels[pod-security.kubernetes.io/enforce]: Invalid value: "strict": must be one of ' \
+           "privileged, baseline, restricted" in bad.stderr

@@ -4,8 +4,9 @@
 tokens with the TokenRequest API (serviceaccounts.py), impersonation
 (impersonation.py: ``kubectl --as``, checked with the authorizers below), the Node authorizer
 (nodeauthz.py: a node reads only the secrets and config maps of its own pods) ahead of RBAC
-with the default roles (rbac.py), NodeRestriction for node agents (node.py) and the review
-APIs (reviews.py). TLS material lives in certs.py.
+with the default roles (rbac.py), NodeRestriction for node agents (node.py), PodNodeName
+(podbinding.py: only who may bind pods creates one with spec.nodeName) and the review APIs
+(reviews.py). TLS material lives in certs.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.auth.impersonation import ImpersonatedUser, ImpersonatingAuthenticator
 from gpufleet.apiserver.auth.node import NodeRestriction
 from gpufleet.apiserver.auth.nodeauthz import NodeAuthorizer
+from gpufleet.apiserver.auth.podbinding import PodNodeNameRestriction
 from gpufleet.apiserver.auth.rbac import (
     Attributes,
     Decision,
@@ -69,6 +71,7 @@ class Security:
         self.rbac = RbacAuthorizer(store)
         self.node_authorizer = NodeAuthorizer(store)
         self.node_restriction = NodeRestriction()
+        self.pod_node_name = PodNodeNameRestriction(self.decide)
         self.escalation = RbacEscalationCheck(self.rbac)
         self.reviews = Reviews(self.impersonating, self.decide, self.rbac.rules, self.log_token)
         self._proxy_key: bytes | None = None
@@ -107,9 +110,13 @@ class Security:
         api.authorizer = self.authorize
         if self.token_issuer is not None:
             api.token_issuer = self.token_issuer
-        for plugin in (self.node_restriction, self.escalation):
-            if not any(getattr(p, "name", "") == plugin.name for p in api.validating):
-                api.validating.append(plugin)
+        for plugin in (self.node_restriction, self.pod_node_name, self.escalation):
+            if any(getattr(p, "name", "") == plugin.name for p in api.validating):
+                continue
+            # Ahead of ResourceQuota, which charges for what the chain lets through.
+            quota = next((i for i, p in enumerate(api.validating) if getattr(p, "name", "") == "ResourceQuota"),
+                         len(api.validating))
+            api.validating.insert(quota, plugin)
         self.reviews.install(api)
 
     async def ensure_proxy_key(self, api: ApiServer) -> None:

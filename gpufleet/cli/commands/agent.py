@@ -104,6 +104,7 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
     from gpufleet.client import Client, HttpTransport
     from gpufleet.client.kubeconfig import KubeConfig, load_kubeconfig
     from gpufleet.client.transport import FailoverTransport
+    from gpufleet.utils.files import private_dir
 
     # The kubeconfig (when given, or when there is no --server) supplies what the flags do not.
     cfg = load_kubeconfig(kubeconfig) if kubeconfig is not None or not server else KubeConfig(server=server or "")
@@ -117,7 +118,7 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
             return Client(FailoverTransport(urls, **options))
         return Client(HttpTransport(urls[0], **options))
 
-    config.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(config.state_dir)  # the node token lives there
     config.api_server = api_address(urls[0])
     client = connect(await node_token(connect, token or cfg.token, config.node_name, config.state_dir))
     config.log_token = saved_log_token(config.state_dir)

@@ -9,12 +9,14 @@ from pathlib import Path
 import typer
 
 from gpufleet.cli.commands.up import (
+    AdmissionConfigOption,
     AdvertiseAddressOption,
     ApiAudiencesOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
     LocalPathHelp,
+    PodSecurityDefaultOption,
     SaIssuerOption,
     SaKeyFileOption,
     SaSigningKeyOption,
@@ -24,6 +26,7 @@ from gpufleet.cli.commands.up import (
     TokenFileOption,
     check_advertise_address,
     check_port_free,
+    pod_security_config,
     security_options,
 )
 
@@ -64,6 +67,8 @@ def register(app: typer.Typer) -> None:
         retry_period: float = typer.Option(
             2.0, "--leader-elect-retry-period", help="Seconds between two attempts to acquire or renew."),
         local_path_dir: str = typer.Option("/var/lib/gpufleet/local-path", "--local-path-dir", help=LocalPathHelp),
+        pod_security_default: str | None = PodSecurityDefaultOption,
+        admission_config_file: Path | None = AdmissionConfigOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -76,10 +81,11 @@ def register(app: typer.Typer) -> None:
         if store.startswith("sqlite:///") and ":memory:" not in store:
             db_dir = Path(store.removeprefix("sqlite://")).parent
             try:
-                db_dir.mkdir(parents=True, exist_ok=True)
+                db_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             except OSError as exc:
                 raise typer.BadParameter(f"cannot create {db_dir} for the database ({exc.strerror}); "
                                          "choose a directory you can write to", param_hint="--store") from None
+        pod_security = pod_security_config(pod_security_default, admission_config_file)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
@@ -92,6 +98,7 @@ def register(app: typer.Typer) -> None:
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
         cp.local_path_dir = local_path_dir
+        cp.pod_security = pod_security
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

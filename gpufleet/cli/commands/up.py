@@ -132,6 +132,41 @@ def check_advertise_address(value: str | None) -> str | None:
         raise typer.BadParameter(f"{value!r} is not an IP address", param_hint="--advertise-address") from None
 
 
+PodSecurityDefaultOption = typer.Option(
+    None, "--pod-security-default", help="Pod Security level enforced (and at least warned about) in "
+    "namespaces without a pod-security.kubernetes.io/enforce label: privileged, baseline or restricted, "
+    "optionally with a version (baseline:v1.30). Default: baseline, or what --admission-control-config-file "
+    "says.")
+AdmissionConfigOption = typer.Option(
+    None, "--admission-control-config-file", help="An AdmissionConfiguration (apiserver.config.k8s.io/v1) "
+    "whose PodSecurity plugin configuration gives the defaults and exemptions (usernames, runtimeClasses, "
+    "namespaces), as kube-apiserver reads it.")
+
+
+def pod_security_config(default: str | None, config_file: Path | None):
+    """The PodSecurity configuration from --pod-security-default and
+    --admission-control-config-file: the file's, else gpufleet's (baseline, kube-system
+    exempt); --pod-security-default sets the enforce default on top."""
+    from gpufleet.api.podsecurity import LevelVersion, PolicyValueError
+    from gpufleet.apiserver.admission_podsecurity import ConfigError, PodSecurityConfig, load_admission_config
+
+    config = None
+    if config_file is not None:
+        try:
+            config = load_admission_config(config_file.expanduser().resolve())
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--admission-control-config-file") from None
+    if config is None:
+        config = PodSecurityConfig.default()
+    if default is not None:
+        try:
+            config = config.with_enforce(LevelVersion.parse(default))
+        except PolicyValueError as exc:
+            raise typer.BadParameter(f'"{default}": {exc} (optionally with a version: baseline:v1.30)',
+                                     param_hint="--pod-security-default") from None
+    return config
+
+
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
@@ -170,6 +205,8 @@ def register(app: typer.Typer) -> None:
         hpa_sync_period: float = HpaSyncPeriodOption,
         local_path_dir: Path | None = typer.Option(None, "--local-path-dir", help=LocalPathHelp
                                                    + " Default: <state-dir>/local-path."),
+        pod_security_default: str | None = PodSecurityDefaultOption,
+        admission_config_file: Path | None = AdmissionConfigOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -180,14 +217,15 @@ def register(app: typer.Typer) -> None:
         PostgreSQL, one of them leading, run `gpufleet server` (--leader-elect and its timings).
         """
         from gpufleet.cli.controlplane import ControlPlane
+        from gpufleet.utils.files import private_dir
 
         logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         # One line per probe and per metrics read is noise unless asked for.
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
+        pod_security = pod_security_config(pod_security_default, admission_config_file)
         check_port_free(host, port)
-        state_dir = state_dir.expanduser().resolve()
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir = private_dir(state_dir.expanduser().resolve())
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
                           state_dir=state_dir, **security_options(
                               insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file,
@@ -200,6 +238,7 @@ def register(app: typer.Typer) -> None:
         # This machine is the only node and its agent runs as this user: volumes live under
         # the state dir rather than in /var/lib.
         cp.local_path_dir = str((local_path_dir or state_dir / "local-path").expanduser().resolve())
+        cp.pod_security = pod_security
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
 
@@ -212,10 +251,10 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
     from gpufleet.agent.node import hostname
     from gpufleet.cli.commands.agent import api_address
     from gpufleet.client import Client, LocalTransport
+    from gpufleet.utils.files import private_dir
 
     name = hostname()
-    agent_dir = state_dir / "agent"
-    agent_dir.mkdir(parents=True, exist_ok=True)
+    agent_dir = private_dir(state_dir / "agent")
     address = options["address"] if options["address"] not in ("0.0.0.0", "::") else "127.0.0.1"
     # It joins like any other agent (join token -> its own node token), so NodeRestriction
     # holds for it too; with --insecure there is no token and it runs unrestricted.
