@@ -602,7 +602,12 @@ class VolumeManager:
         kind = "ephemeral" if ephemeral else "persistentVolumeClaim"
         if spec.get("hostPath") is not None:
             host = spec["hostPath"]
+            provisioner = ((pv.get("metadata") or {}).get("annotations") or {}).get("pv.kubernetes.io/provisioned-by")
             try:
+                if provisioner in _LOCAL_PATH_PROVISIONERS:
+                    # As the local-path provisioner's own helper does (mkdir -m 0777): any
+                    # container user may write its new volume.
+                    await asyncio.to_thread(_make_open_dir, host.get("path") or "")
                 await asyncio.to_thread(check_host_path, host.get("path") or "", host.get("type") or "")
             except _SetUpError as exc:
                 raise VolumeError(name, "FailedMount",
@@ -1140,3 +1145,15 @@ def _same_dev(path: str, dev: int) -> bool:
         return False
     return st.st_dev == dev and not stat.S_ISLNK(st.st_mode)
 
+
+_LOCAL_PATH_PROVISIONERS = ("gpufleet.io/local-path", "rancher.io/local-path")
+
+
+def _make_open_dir(path: str) -> None:
+    if not path or not os.path.isabs(path) or os.path.lexists(path):
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+        os.chmod(path, 0o777)
+    except OSError as exc:
+        raise _SetUpError(str(exc)) from None

@@ -394,3 +394,35 @@ async def test_a_program_in_a_pod_calls_the_api_with_its_service_account(plane: 
         assert "KUBERNETES_SERVICE_HOST" not in env  # the agent adds it; the spec stays the user's
     finally:
         await client.close()
+
+
+async def test_a_local_path_claim_keeps_its_files_across_the_pod_being_recreated(plane: Plane):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "claims")
+        await make_sources(client, ns)
+        # The default class, local-path: provisioned on the node the first pod lands on.
+        await client.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                             "metadata": {"name": "data", "namespace": ns},
+                             "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}},
+                            ns, raw=True)
+        await client.create(volume_pod(ns, "keeper", BUSYBOX, claim="data"), ns, raw=True)
+        first = await reader_says(plane, client, ns, "keeper")
+        assert "kept=none" in first and "uid=1234" in first, first
+        claim = await client.get("PersistentVolumeClaim", "data", ns, raw=True)
+        assert claim["status"]["phase"] == "Bound" and claim["spec"]["storageClassName"] == "local-path", claim
+        await client.delete("Pod", "keeper", ns, grace_period_seconds=1)
+
+        async def gone():
+            try:
+                await client.get("Pod", "keeper", ns, raw=True)
+            except Exception:
+                return True
+            return False
+
+        await wait_until(gone, 60, "the first pod gone", plane)
+        await client.create(volume_pod(ns, "keeper", BUSYBOX, claim="data"), ns, raw=True)
+        second = await reader_says(plane, client, ns, "keeper")
+        assert "kept=keeper" in second, second
+    finally:
+        await client.close()
