@@ -85,6 +85,10 @@ class AgentConfig:
     pod_cidr_wait: float = 15.0
     # Route other nodes' pod CIDRs via their InternalIP (needs root; off: the network does it).
     pod_routes: bool = True
+    # Stop the node's pods when the agent stops (gpufleet up: the whole local cluster goes);
+    # off, they run on and the next agent adopts them, as a kubelet's containers do.
+    stop_pods_on_exit: bool = False
+    stop_grace: float = 5.0
     # Trees training checkpoints may be mounted from into pods (<root>/<namespace>/...).
     checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
 
@@ -244,7 +248,11 @@ class NodeAgent:
                 await inf.stop()
         if self._local_path is not None:
             await self._local_path.stop()
-        await asyncio.gather(*(w.cancel() for w in list(self.workers.values())), return_exceptions=True)
+        if self.config.stop_pods_on_exit:
+            await asyncio.gather(*(w.shut_down(self.config.stop_grace) for w in list(self.workers.values())),
+                                 return_exceptions=True)
+        else:
+            await asyncio.gather(*(w.cancel() for w in list(self.workers.values())), return_exceptions=True)
         self.workers.clear()
         if self.config.close_runtime:
             with contextlib.suppress(Exception):

@@ -228,6 +228,22 @@ class PodWorker:
             self._task.cancel()
             await self.join()
 
+    async def shut_down(self, grace: float) -> None:
+        """Stop the worker and its containers, sandbox and volumes, leaving the pod object as
+        it is (the node goes away with its pods; a later agent starts them again)."""
+        await self.cancel()
+        handles = [(r, r.handle) for r in self.records if r.running and r.handle is not None]
+        runtime = self.ctx.runtime
+        for _, h in handles:
+            with contextlib.suppress(Exception):
+                await runtime.stop(h, grace)
+        for r in self.records:
+            for h in [*r.old_handles, r.handle]:
+                if h is not None:
+                    with contextlib.suppress(Exception):
+                        await runtime.remove(h)
+        await self._teardown_sandbox()
+
     @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()

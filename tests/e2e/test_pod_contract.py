@@ -8,6 +8,7 @@ default where podman can run containers), driven through the API as a user would
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import queue
 import re
@@ -55,9 +56,9 @@ def _pump(stream, lines: queue.Queue) -> None:
     lines.put(None)
 
 
-@pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
-    root = tmp_path_factory.mktemp("contract")
+@contextlib.contextmanager
+def running_plane(root: Path, *extra: str) -> Iterator[Plane]:
+    """`gpufleet up` with its local agent, in `root`; stopped (SIGINT) at the end."""
     state = root / "state"
     log_path = root / "up.log"
     env = dict(os.environ, HOME=str(root), PYTHONUNBUFFERED="1")
@@ -65,7 +66,7 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state), "--port", "0",
-             "--gateway-port", "0", "--gpus", "4"],
+             "--gateway-port", "0", "--gpus", "4", *extra],
             stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
@@ -89,23 +90,30 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
         _stop(Plane(url or "", gateway or "", state / "kubeconfig", state, log_path, proc))
 
 
+@pytest.fixture(scope="module")
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plane]:
+    with running_plane(tmp_path_factory.mktemp("contract")) as p:
+        yield p
+
+
 def _stop(plane: Plane) -> None:
-    """Delete what the tests made (the containers outlive `gpufleet up`, as a kubelet's do),
-    then stop the server."""
-    if plane.url and plane.proc.poll() is None:
-        plane.kubectl("delete", "namespace", "-l", "gpufleet-test=contract", "--wait=true", "--timeout=60s")
+    """Stop the server: `gpufleet up` stops its local node's pods as it goes."""
     plane.proc.send_signal(2)
     try:
-        plane.proc.wait(30)
+        plane.proc.wait(60)
     except subprocess.TimeoutExpired:
         plane.proc.kill()
-    node = os.uname().nodename
-    for _ in range(3):
-        ids = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"label=gpufleet.io/node={node}"],
-                             capture_output=True, text=True, check=False).stdout.split()
-        if not ids:
-            break
-        subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True, check=False)
+
+
+def agent_containers(state: Path, namespace: str | None = None) -> list[str]:
+    """The containers (sandboxes included) the local agent of the cluster in `state` runs."""
+    import hashlib
+
+    owner = hashlib.sha256(str((state / "agent").resolve()).encode()).hexdigest()[:12]
+    args = ["podman", "ps", "-a", "-q", "--filter", f"label=gpufleet.io/owner={owner}"]
+    if namespace:
+        args += ["--filter", f"label=gpufleet.io/namespace={namespace}"]
+    return subprocess.run(args, capture_output=True, text=True, check=False).stdout.split()
 
 
 async def namespace(client: Client, name: str) -> str:
@@ -424,5 +432,48 @@ async def test_a_local_path_claim_keeps_its_files_across_the_pod_being_recreated
         await client.create(volume_pod(ns, "keeper", BUSYBOX, claim="data"), ns, raw=True)
         second = await reader_says(plane, client, ns, "keeper")
         assert "kept=keeper" in second, second
+    finally:
+        await client.close()
+
+
+async def test_gpufleet_up_stops_its_pods_as_it_stops_and_leaves_another_clusters_alone(plane: Plane, tmp_path):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "survivor")
+        await client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stays", "namespace": ns},
+                             "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                                 "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                                 "command": ["sleep", "3600"]}]}}, ns, raw=True)
+
+        async def running():
+            pod = await client.get("Pod", "stays", ns, raw=True)
+            return (pod.get("status") or {}).get("phase") == "Running"
+
+        await wait_until(running, 60, "the first cluster's pod running", plane)
+        mine = set(await asyncio.to_thread(agent_containers, plane.state, ns))
+        assert len(mine) == 2  # the container and its sandbox
+        # A second cluster on this machine: its node has the same name, its containers are its own.
+        with running_plane(tmp_path) as other:
+            other_client = other.client()
+            try:
+                await other_client.create({"apiVersion": "v1", "kind": "Pod",
+                                           "metadata": {"name": "brief", "namespace": "default"},
+                                           "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                                               "name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                                               "command": ["sleep", "3600"]}]}}, "default", raw=True)
+
+                async def other_running():
+                    pod = await other_client.get("Pod", "brief", "default", raw=True)
+                    return (pod.get("status") or {}).get("phase") == "Running"
+
+                await wait_until(other_running, 60, "the second cluster's pod running", other)
+                theirs = set(await asyncio.to_thread(agent_containers, other.state))
+                assert len(theirs) == 2 and not theirs & mine
+            finally:
+                await other_client.close()
+        # Stopped, the second cluster took its pods with it and left the first one's running.
+        assert await asyncio.to_thread(agent_containers, other.state) == []
+        assert set(await asyncio.to_thread(agent_containers, plane.state, ns)) == mine
+        assert await running()
     finally:
         await client.close()

@@ -239,6 +239,7 @@ def build_run_args(
     init: bool = True,
     ulimits: tuple[tuple[str, str], ...] = DEFAULT_ULIMITS,
     cdi: bool = True,
+    owner: str = "",
 ) -> list[str]:
     """The arguments of ``podman run`` for a container (without the program name).
 
@@ -259,6 +260,7 @@ def build_run_args(
         ("attempt", str(spec.attempt)),
         ("gpus", ",".join(str(g.index) for g in spec.gpus)),
         ("node", spec.node_name),
+        ("owner", owner),
         ("sandbox", spec.sandbox.id if spec.sandbox is not None else ""),
         ("log-path", log_path),
     ):
@@ -396,6 +398,11 @@ class PodmanRuntime:
         self.init = init
         self.ulimits = ulimits
         self._containers: dict[str, _Container] = {}
+        # Which agent's containers these are: two agents of one node name (two clusters on
+        # one machine) must never adopt or reap each other's.
+        import hashlib
+
+        self.owner = hashlib.sha256(str(self.state_dir.resolve()).encode()).hexdigest()[:12]
         # The podman network pods join (the node's pod network); "" is podman's default.
         self.network = ""
         self._pull_locks: dict[str, asyncio.Lock] = {}
@@ -537,6 +544,7 @@ class PodmanRuntime:
             init=self.init,
             ulimits=self.ulimits,
             cdi=self._cdi,
+            owner=self.owner,
         )
         try:
             rc, out, err = await self._run(*args)
@@ -683,7 +691,8 @@ class PodmanRuntime:
         for kind, value in self.ulimits:
             args += ["--ulimit", f"{kind}={value}"]
         labels = {
-            "role": _SANDBOX_ROLE, "pod-uid": spec.pod_uid, "namespace": spec.namespace, "pod": spec.pod_name,
+            "role": _SANDBOX_ROLE, "owner": self.owner, "pod-uid": spec.pod_uid, "namespace": spec.namespace,
+            "pod": spec.pod_name,
             "gpus": ",".join(str(i) for i in spec.gpus), **{k.removeprefix(LABEL_PREFIX): v for k, v in spec.labels.items()},
         }
         for key, value in labels.items():
@@ -734,7 +743,8 @@ class PodmanRuntime:
 
     async def recover(self, node_name: str) -> tuple[list[RecoveredSandbox], list[RecoveredContainer]]:
         rc, out, err = await self._run("ps", "-a", "--format", "json", "--filter",
-                                       f"label={LABEL_PREFIX}node={node_name}")
+                                       f"label={LABEL_PREFIX}node={node_name}", "--filter",
+                                       f"label={LABEL_PREFIX}owner={self.owner}")
         if rc != 0:
             log.warning("podman ps: %s", err.strip())
             return [], []

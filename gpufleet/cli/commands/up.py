@@ -185,6 +185,9 @@ def register(app: typer.Typer) -> None:
         verbose: bool = typer.Option(False, "--verbose", "-v"),
         # --- the local node agent ---
         agent: bool = typer.Option(True, "--agent/--no-agent", help="Also run a node agent for this machine."),
+        keep_pods: bool = typer.Option(False, "--keep-pods", help="Leave the local node's containers running "
+                                       "when gpufleet up stops (the next start adopts them); by default they "
+                                       "stop with it."),
         gpus: int | None = typer.Option(None, "--gpus", help="Declare this many GPUs for the local agent "
                                         "(default: what NVML finds)."),
         gpu_model: str | None = typer.Option(None, "--gpu-model", help="Model of the declared GPUs."),
@@ -239,7 +242,8 @@ def register(app: typer.Typer) -> None:
         # the state dir rather than in /var/lib.
         cp.local_path_dir = str((local_path_dir or state_dir / "local-path").expanduser().resolve())
         cp.pod_security = pod_security
-        local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host) if agent else None
+        local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host,
+                           keep_pods=keep_pods) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
 
 
@@ -265,7 +269,8 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
                       build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"]),
                       AgentConfig(node_name=name, state_dir=agent_dir, address=address,
                                   log_token=saved_log_token(agent_dir) if token else None,
-                                  api_server=api_address(cp.url)))
+                                  api_server=api_address(cp.url),
+                                  stop_pods_on_exit=not options.get("keep_pods", False)))
     await agent.start()
     return agent
 
