@@ -63,10 +63,13 @@ class Harness:
                                state_dir=self.tmp / "cp", run_controllers=False)
         await self.cp.start()
         self.port = self.cp.http.port
-        # Node IPAM alone: agents whose pods have network namespaces make their pod network
-        # from the node's pod CIDR; nothing else here should act behind the tests' backs.
+        # What a node needs from the controller manager and nothing that would act behind the
+        # tests' backs: node IPAM (a pod network per node), the default service accounts and
+        # the CA config map (the token volume every pod gets).
         assert self.cp.client is not None
-        self.ipam = await start_controllers(self.cp.client, enabled=("nodeipam",))
+        self.ipam = await start_controllers(self.cp.client, enabled=("nodeipam", "serviceaccount",
+                                                                     "root-ca-cert-publisher"),
+                                            root_ca=self.cp.ca_pem)
         return self.cp
 
     @property
