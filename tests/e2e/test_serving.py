@@ -101,7 +101,6 @@ def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
 
 def _manifests() -> list[dict]:
     text = (EXAMPLE / "model.yaml").read_text()
-    text = text.replace("__PYTHON__", sys.executable).replace("__DIR__", str(EXAMPLE))
     docs = [d for d in yaml.safe_load_all(text) if d]
     for d in docs:
         if d["kind"] == "Deployment":
