@@ -55,6 +55,7 @@ class Harness:
         self.cp: ControlPlane | None = None
         self.port = 0
         self.agents: list[NodeAgent] = []
+        self.runtimes: list[ProcessRuntime] = []
 
     async def start_control_plane(self) -> ControlPlane:
         self.cp = ControlPlane(store_url=f"sqlite:///{self.tmp / 'state.db'}", port=self.port,
@@ -85,7 +86,13 @@ class Harness:
         )
         runtime = config.pop("runtime", None)
         if runtime is None:
-            runtime = ProcessRuntime(state, cgroup_root=None)
+            # The pods talk to the test through files in its tmp dir: the sandbox shows it
+            # to them (read-write, for the unprivileged default user), and hides the agent's
+            # state and the control plane's inside it.
+            self.tmp.chmod(0o1777)
+            hidden = [self.tmp / "cp", *self.tmp.glob("state.db*")]
+            runtime = ProcessRuntime(state, cgroup_root=None, shared_paths=[self.tmp], hidden_paths=hidden)
+            self.runtimes.append(runtime)
         settings.update(config)
         agent = NodeAgent(client, runtime,
                           DeclaredDevices(gpus, "NVIDIA H100 80GB HBM3", 81920, node_name=name),
@@ -136,6 +143,10 @@ class Harness:
         for a in self.agents:
             await a.stop()
             await a.client.close()
+        # The process runtime's containers outlive the agent: take them down with the test.
+        for r in self.runtimes:
+            await r.stop_all(1)
+            await r.close()
         if self.cp is not None:
             await self.cp.stop()
 

@@ -328,7 +328,8 @@ class Monitor:
             pass
         if b"exit-code" in line + rest:
             return sandbox_pid, None, status, ""
-        return None, None, status, _drain_text(err_r) or f"the sandbox could not be set up (status {status})"
+        why = _drain_text(err_r) or f"status {status}"
+        return None, None, status, f"cannot set up the container's sandbox: {why}"
 
     def drain(self, fd: int, writer, stream: str) -> None:
         os.set_blocking(fd, False)

@@ -269,6 +269,7 @@ class ProcessRuntime:
         bwrap: str | None = "bwrap",
         device_dir: str | os.PathLike[str] = "/dev",
         node_address: str | None = None,
+        monitor_python: str | None = None,
     ) -> None:
         self.state_dir = Path(state_dir).absolute()
         self.clock = clock
@@ -281,8 +282,15 @@ class ProcessRuntime:
         self.hidden_paths = [os.path.abspath(p) for p in hidden_paths]
         self.device_dir = Path(device_dir)
         self.node_address = node_address or _node_address()
+        # The monitor needs only the standard library: any Python 3.11+ of the node will do.
+        self.monitor_python = monitor_python or sys.executable
         self._containers: dict[str, _Ctr] = {}
         self._sandboxes: dict[str, _Sandbox] = {}
+        # What hidden and masked files show: nothing (/dev/null itself would be a device
+        # node on a nodev mount, which cannot even be opened).
+        self._empty = self.state_dir / "empty"
+        if not self._empty.exists():
+            _write_file(self._empty, "", 0o444)
         self._root = os.geteuid() == 0
         self._setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
         self._unshare = shutil.which("unshare") or "/usr/bin/unshare"
@@ -561,13 +569,33 @@ class ProcessRuntime:
         self._adopt(rec)
         return handle
 
-    def _mounts(self, spec: ContainerSpec) -> None:
-        for m in spec.mounts:
+    def _check_mounts(self, spec: ContainerSpec, tmp: str, hidden: list[str]) -> None:
+        """Refuses, before bwrap would, a volume whose mount point cannot be made: the
+        node's filesystem is read-only in the container, so a missing mount point must be
+        a new top-level directory, or lie under /tmp or another writable volume."""
+        for i, m in enumerate(spec.mounts):
+            where = f"cannot mount {m.host_path} at {m.container_path}"
             if not os.path.isabs(m.container_path):
-                raise RuntimeError_(f"mount path {m.container_path!r} must be absolute", "CreateContainerConfigError")
+                raise RuntimeError_(f"{where}: the mount path must be absolute", "CreateContainerConfigError")
             if not os.path.exists(m.host_path):
-                raise RuntimeError_(f"cannot mount {m.host_path} at {m.container_path}: {m.host_path} does not exist",
-                                    "CreateContainerError")
+                raise RuntimeError_(f"{where}: {m.host_path} does not exist on the node", "CreateContainerError")
+            earlier = spec.mounts[:i]
+            path = os.path.normpath(m.container_path)
+            while path != "/":
+                node = view_to_node(path, mounts=earlier, shared=self.shared_paths, hidden=hidden, tmp_dir=tmp)
+                if node is not None and os.path.exists(node):
+                    break
+                path = os.path.dirname(path)
+            if path in ("/", os.path.normpath(m.container_path)):
+                continue
+            writable = ["/tmp", *self.shared_paths, *(e.container_path for e in earlier if not e.read_only)]
+            if not any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable):
+                raise RuntimeError_(
+                    f"{where}: {path} is part of the node's filesystem, read-only in the container, and has no "
+                    f"{os.path.relpath(m.container_path, path)} to mount on (use a path that exists on the node, "
+                    "one under /tmp or another volume, or a new top-level directory)",
+                    "CreateContainerError",
+                )
 
     def _prepare(self, spec: ContainerSpec, argv: list[str], ident: Identity, sb: _Sandbox | None,
                  cid: str, cdir: Path) -> dict:
@@ -581,7 +609,7 @@ class ProcessRuntime:
         hidden = [str(self.state_dir), *self.hidden_paths]
         shared = list(self.shared_paths)
         if sandboxed:
-            self._mounts(spec)
+            self._check_mounts(spec, tmp, visible_hidden(hidden, shared))
             mounts = list(spec.mounts)
             default_cwd = "/tmp"
         else:
@@ -628,6 +656,13 @@ class ProcessRuntime:
         chain = user_chain(ident, setpriv=self._setpriv, unshare=self._unshare)
         command = [*chain, exe, *argv[1:]]
         if sandboxed:
+            # Mount points inside the container's /tmp are its own placeholders: made here
+            # traversable, rather than by bwrap with the modes of the node's directories
+            # (the node's /tmp/x may well be private to its owner).
+            for target in [*shared, *(m.container_path for m in mounts)]:
+                if target.startswith("/tmp/"):
+                    parent = os.path.dirname(target.rstrip("/"))
+                    os.makedirs(tmp + parent[len("/tmp"):], mode=0o755, exist_ok=True)
             if sb is not None:
                 hosts_path, hostname_path = str(sb.dir / "hosts"), str(sb.dir / "hostname")
                 resolv = sb.dir / "resolv.conf"
@@ -652,6 +687,7 @@ class ProcessRuntime:
                 shared=shared,
                 hidden=[(h, os.path.isdir(h)) for h in visible_hidden(hidden, shared) if os.path.exists(h)],
                 mounts=mounts,
+                empty_file=str(self._empty),
                 privileged=spec.security.privileged,
                 read_only_root=spec.security.read_only_root_filesystem,
                 mask_proc=not spec.security.unmasked_proc,
@@ -703,7 +739,7 @@ class ProcessRuntime:
         env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": _package_root()}
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-S", "-m", "gpufleet.agent.runtime.monitor", str(cdir),
+                self.monitor_python, "-S", "-m", "gpufleet.agent.runtime.monitor", str(cdir),
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True, env=env, cwd="/",
             )

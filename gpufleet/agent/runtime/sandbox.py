@@ -333,6 +333,8 @@ class Plan:
     # (node path, is a directory) shown empty.
     hidden: list[tuple[str, bool]] = field(default_factory=list)
     mounts: list[Mount] = field(default_factory=list)
+    # An empty read-only file on the node, shown in place of hidden and masked files.
+    empty_file: str = "/dev/null"
     privileged: bool = False
     read_only_root: bool = False
     mask_proc: bool = True
@@ -374,15 +376,27 @@ def bwrap_args(bwrap: str, plan: Plan) -> list[str]:
     a += ["--ro-bind" if plan.read_only_root else "--bind", plan.tmp_dir, "/tmp"]
     if plan.mask_proc and not plan.privileged:
         for path, is_dir in plan.masked:
-            a += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", "/dev/null", path]
+            a += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", plan.empty_file, path]
     for path in plan.shared:
         a += ["--bind", path, path]
     for path, is_dir in plan.hidden:
-        a += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", "/dev/null", path]
+        a += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", plan.empty_file, path]
     a += ["--ro-bind", plan.hosts_path, "/etc/hosts", "--ro-bind", plan.hostname_path, "/etc/hostname"]
     if plan.resolv_path:
         a += ["--ro-bind", plan.resolv_path, "/etc/resolv.conf"]
+    made: set[str] = set()
     for m in plan.mounts:
+        # bwrap (0.8) makes missing parents of a mount point 0700: made 0755 here first
+        # (where they exist already this changes nothing).
+        parent = os.path.dirname(m.container_path.rstrip("/"))
+        chain = []
+        while parent not in ("/", ""):
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for d in reversed(chain):
+            if d not in made:
+                made.add(d)
+                a += ["--perms", "0755", "--dir", d]
         a += ["--ro-bind" if m.read_only else "--bind", m.host_path, m.container_path]
     if plan.read_only_root:
         a += ["--remount-ro", "/"]
