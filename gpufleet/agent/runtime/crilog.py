@@ -15,17 +15,18 @@ The writer is plain blocking code with an async pump on top: the per-container m
 from __future__ import annotations
 
 import os
-import re
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, BinaryIO
 
+# Not typing.TYPE_CHECKING: importing typing alone costs the monitor milliseconds.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
+    from collections.abc import Callable
+    from typing import BinaryIO
 
 MAX_LINE = 16 * 1024
 
-_CRI = re.compile(rb"^(\S+) (stdout|stderr) ([FP]) ?(.*)$", re.DOTALL)
+_CRI_PATTERN = rb"^(\S+) (stdout|stderr) ([FP]) ?(.*)$"
 
 
 def cri_timestamp(ts: float) -> str:
@@ -54,6 +55,9 @@ def read_cri_messages(path: str | os.PathLike[str], with_streams: bool = False) 
     """The program's own lines from a CRI log (timestamps and tags stripped, P pieces
     joined); lines that are not CRI-formatted are passed through as they are. With
     with_streams, (stream, text) pairs."""
+    import re
+
+    cri = re.compile(_CRI_PATTERN, re.DOTALL)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -64,7 +68,7 @@ def read_cri_messages(path: str | os.PathLike[str], with_streams: bool = False) 
     for raw in data.split(b"\n"):
         if not raw:
             continue
-        m = _CRI.match(raw)
+        m = cri.match(raw)
         if not m:
             out.append(
                 ("stdout", raw.decode(errors="replace")) if with_streams else raw.decode(errors="replace")

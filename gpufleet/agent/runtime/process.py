@@ -74,6 +74,7 @@ import fcntl
 import grp
 import json
 import logging
+import marshal
 import os
 import pwd
 import secrets
@@ -746,7 +747,8 @@ class ProcessRuntime:
         except OSError as e:
             raise RuntimeError_(f"cannot start the container's monitor: {e.strerror or e}", "RunContainerError") from e
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps(launch).encode())
+        # marshal (format 4, read by any Python 3): the monitor has no json to import.
+        proc.stdin.write(marshal.dumps(launch, 4))
         with contextlib.suppress(ConnectionError):
             await proc.stdin.drain()
         proc.stdin.close()
