@@ -10,6 +10,9 @@ command -v podman >/dev/null 2>&1 || need_apt+=(podman)
 command -v runc >/dev/null 2>&1 || need_apt+=(runc)
 [ -x /bin/busybox ] || need_apt+=(busybox-static)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# The process runtime's sandbox: bwrap, and util-linux's setpriv, nsenter and unshare.
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null
