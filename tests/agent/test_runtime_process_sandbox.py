@@ -483,14 +483,18 @@ async def test_exec_stream_is_interactive(rt, tmp_path):
     await s.stdin.drain()
     assert (await s.stdout.readline()).strip() == b"hi 65534"
     assert await s.wait() == 4
-    t = await rt.exec_stream(h, ["sh", "-c", "test -t 0 && echo is-a-tty; stty size"], tty=True)
+    # A terminal of the container's own /dev/pts, resized before the command looks.
+    t = await rt.exec_stream(h, ["sh", "-c", "read go; tty; stty size"], tty=True)
     t.resize(33, 101)
+    t.stdin.write(b"go\n")
+    await t.stdin.drain()
     out = b""
     with contextlib.suppress(OSError):
         while chunk := await asyncio.wait_for(t.stdout.read(1024), 10):
             out += chunk
     assert await t.wait() == 0
-    assert b"is-a-tty" in out
+    lines = out.decode().replace("\r", "").split("\n")
+    assert re.fullmatch(r"/dev/pts/\d+", lines[1]) and lines[2] == "33 101", lines
 
 
 # --- lifetime and recovery ---------------------------------------------------------------

@@ -2,7 +2,8 @@
 runtime (the host's CUDA stack and tools, HPC habits), with the host's network.
 
 What a container sees
-  Its own mount, PID, UTS and IPC namespaces: the node's filesystem read-only (its
+  Its own mount, PID, UTS and IPC namespaces (SysV IPC is the container's own; POSIX
+  shared memory, which NCCL and PyTorch use, goes through the pod's /dev/shm): the node's filesystem read-only (its
   top-level entries bound onto a fresh root, so volumes can appear at new top-level
   paths), a new /proc showing only its own processes, a minimal /dev with exactly the
   device nodes of its GPUs (/dev/nvidia<N> for each assigned index, plus nvidiactl,
@@ -86,6 +87,7 @@ import struct
 import subprocess
 import sys
 import termios
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -411,7 +413,7 @@ class ProcessRuntime:
         else:
             log.info("sandbox %s: /dev/shm is a directory under the node's /dev/shm (size not enforced: "
                      "the agent cannot mount a tmpfs)", sb.id)
-        tag = safe_name(str(abs(hash(str(self.state_dir))) % 10**8))
+        tag = f"{zlib.crc32(str(self.state_dir).encode()):08x}"
         d = Path("/dev/shm") / f"gpufleet-{tag}-{sb.id}"
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o1777)
@@ -468,10 +470,9 @@ class ProcessRuntime:
     async def _identity(self, spec: ContainerSpec) -> Identity:
         sec = spec.security
         uid = os.geteuid()
-        wants_root = self._root and (
-            sec.run_as_user == 0 or (sec.run_as_user is None and sec.privileged)
-        ) and not sec.privileged
-        userns = await self._userns_available() if wants_root else False
+        # Only uid 0 without privileged needs a user namespace (privileged is the node's root).
+        wants_userns = self._root and sec.run_as_user == 0 and not sec.privileged
+        userns = await self._userns_available() if wants_userns else False
         lookup: dict[int, Passwd] = {}
         for u in {uid, sec.run_as_user if sec.run_as_user is not None else self.default_user[0]}:
             pw = _passwd(u)
@@ -960,7 +961,7 @@ class ProcessRuntime:
             )
             assert p.stdin is not None and p.stdout is not None
             return ExecStream(p, p.stdin, p.stdout, p.stderr, None)
-        master, slave = os.openpty()
+        master, slave = _open_pty(rec)
         try:
             p = await asyncio.create_subprocess_exec(
                 *program, stdin=slave, stdout=slave, stderr=slave, env={**rec.env, "TERM": rec.env.get("TERM", "xterm")},
@@ -1168,6 +1169,11 @@ class ExecStream:
     async def wait(self) -> int:
         return exit_code(await self.process.wait())
 
+    def close(self) -> None:
+        """Closes our end of its input (the terminal's output side closes at its end)."""
+        with contextlib.suppress(Exception):
+            self.stdin.close()
+
 
 # --- small helpers ------------------------------------------------------------------------
 
@@ -1188,6 +1194,34 @@ def _probe_bwrap(name: str | None) -> tuple[str | None, str]:
     if p.returncode != 0:
         return None, f"{path} cannot build a sandbox here: {p.stderr.decode(errors='replace').strip()}"
     return path, ""
+
+
+_TIOCSPTLCK = 0x40045431
+_TIOCGPTPEER = 0x5441
+
+
+def _open_pty(rec: _Ctr) -> tuple[int, int]:
+    """A terminal (master, slave) for an exec. In a sandbox it is one of the container's own
+    /dev/pts (opened through its root), so the program finds its name there; the slave
+    belongs to the container's user, as a login's terminal does."""
+    if not rec.sandboxed or rec.main.pid is None:
+        return os.openpty()
+    try:
+        master = os.open(f"/proc/{rec.main.pid}/root/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return os.openpty()
+    try:
+        fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
+        slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
+    except OSError:
+        os.close(master)
+        return os.openpty()
+    ident = rec.ident
+    if os.geteuid() == 0 and ident.mode != "agent":
+        uid = ident.outer_uid if ident.mode == "userns" else ident.uid
+        with contextlib.suppress(OSError):
+            os.fchown(slave, uid, -1)
+    return master, slave
 
 
 def _make_dirs_for(path: str, ident: Identity) -> None:
