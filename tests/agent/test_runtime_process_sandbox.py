@@ -279,6 +279,10 @@ async def test_hidden_paths_and_the_state_dir_are_empty_inside(tmp_path):
         assert out == [f"{agent_state}:", "", f"{cp_state}:", "", f"{tmp_path / 'rt-state'}:", "0",
                        "agent-state", "cp-state", "kubeconfig", "logs", "rt-state", "read-only"]
         assert (agent_state / "token").read_text() == "very secret"
+        # Seen through a volume of a directory above them, they are hidden all the same.
+        code, out = await run(rt, spec_for(tmp_path, "ls -A /host/agent-state /host/rt-state; cat /host/kubeconfig",
+                                           name="through-volume", mounts=[Mount(str(tmp_path), "/host")]))
+        assert out == ["/host/agent-state:", "", "/host/rt-state:"], out
     finally:
         await cleanup(rt)
 

@@ -101,6 +101,7 @@ from gpufleet.agent.runtime.base import (
     ContainerSpec,
     ContainerState,
     ContainerStats,
+    Mount,
     PulledImage,
     RecoveredContainer,
     RecoveredSandbox,
@@ -407,6 +408,8 @@ class ProcessRuntime:
             )
             if rc == 0:
                 sb.record.update(shm_dir=str(shm), shm_mounted=True)
+                if (sb.dir / "sandbox.json").exists():
+                    _write_json(sb.dir / "sandbox.json", sb.record)
                 return
             log.warning("sandbox %s: cannot mount a tmpfs for /dev/shm (%s); using a directory under /dev/shm "
                         "whose size is not enforced", sb.id, err.strip())
@@ -418,6 +421,8 @@ class ProcessRuntime:
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o1777)
         sb.record.update(shm_dir=str(d), shm_mounted=False)
+        if (sb.dir / "sandbox.json").exists():
+            _write_json(sb.dir / "sandbox.json", sb.record)
 
     def _load_sandbox(self, sid: str) -> _Sandbox | None:
         d = self._sandbox_dir(sid)
@@ -605,7 +610,10 @@ class ProcessRuntime:
         tmp = str(cdir / "tmp")
         sandboxed = self._bwrap is not None
         devices = self._devices(spec) if sandboxed else []
-        renumbered = any(os.path.basename(d).removeprefix("nvidia").isdigit() for d in devices)
+        # A privileged container sees the node's whole /dev: there CUDA counts every GPU.
+        renumbered = not spec.security.privileged and any(
+            os.path.basename(d).removeprefix("nvidia").isdigit() for d in devices
+        )
         hostname = hostname_for(sb.record["hostname"] if sb else spec.pod_name)
         env = self._env(spec, ident, renumbered, hostname if sandboxed else None)
         hidden = [str(self.state_dir), *self.hidden_paths]
@@ -688,6 +696,7 @@ class ProcessRuntime:
                 devices=devices,
                 shared=shared,
                 hidden=[(h, os.path.isdir(h)) for h in visible_hidden(hidden, shared) if os.path.exists(h)],
+                hidden_in_mounts=_hidden_in_mounts(hidden, mounts),
                 mounts=mounts,
                 empty_file=str(self._empty),
                 privileged=spec.security.privileged,
@@ -1222,6 +1231,21 @@ def _open_pty(rec: _Ctr) -> tuple[int, int]:
         with contextlib.suppress(OSError):
             os.fchown(slave, uid, -1)
     return master, slave
+
+
+def _hidden_in_mounts(hidden: Sequence[str], mounts: Sequence[Mount]) -> list[tuple[str, bool]]:
+    """Hidden paths seen through a volume (a hostPath of a directory above the agent's
+    state, say): where they appear in the container, to hide them there too."""
+    out = []
+    for h in hidden:
+        h = os.path.normpath(h)
+        if not os.path.exists(h):
+            continue
+        for m in mounts:
+            base = os.path.normpath(m.host_path)
+            if h == base or h.startswith(base.rstrip("/") + "/"):
+                out.append((os.path.normpath(m.container_path + h[len(base):]), os.path.isdir(h)))
+    return out
 
 
 def _make_dirs_for(path: str, ident: Identity) -> None:

@@ -333,6 +333,8 @@ class Plan:
     # (node path, is a directory) shown empty.
     hidden: list[tuple[str, bool]] = field(default_factory=list)
     mounts: list[Mount] = field(default_factory=list)
+    # (container path, is a directory): hidden paths as they appear through a volume.
+    hidden_in_mounts: list[tuple[str, bool]] = field(default_factory=list)
     # An empty read-only file on the node, shown in place of hidden and masked files.
     empty_file: str = "/dev/null"
     privileged: bool = False
@@ -398,6 +400,8 @@ def bwrap_args(bwrap: str, plan: Plan) -> list[str]:
                 made.add(d)
                 a += ["--perms", "0755", "--dir", d]
         a += ["--ro-bind" if m.read_only else "--bind", m.host_path, m.container_path]
+    for path, is_dir in plan.hidden_in_mounts:
+        a += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", plan.empty_file, path]
     if plan.read_only_root:
         a += ["--remount-ro", "/"]
     if plan.make_cwd:
