@@ -181,6 +181,28 @@ async def test_privileged_is_root_on_the_node(rt, tmp_path):
     assert int(out[2].split()[1], 16) & (1 << 21)  # SYS_ADMIN
 
 
+async def test_a_program_the_user_may_not_run_is_passed_over_on_path(rt, tmp_path):
+    closed = tmp_path / "closed"
+    closed.mkdir()
+    closed.chmod(0o700)
+    prog = closed / "true"
+    prog.write_text("#!/bin/sh\nexit 0\n")
+    prog.chmod(0o755)
+    vol = [Mount(str(closed), "/closed")]
+    # Named by its path it is run, and the kernel says no (exec, or its shell reading it:
+    # some VM filesystems let exec through a closed directory).
+    code, out = await run(rt, spec_for(tmp_path, "", command=["/closed/true"], mounts=vol))
+    assert code != 0 and "Permission denied" in out[-1], out
+    # On PATH, an entry the user may not enter is passed over, as its shell would.
+    code, out = await run(rt, spec_for(tmp_path, "", command=["true"], mounts=vol,
+                                       env={"PATH": "/closed:/usr/bin:/bin"}, name="on-path"))
+    assert code == 0, out
+    # Root may.
+    code, _ = await run(rt, spec_for(tmp_path, "", command=["/closed/true"], mounts=vol, name="root",
+                                     security=SecuritySpec(privileged=True)))
+    assert code == 0
+
+
 async def test_run_as_non_root_is_refused_in_kubernetes_words(rt, tmp_path):
     with pytest.raises(RuntimeError_, match=r"container's runAsUser breaks non-root policy \(pod: ") as e:
         await rt.start(spec_for(tmp_path, "true", security=SecuritySpec(run_as_user=0, run_as_non_root=True)))

@@ -658,7 +658,7 @@ class ProcessRuntime:
                     "CreateContainerError",
                 )
 
-        exe = _resolve(argv[0], env.get("PATH", os.defpath), cwd, node_path)
+        exe = _resolve(argv[0], env.get("PATH", os.defpath), cwd, node_path, ident)
         if exe is None:
             raise RuntimeError_(
                 f'executable file "{argv[0]}" not found (PATH={env.get("PATH", "")})', "RunContainerError"
@@ -1331,22 +1331,64 @@ def _listing(path: str) -> list[tuple[str, str, str]]:
     return out
 
 
-def _resolve(exe: str, path_var: str, cwd: str, node_path) -> str | None:
-    """The program as the container names it, if it exists there and is executable."""
+def _user_may_exec(path: str, ident: Identity | None) -> bool:
+    """Whether the container's user looks able to run the file at ``path`` on the node,
+    from the permission bits of the file and of every directory on the way. Only a hint
+    for choosing among PATH entries: ACLs, and network or VM filesystems that grant more
+    than their bits say, have the last word when the program runs."""
+    if ident is None or os.geteuid() != 0 or ident.mode == "agent":
+        return os.access(path, os.X_OK)
+    if ident.mode == "host" and ident.uid == 0:
+        return os.access(path, os.X_OK)
+    if ident.mode == "userns":
+        uid, gids = ident.outer_uid, {ident.outer_gid}
+    else:
+        uid, gids = ident.uid, {ident.gid, *ident.groups}
 
-    def ok(p: str) -> bool:
+    def allowed(st: os.stat_result) -> bool:
+        if st.st_uid == uid:
+            return bool(st.st_mode & 0o100)
+        if st.st_gid in gids:
+            return bool(st.st_mode & 0o010)
+        return bool(st.st_mode & 0o001)
+
+    try:
+        for p in {os.path.abspath(path), os.path.realpath(path)}:
+            d = os.path.dirname(p)
+            while True:
+                if not allowed(os.stat(d)):
+                    return False
+                if d == "/":
+                    break
+                d = os.path.dirname(d)
+        return allowed(os.stat(path))
+    except OSError:
+        return False
+
+
+def _resolve(exe: str, path_var: str, cwd: str, node_path, ident: Identity | None = None) -> str | None:
+    """The program as the container names it, if it exists there. Of the PATH entries
+    that have it, the first one its user looks able to run (as its shell would pass over
+    one it may not enter), else the first."""
+
+    def exists(p: str) -> str | None:
         n = node_path(p)
-        return n is not None and os.path.isfile(n) and os.access(n, os.X_OK)
+        return n if n is not None and os.path.isfile(n) and os.access(n, os.X_OK) else None
 
     if "/" in exe:
         p = exe if os.path.isabs(exe) else os.path.normpath(os.path.join(cwd, exe))
-        return p if ok(p) else None
+        return p if exists(p) else None
+    first = None
     for d in path_var.split(os.pathsep):
         if d and os.path.isabs(d):
             p = os.path.join(d, exe)
-            if ok(p):
+            n = exists(p)
+            if n is None:
+                continue
+            if ident is None or _user_may_exec(n, ident):
                 return p
-    return None
+            first = first or p
+    return first
 
 
 def _environ(pid: int) -> dict[str, str]:
