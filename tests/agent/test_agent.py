@@ -55,7 +55,6 @@ class Harness:
         self.cp: ControlPlane | None = None
         self.port = 0
         self.agents: list[NodeAgent] = []
-        self.runtimes: list[ProcessRuntime] = []
 
     async def start_control_plane(self) -> ControlPlane:
         self.cp = ControlPlane(store_url=f"sqlite:///{self.tmp / 'state.db'}", port=self.port,
@@ -92,7 +91,6 @@ class Harness:
             self.tmp.chmod(0o1777)
             hidden = [self.tmp / "cp", *self.tmp.glob("state.db*")]
             runtime = ProcessRuntime(state, cgroup_root=None, shared_paths=[self.tmp], hidden_paths=hidden)
-            self.runtimes.append(runtime)
         settings.update(config)
         agent = NodeAgent(client, runtime,
                           DeclaredDevices(gpus, "NVIDIA H100 80GB HBM3", 81920, node_name=name),
@@ -143,10 +141,13 @@ class Harness:
         for a in self.agents:
             await a.stop()
             await a.client.close()
-        # The process runtime's containers outlive the agent: take them down with the test.
-        for r in self.runtimes:
-            await r.stop_all(1)
-            await r.close()
+        # The process runtime's containers outlive their agent (also the CLI agent's, and
+        # those of an agent a test restarted): find them again and take them down.
+        for containers in self.tmp.glob("*/containers"):
+            runtime = ProcessRuntime(containers.parent, cgroup_root=None)
+            await runtime.recover("")
+            await runtime.stop_all(1)
+            await runtime.close()
         if self.cp is not None:
             await self.cp.stop()
 
