@@ -3,9 +3,10 @@ runtime (the host's CUDA stack and tools, HPC habits), with the host's network.
 
 What a container sees
   Its own mount, PID, UTS and IPC namespaces (SysV IPC is the container's own; POSIX
-  shared memory, which NCCL and PyTorch use, goes through the pod's /dev/shm): the node's filesystem read-only (its
-  top-level entries bound onto a fresh root, so volumes can appear at new top-level
-  paths), a new /proc showing only its own processes, a minimal /dev with exactly the
+  shared memory, which NCCL and PyTorch use, goes through the pod's /dev/shm): the node's
+  filesystem read-only (its top-level entries bound onto a fresh root, so volumes can
+  appear at new top-level paths; a missing mount point deeper in the node's directories
+  is refused before the start), a new /proc showing only its own processes, a minimal /dev with exactly the
   device nodes of its GPUs (/dev/nvidia<N> for each assigned index, plus nvidiactl,
   nvidia-uvm, nvidia-uvm-tools and nvidia-modeset) when the node has them, a private
   /tmp (a directory on disk, fresh for each attempt, and the default working directory),
@@ -62,6 +63,15 @@ Images
   pulling; ``image_honoured(image)`` says whether the image means "the host" (the
   constructor's ``host_images``, default "host" and "localhost/gpufleet/host"), so the
   agent can tell a pod asking for another image that it runs the node's programs instead.
+
+Interactive use: exec() runs a command inside the sandbox (nsenter into its namespaces,
+then the container's user, working directory, environment and cgroup); exec_stream()
+does the same with stdin/stdout/stderr streams, or one terminal of the container's own
+/dev/pts, for kubectl exec.
+
+Not honoured: SandboxSpec.directory (a sandbox lives under the state dir, hidden from
+other pods), ports and sysctls (the node's network and kernel settings), seccomp profiles,
+and ContainerSpec.stdin/tty (a container's stdin is /dev/null).
 
 cpu and memory limits and OOM detection use the container's cgroup (cgroups.py), which
 every process of the sandbox is in.
