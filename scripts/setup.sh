@@ -14,6 +14,9 @@ command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
 [ -x /usr/bin/docker-registry ] || need_apt+=(docker-registry)
 command -v htpasswd >/dev/null 2>&1 || need_apt+=(apache2-utils)
+# The process runtime's sandbox: bwrap, and util-linux's setpriv, nsenter and unshare.
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null

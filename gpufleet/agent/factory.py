@@ -36,12 +36,18 @@ def resolve_runtime(kind: str) -> str:
     return kind
 
 
-def build_runtime(kind: str, state_dir: Path, clock: Clock = REAL_CLOCK) -> Any:
+def build_runtime(kind: str, state_dir: Path, clock: Clock = REAL_CLOCK, *, hidden_paths: list[str] | None = None,
+                  shared_paths: list[str] | None = None, address: str | None = None) -> Any:
+    """``hidden_paths``: host paths the process runtime's sandboxes show empty (the control
+    plane's state, the agent user's ~/.gpufleet and kubeconfigs are always among them);
+    ``shared_paths``: host paths they show read-write (scratch and home filesystems)."""
     kind = resolve_runtime(kind)
     if kind == "process":
         from gpufleet.agent.runtime.process import ProcessRuntime
 
-        return ProcessRuntime(state_dir, clock)
+        hidden = [str(Path(p).expanduser()) for p in ["~/.gpufleet", "~/.kube", *(hidden_paths or [])]]
+        return ProcessRuntime(state_dir, clock, hidden_paths=hidden, shared_paths=shared_paths or [],
+                              node_address=address)
     if kind == "simulated":
         module = importlib.import_module("gpufleet.agent.runtime.simulated")
         return module.SimulatedRuntime(clock)

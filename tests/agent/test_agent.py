@@ -94,7 +94,12 @@ class Harness:
         )
         runtime = config.pop("runtime", None)
         if runtime is None:
-            runtime = ProcessRuntime(state, cgroup_root=None)
+            # The pods talk to the test through files in its tmp dir: the sandbox shows it
+            # to them (read-write, for the unprivileged default user), and hides the agent's
+            # state and the control plane's inside it.
+            self.tmp.chmod(0o1777)
+            hidden = [self.tmp / "cp", *self.tmp.glob("state.db*")]
+            runtime = ProcessRuntime(state, cgroup_root=None, shared_paths=[self.tmp], hidden_paths=hidden)
         settings.update(config)
         agent = NodeAgent(client, runtime,
                           DeclaredDevices(gpus, "NVIDIA H100 80GB HBM3", 81920, node_name=name),
@@ -145,6 +150,13 @@ class Harness:
         for a in self.agents:
             await a.stop()
             await a.client.close()
+        # The process runtime's containers outlive their agent (also the CLI agent's, and
+        # those of an agent a test restarted): find them again and take them down.
+        for containers in self.tmp.glob("*/containers"):
+            runtime = ProcessRuntime(containers.parent, cgroup_root=None)
+            await runtime.recover("")
+            await runtime.stop_all(1)
+            await runtime.close()
         if self.ipam is not None:
             await self.ipam.stop()
         if self.cp is not None:

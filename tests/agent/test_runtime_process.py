@@ -1,9 +1,14 @@
-"""The process runtime against real host processes (and the real cgroups where this machine
-lets us write them)."""
+"""The process runtime against real host processes in real bubblewrap sandboxes (and the
+real cgroups where this machine lets us write them).
+
+A container sees the node's files read-only and its own /tmp, so what a test wants to read
+back from inside one goes through a volume (``out_mount``). The sandbox itself (users,
+hidden paths, /dev/shm, recovery) is tested in test_runtime_process_sandbox.py."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -13,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpufleet.agent.runtime.base import ContainerSpec, GPUAssignment, RuntimeError_
+from gpufleet.agent.runtime.base import ContainerSpec, GPUAssignment, Mount, RuntimeError_
 from gpufleet.agent.runtime.cgroups import Cgroups
 from gpufleet.agent.runtime.crilog import read_cri_messages
 from gpufleet.agent.runtime.process import ProcessRuntime
@@ -39,6 +44,28 @@ def make_spec(tmp_path: Path, command: list[str], args: list[str] | None = None,
     )
 
 
+def out_mount(tmp_path: Path, name: str = "out") -> tuple[Path, Mount]:
+    """A directory on the node that containers (any user) can write, seen at /<name>."""
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    d.chmod(0o777)
+    return d, Mount(str(d), f"/{name}")
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def processes_with(argv: list[str]) -> list[int]:
+    """Host pids running exactly argv."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if p.info["cmdline"] == argv and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+    return out
+
+
 def raw_lines(path: str) -> list[str]:
     return Path(path).read_text().splitlines()
 
@@ -47,6 +74,8 @@ def raw_lines(path: str) -> list[str]:
 async def rt(tmp_path):
     runtime = ProcessRuntime(tmp_path / "state")
     yield runtime
+    # close() leaves containers running (they outlive the agent): stop them first.
+    await runtime.stop_all(1)
     await runtime.close()
 
 
@@ -60,32 +89,40 @@ async def wait_for_line(path: str, text: str, within_s: float = 10.0) -> None:
 
 
 async def test_env_gpus_and_inherited_path(rt, tmp_path):
-    out = tmp_path / "env.json"
+    d, mount = out_mount(tmp_path)
+    out = d / "env.json"
     spec = make_spec(
         tmp_path,
-        [PY, "-c", f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"],
+        [PY, "-c", "import json, os; json.dump(dict(os.environ), open('/out/env.json', 'w'))"],
         env={"FOO": "bar", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"},
         gpus=[GPUAssignment(0, "GPU-aaa"), GPUAssignment(3, "GPU-bbb")],
+        mounts=[mount],
     )
     h = await rt.start(spec)
     st = await rt.wait(h)
     assert (st.state, st.exit_code, st.reason) == ("exited", 0, "Completed")
     env = json.loads(out.read_text())
     assert env["FOO"] == "bar"
-    # The assignment wins over whatever the pod's env says.
+    # The assignment wins over whatever the pod's env says. (This machine has no
+    # /dev/nvidia*, so the indices stay the node's; see the sandbox tests for renumbering.)
     assert env["CUDA_VISIBLE_DEVICES"] == "0,3"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaa,GPU-bbb"
     assert env["GPUFLEET_CDI_DEVICES"] == "nvidia.com/gpu=GPU-aaa,nvidia.com/gpu=GPU-bbb"
     assert env["PATH"] == os.environ["PATH"]
-    assert env.get("HOME") == os.environ.get("HOME")
+    # HOME is the container user's (the default user, nobody), not the agent's.
+    assert env["HOME"] == "/nonexistent"
+    assert env["HOSTNAME"] == "p"
     # Nothing else leaks from the agent's environment.
     assert "PYTEST_CURRENT_TEST" not in env
 
 
 async def test_a_container_without_gpus_sees_none(rt, tmp_path):
-    out = tmp_path / "env.json"
+    d, mount = out_mount(tmp_path)
+    out = d / "env.json"
     spec = make_spec(
-        tmp_path, [PY, "-c", f"import json, os; json.dump(dict(os.environ), open({str(out)!r}, 'w'))"]
+        tmp_path,
+        [PY, "-c", "import json, os; json.dump(dict(os.environ), open('/out/env.json', 'w'))"],
+        mounts=[mount],
     )
     await rt.wait(await rt.start(spec))
     env = json.loads(out.read_text())
@@ -134,13 +171,27 @@ async def test_missing_executable_cannot_start(rt, tmp_path):
 
 
 async def test_working_dir_is_created_and_used(rt, tmp_path):
-    wd = tmp_path / "work" / "dir"
-    spec = make_spec(tmp_path, ["sh", "-c", "pwd"], working_dir=str(wd))
+    d, mount = out_mount(tmp_path)
+    # Inside a volume: created on the node, in the volume, and writable by the container.
+    spec = make_spec(tmp_path, ["sh", "-c", "pwd; touch here"], working_dir="/out/work/dir", mounts=[mount])
     st = await rt.wait(await rt.start(spec))
-    assert st.exit_code == 0
-    assert wd.is_dir()
-    await asyncio.sleep(0.05)
-    assert read_cri_messages(spec.log_path) == [str(wd)]
+    assert st.exit_code == 0, read_cri_messages(spec.log_path)
+    assert (d / "work" / "dir" / "here").is_file()
+    assert read_cri_messages(spec.log_path) == ["/out/work/dir"]
+    # Under /tmp (the container's own), and at a new top-level path.
+    for wd in ("/tmp/a/b", "/brand-new"):
+        spec = make_spec(tmp_path, ["sh", "-c", "pwd"], working_dir=wd, name="x" + str(len(wd)))
+        st = await rt.wait(await rt.start(spec))
+        assert st.exit_code == 0
+        assert read_cri_messages(spec.log_path) == [wd]
+    # The default is the container's private /tmp.
+    spec = make_spec(tmp_path, ["sh", "-c", "pwd; touch scratch && echo writable"], name="dflt")
+    await rt.wait(await rt.start(spec))
+    assert read_cri_messages(spec.log_path) == ["/tmp", "writable"]
+    # Elsewhere the node's filesystem is read-only: refused, saying so.
+    with pytest.raises(RuntimeError_, match="read-only") as e:
+        await rt.start(make_spec(tmp_path, ["pwd"], working_dir="/usr/share/no-such-dir-gpufleet"))
+    assert e.value.reason == "CreateContainerError"
 
 
 async def test_log_file_is_cri_and_keeps_both_streams(rt, tmp_path):
@@ -169,6 +220,14 @@ async def test_restarts_append_to_their_own_log(rt, tmp_path):
     assert read_cri_messages(spec.log_path) == ["hi", "hi"]
 
 
+async def test_stop_sigterm_kills_a_program_without_a_handler_143(rt, tmp_path):
+    spec = make_spec(tmp_path, ["sh", "-c", "echo ready; exec sleep 300"])
+    h = await rt.start(spec)
+    await wait_for_line(spec.log_path, "ready")
+    st = await rt.stop(h, grace_seconds=10)
+    assert (st.state, st.exit_code, st.reason, st.message) == ("exited", 143, "Error", "killed by SIGTERM")
+
+
 async def test_stop_sigterm_within_grace(rt, tmp_path):
     spec = make_spec(
         tmp_path, ["sh", "-c", "trap 'echo bye; exit 0' TERM; echo ready; while true; do sleep 0.05; done"]
@@ -182,47 +241,52 @@ async def test_stop_sigterm_within_grace(rt, tmp_path):
     await wait_for_line(spec.log_path, "bye")
 
 
-async def test_stop_sigkills_the_group_after_grace(rt, tmp_path):
-    pidfile = tmp_path / "grandchild.pid"
+async def test_stop_sigkills_the_sandbox_after_grace(rt, tmp_path):
+    marker = f"300.{os.getpid()}{time.monotonic_ns() % 100000}"
     code = (
         "import signal, subprocess, time\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        f"p = subprocess.Popen(['sleep', '300'])\n"
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
+        # The grandchild ignores nothing, leaves the session, and must go all the same.
+        f"p = subprocess.Popen(['sleep', {marker!r}], start_new_session=True)\n"
         "print('ready', flush=True)\n"
         "time.sleep(300)\n"
     )
     spec = make_spec(tmp_path, [PY, "-c", code])
     h = await rt.start(spec)
     await wait_for_line(spec.log_path, "ready")
-    grandchild = int(pidfile.read_text())
+    [grandchild] = processes_with(['sleep', marker])
     t0 = time.monotonic()
     st = await rt.stop(h, grace_seconds=0.5)
     elapsed = time.monotonic() - t0
     assert 0.4 <= elapsed < 5, elapsed
     assert (st.exit_code, st.reason) == (137, "Error")
     assert "SIGKILL" in st.message
-    # The grandchild ignored nothing, but it was in the group and went with it.
     for _ in range(100):
-        if not psutil.pid_exists(grandchild) or psutil.Process(grandchild).status() == psutil.STATUS_ZOMBIE:
+        if gone(grandchild):
             break
         await asyncio.sleep(0.02)
     else:
         raise AssertionError("grandchild survived stop()")
 
 
-async def test_processes_left_behind_die_with_the_main_one(rt, tmp_path):
-    pidfile = tmp_path / "bg.pid"
-    spec = make_spec(tmp_path, ["sh", "-c", f"sleep 300 & echo $! > {pidfile}; exit 0"])
-    st = await rt.wait(await rt.start(spec))
-    assert st.exit_code == 0
-    bg = int(pidfile.read_text())
-    for _ in range(100):
-        if not psutil.pid_exists(bg) or psutil.Process(bg).status() == psutil.STATUS_ZOMBIE:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise AssertionError("background process outlived its container")
+@pytest.mark.parametrize("sandboxed", [True, False])
+async def test_processes_left_behind_die_with_the_main_one(tmp_path, sandboxed):
+    rt = ProcessRuntime(tmp_path / "state", bwrap="bwrap" if sandboxed else None)
+    marker = f"300.{os.getpid()}{time.monotonic_ns() % 100000}"
+    try:
+        spec = make_spec(tmp_path, ["sh", "-c", f"setsid sleep {marker} & sleep 0.3; echo started; exit 0"])
+        st = await rt.wait(await rt.start(spec))
+        assert st.exit_code == 0
+        assert read_cri_messages(spec.log_path) == ["started"]
+        for _ in range(100):
+            if not processes_with(['sleep', marker]):
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("background process outlived its container")
+    finally:
+        await rt.stop_all(1)
+        await rt.close()
 
 
 async def test_exec_uses_env_and_cwd(rt, tmp_path):
@@ -298,7 +362,7 @@ async def test_limits_are_written_and_cgroups_removed(rt, tmp_path):
         return
     spec = make_spec(tmp_path, ["sleep", "300"], memory_limit_bytes=256 * 1024 * 1024, cpu_limit_millis=250)
     h = await rt.start(spec)
-    rec = rt._procs[h.id]
+    rec = rt._containers[h.id]
     assert rec.cgroup is not None
     dirs = dict(rec.cgroup.dirs)
     if rec.cgroup.version == 1:
@@ -307,7 +371,7 @@ async def test_limits_are_written_and_cgroups_removed(rt, tmp_path):
         assert int((dirs["memory"] / "memory.limit_in_bytes").read_text()) == 256 * 1024 * 1024
     for d in dirs.values():
         assert f"gpufleet/{spec.pod_uid}/main/0" in str(d)
-        # The process joins its cgroups itself, before it execs the program.
+        # The sandbox joins its cgroups before it forks the program.
         for _ in range(100):
             if str(h.pid) in (d / "cgroup.procs").read_text().split():
                 break
@@ -332,6 +396,7 @@ async def test_without_writable_cgroups_limits_are_reported_unsupported(tmp_path
         st = await rt.wait(await rt.start(spec))
         assert st.exit_code == 0
     finally:
+        await rt.stop_all(1)
         await rt.close()
 
 

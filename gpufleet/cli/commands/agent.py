@@ -54,6 +54,12 @@ def register(app: typer.Typer) -> None:
             "--checkpoint-root", help="A tree training checkpoint directories may be mounted into pods from "
             "(<root>/<namespace>/...; repeatable; default /var/tmp/gpufleet/checkpoints, the PyTorchJob "
             "controller's). Put a shared filesystem there for gangs across servers.")] = None,
+        hide_path: Annotated[list[str] | None, typer.Option(
+            "--hide-path", help="A host path the process runtime's sandboxes show empty (repeatable; the "
+            "agent's state dir, ~/.gpufleet and ~/.kube always are).")] = None,
+        shared_path: Annotated[list[str] | None, typer.Option(
+            "--shared-path", help="A host path the process runtime's sandboxes show read-write at the same "
+            "place (repeatable): a scratch or home filesystem every pod may use.")] = None,
         cpus: Annotated[float | None, typer.Option("--cpus", help="CPUs to offer (default: all).")] = None,
         memory: Annotated[str | None, typer.Option("--memory", help="Memory to offer, e.g. 16Gi.")] = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -89,15 +95,19 @@ def register(app: typer.Typer) -> None:
             token = token_file.expanduser().read_text().strip()
         if certificate_authority is not None and not certificate_authority.expanduser().is_file():
             raise typer.BadParameter(f"{certificate_authority} does not exist", param_hint="--certificate-authority")
+        hidden = [*(hide_path or []), *([str(kubeconfig)] if kubeconfig else [])]
+        paths = dict(hidden_paths=[str(Path(p).expanduser().resolve()) for p in hidden],
+                     shared_paths=[str(Path(p).expanduser().resolve()) for p in shared_path or []])
         code = asyncio.run(_run(config, server, token, kubeconfig, runtime,
                                 dict(gpus=gpus, gpu_model=gpu_model, gpu_memory_mib=gpu_memory,
                                      inventory=gpu_inventory),
-                                str(certificate_authority.expanduser()) if certificate_authority else None))
+                                str(certificate_authority.expanduser()) if certificate_authority else None,
+                                paths))
         raise typer.Exit(code)
 
 
 async def _run(config, server: str | None, token: str | None, kubeconfig: Path | None, runtime_kind: str,
-               gpu_options: dict, certificate_authority: str | None = None) -> int:
+               gpu_options: dict, certificate_authority: str | None = None, paths: dict | None = None) -> int:
     from gpufleet.agent.agent import NodeAgent
     from gpufleet.agent.bootstrap import node_token, saved_log_token
     from gpufleet.agent.factory import build_devices, build_runtime
@@ -122,7 +132,9 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
     config.api_server = api_address(urls[0])
     client = connect(await node_token(connect, token or cfg.token, config.node_name, config.state_dir))
     config.log_token = saved_log_token(config.state_dir)
-    agent = NodeAgent(client, build_runtime(runtime_kind, config.state_dir),
+    agent = NodeAgent(client, build_runtime(runtime_kind, config.state_dir,
+                                            hidden_paths=(paths or {}).get("hidden_paths"),
+                                            shared_paths=(paths or {}).get("shared_paths"), address=config.address),
                       build_devices(config.node_name, **gpu_options), config)
     await serve_agent(agent)
     await client.close()

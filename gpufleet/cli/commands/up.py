@@ -265,7 +265,8 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
     token = None
     if cp.secure:
         token = await node_token(lambda t: Client(LocalTransport(cp.api, token=t)), cp.join_token, name, agent_dir)
-    agent = NodeAgent(Client(LocalTransport(cp.api, token=token)), build_runtime(options["runtime"], agent_dir),
+    agent = NodeAgent(Client(LocalTransport(cp.api, token=token)), build_runtime(options["runtime"], agent_dir,
+                                                                    hidden_paths=[str(state_dir)], address=address),
                       build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"]),
                       AgentConfig(node_name=name, state_dir=agent_dir, address=address,
                                   log_token=saved_log_token(agent_dir) if token else None,
