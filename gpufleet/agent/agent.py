@@ -353,6 +353,14 @@ class NodeAgent:
                     await self.runtime.ensure_network(network.network_name(self.name), cidr, self.name)
                     break
                 except Exception as exc:
+                    if type(exc).__name__ == "SubnetInUse":
+                        log.warning("agent %s: %s; pods use the runtime's default network, whose addresses are "
+                                    "unique on this host only", self.name, exc)
+                        self.recorder.record_nowait(
+                            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "uid": self.name}},
+                            "Warning", "PodNetworkUnavailable", str(exc))
+                        cidr = None
+                        break
                     log.warning("agent %s: making the pod network %s failed: %s; retrying", self.name, cidr, exc)
                     await self.clock.sleep(2.0)
         gateway = getattr(self.runtime, "pod_gateway", None)

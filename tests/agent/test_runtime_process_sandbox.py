@@ -331,11 +331,26 @@ async def test_mounts_read_only_and_read_write_files_and_directories(rt, tmp_pat
     assert code == 0
 
 
-async def test_a_mount_point_the_read_only_node_cannot_hold_fails_the_start(rt, tmp_path):
+async def test_a_mount_point_deep_in_the_read_only_node_is_made_on_a_copy_of_its_directory(rt, tmp_path):
     d = writable_dir(tmp_path / "v")
-    with pytest.raises(RuntimeError_, match="/usr is part of the node's filesystem, read-only in the container, "
-                                            "and has no no/such/place to mount on") as e:
-        await rt.start(spec_for(tmp_path, "true", mounts=[Mount(str(d), "/usr/no/such/place")]))
+    write(str(d / "f"), "in the volume\n")
+    # Where every pod's service account token goes: /var/run is a symlink to /run on the node,
+    # and neither has secrets/: the container sees a copy of /run with the mount point in it.
+    code, out = await run(rt, spec_for(
+        tmp_path, "cat /var/run/secrets/kubernetes.io/serviceaccount/f; cat /usr/no/such/place/f; "
+                  "ls /usr/bin/env && touch /usr/x 2>/dev/null || echo usr-ro; touch /run/x 2>/dev/null || echo run-ro",
+        mounts=[Mount(str(d), "/var/run/secrets/kubernetes.io/serviceaccount"),
+                Mount(str(d), "/usr/no/such/place")]))
+    assert code == 0 and out == ["in the volume", "in the volume", "/usr/bin/env", "usr-ro", "run-ro"], out
+    # The node's directories were not touched.
+    assert not await asyncio.to_thread(os.path.exists, "/usr/no")
+    assert not await asyncio.to_thread(os.path.exists, "/run/secrets")
+
+
+async def test_a_mount_point_the_container_cannot_hold_fails_the_start(rt, tmp_path):
+    d = writable_dir(tmp_path / "v")
+    with pytest.raises(RuntimeError_, match="/proc is part of the node's filesystem") as e:
+        await rt.start(spec_for(tmp_path, "true", mounts=[Mount(str(d), "/proc/no/such/place")]))
     assert e.value.reason == "CreateContainerError"
     # What bwrap itself refuses comes back with its words.
     with pytest.raises(RuntimeError_, match="cannot set up the container's sandbox: bwrap: ") as e:
@@ -674,7 +689,7 @@ async def test_a_container_whose_monitor_died_is_status_unknown(tmp_path):
 
 async def test_a_failed_start_leaves_nothing_to_recover(rt, tmp_path):
     with pytest.raises(RuntimeError_):
-        await rt.start(spec_for(tmp_path, "true", mounts=[Mount(str(writable_dir(tmp_path / "v")), "/usr/x/y")]))
+        await rt.start(spec_for(tmp_path, "true", mounts=[Mount(str(writable_dir(tmp_path / "v")), "/proc/x/y")]))
     assert await rt.recover("") == ([], [])
     h = ContainerHandle(id="not/a/container")
     assert (await rt.state(h)).state == "unknown"

@@ -442,6 +442,9 @@ class PodmanRuntime:
         rc, _, err = await self._run(*create)
         if rc != 0 and "already used" in err and await self._free_subnet(str(net)):
             rc, _, err = await self._run(*create)
+        if rc != 0 and "already used" in err:
+            raise SubnetInUse(f"the node's pod CIDR {net} is used on this host by another network in use "
+                              "(another cluster's node on this machine?)")
         if rc != 0 and "already exists" not in err:
             raise RuntimeError_(f"cannot create the pod network {name} ({net}): {_podman_error(err)}",
                                 "NetworkNotReady")
@@ -930,6 +933,10 @@ def _podman_error(err: str) -> str:
     lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
     errors = [ln for ln in lines if ln.startswith("Error:")]
     return (errors[-1] if errors else lines[-1]) if lines else ""
+
+
+class SubnetInUse(RuntimeError_):
+    """The node's pod CIDR is taken on this host by a network that is in use."""
 
 
 def _write_pause_tar(path: str) -> bool:

@@ -126,10 +126,13 @@ from gpufleet.agent.runtime.sandbox import (
     DEFAULT_SHM_BYTES,
     MASKED_PATHS,
     NVIDIA_CONTROL_DEVICES,
+    ExpandedDir,
     Identity,
     Passwd,
     Plan,
     bwrap_args,
+    child_entries,
+    expansion_chain,
     hostname_for,
     hosts_file,
     resolv_conf,
@@ -586,10 +589,13 @@ class ProcessRuntime:
         self._adopt(rec)
         return handle
 
-    def _check_mounts(self, spec: ContainerSpec, tmp: str, hidden: list[str]) -> None:
-        """Refuses, before bwrap would, a volume whose mount point cannot be made: the
-        node's filesystem is read-only in the container, so a missing mount point must be
-        a new top-level directory, or lie under /tmp or another writable volume."""
+    def _check_mounts(self, spec: ContainerSpec, tmp: str, hidden: list[str]) -> tuple[list[ExpandedDir], list[Mount]]:
+        """The node directories to show as tmpfs copies so that every volume's mount point
+        can be made (the node's filesystem is read-only in the container: a missing mount
+        point under it goes on a copy, e.g. /var/run/secrets/kubernetes.io/serviceaccount);
+        refuses, before bwrap would, one that cannot be made at all."""
+        chains: dict[str, None] = {}
+        mounts = list(spec.mounts)
         for i, m in enumerate(spec.mounts):
             where = f"cannot mount {m.host_path} at {m.container_path}"
             if not os.path.isabs(m.container_path):
@@ -606,13 +612,32 @@ class ProcessRuntime:
             if path in ("/", os.path.normpath(m.container_path)):
                 continue
             writable = ["/tmp", *self.shared_paths, *(e.container_path for e in earlier if not e.read_only)]
-            if not any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable):
-                raise RuntimeError_(
-                    f"{where}: {path} is part of the node's filesystem, read-only in the container, and has no "
-                    f"{os.path.relpath(m.container_path, path)} to mount on (use a path that exists on the node, "
-                    "one under /tmp or another volume, or a new top-level directory)",
-                    "CreateContainerError",
-                )
+            if any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable):
+                continue
+            node = view_to_node(path, mounts=earlier, shared=self.shared_paths, hidden=hidden, tmp_dir=tmp)
+            real = os.path.realpath(node) if node is not None and node == path else ""
+            top = real.split("/")[1] if real.count("/") >= 1 and real != "/" else ""
+            if real and os.path.isdir(real) and top and top not in ("proc", "dev", "tmp", "sys") \
+                    and not any(real == h or real.startswith(h.rstrip("/") + "/") for h in hidden):
+                for d in expansion_chain(real):
+                    chains.setdefault(d, None)
+                # bwrap makes mount points with the node's view of symlinks: name the real place.
+                dest = os.path.join(real, os.path.relpath(os.path.normpath(m.container_path), path))
+                mounts[i] = Mount(m.host_path, dest, m.read_only)
+                continue
+            raise RuntimeError_(
+                f"{where}: {path} is part of the node's filesystem, read-only in the container, and has no "
+                f"{os.path.relpath(m.container_path, path)} to mount on (use a path that exists on the node, "
+                "one under /tmp or another volume, or a new top-level directory)",
+                "CreateContainerError",
+            )
+        out = []
+        for d in chains:
+            try:
+                out.append(ExpandedDir(d, os.stat(d).st_mode, child_entries(d, _listing(d))))
+            except OSError as e:
+                raise RuntimeError_(f"cannot show {d} in the container: {e.strerror or e}", "CreateContainerError") from e
+        return out, mounts
 
     def _prepare(self, spec: ContainerSpec, argv: list[str], ident: Identity, sb: _Sandbox | None,
                  cid: str, cdir: Path) -> dict:
@@ -628,9 +653,9 @@ class ProcessRuntime:
         env = self._env(spec, ident, renumbered, hostname if sandboxed else None)
         hidden = [str(self.state_dir), *self.hidden_paths]
         shared = list(self.shared_paths)
+        expanded: list[ExpandedDir] = []
         if sandboxed:
-            self._check_mounts(spec, tmp, visible_hidden(hidden, shared))
-            mounts = list(spec.mounts)
+            expanded, mounts = self._check_mounts(spec, tmp, visible_hidden(hidden, shared))
             default_cwd = "/tmp"
         else:
             mounts = []
@@ -715,6 +740,7 @@ class ProcessRuntime:
                 masked=[(p, os.path.isdir(p)) for p in MASKED_PATHS if os.path.exists(p)],
                 cwd=cwd,
                 make_cwd=make_cwd,
+                expanded=expanded,
             )
             program = [*bwrap_args(self._bwrap, plan), *command]  # type: ignore[arg-type]
             spawn_cwd = "/"

@@ -315,6 +315,34 @@ def root_entries(listing: Iterable[tuple[str, str, str]]) -> list[RootEntry]:
 
 
 @dataclass
+class ExpandedDir:
+    """A read-only node directory that a mount point must be made in: shown as a tmpfs of
+    its mode with each of its entries bound onto it read-only (as the root is), so the new
+    mount point lives on the tmpfs and the node's directory itself is never written."""
+
+    path: str
+    mode: int
+    entries: list[RootEntry]
+
+
+def expansion_chain(real: str) -> list[str]:
+    """The directories from the top level down to ``real`` (a node path), parents first."""
+    parts = [p for p in real.split("/") if p]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def child_entries(path: str, listing: Iterable[tuple[str, str, str]]) -> list[RootEntry]:
+    out = []
+    for name, kind, target in sorted(listing):
+        full = path.rstrip("/") + "/" + name
+        if kind == "symlink":
+            out.append(RootEntry(full, "symlink", target))
+        elif kind in ("dir", "file"):
+            out.append(RootEntry(full, kind))  # type: ignore[arg-type]
+    return out
+
+
+@dataclass
 class Plan:
     """Everything the bubblewrap command line needs, decided by the runtime."""
 
@@ -345,6 +373,8 @@ class Plan:
     make_cwd: bool = False
     status_fd: int | str = "@STATUS_FD@"
     block_fd: int | str = "@BLOCK_FD@"
+    # Node directories shown as tmpfs copies so mount points can be made in them (parents first).
+    expanded: list[ExpandedDir] = field(default_factory=list)
 
 
 def bwrap_args(bwrap: str, plan: Plan) -> list[str]:
@@ -357,13 +387,23 @@ def bwrap_args(bwrap: str, plan: Plan) -> list[str]:
     hidden) and the pod's volumes last."""
     a = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-uts", "--unshare-ipc"]
     a += ["--hostname", plan.hostname]
-    for e in plan.root:
-        if e.kind == "symlink":
-            a += ["--symlink", e.target, e.path]
+    expanded = {e.path: e for e in plan.expanded}
+
+    def show(e: RootEntry) -> None:
+        if e.path in expanded and e.kind == "dir":
+            ed = expanded[e.path]
+            a.extend(["--perms", f"{ed.mode & 0o7777:04o}", "--tmpfs", e.path])
+            for child in ed.entries:
+                show(child)
+        elif e.kind == "symlink":
+            a.extend(["--symlink", e.target, e.path])
         elif plan.privileged and e.path == "/sys":
-            a += ["--bind", e.path, e.path]
+            a.extend(["--bind", e.path, e.path])
         else:
-            a += ["--ro-bind", e.path, e.path]
+            a.extend(["--ro-bind", e.path, e.path])
+
+    for e in plan.root:
+        show(e)
     a += ["--proc", "/proc"]
     if plan.privileged:
         a += ["--dev-bind", "/dev", "/dev"]
@@ -402,6 +442,8 @@ def bwrap_args(bwrap: str, plan: Plan) -> list[str]:
         a += ["--ro-bind" if m.read_only else "--bind", m.host_path, m.container_path]
     for path, is_dir in plan.hidden_in_mounts:
         a += ["--tmpfs", path, "--remount-ro", path] if is_dir else ["--ro-bind", plan.empty_file, path]
+    for ed in reversed(plan.expanded):
+        a += ["--remount-ro", ed.path]
     if plan.read_only_root:
         a += ["--remount-ro", "/"]
     if plan.make_cwd:
