@@ -796,6 +796,15 @@ class PyTorchJobController:
             target["ports"] = [{"name": DEFAULT_PORT_NAME, "containerPort": port, "protocol": "TCP"}, *ports]
             annotations[RENDEZVOUS_PORT_ANNOTATION] = str(port)
         env = self._env(job, target, rtype, index, attempt, is_leader)
+        shared = self._fleet_address()
+        if is_elastic(job) and shared is not None:
+            # Pods sharing one address (process runtime on one server or a loopback fleet) are
+            # told apart by name: each member's name leads to that address.
+            lo, hi = elastic_bounds(job)
+            names = [pod_name(name, MASTER, 0)] if MASTER in replica_specs(job) else []
+            names += [pod_name(name, WORKER, i) for i in range(max(hi, replicas_of(job, WORKER)))]
+            aliases = [a for a in pspec.get("hostAliases") or [] if a.get("ip") != shared]
+            pspec["hostAliases"] = [*aliases, {"ip": shared, "hostnames": names}]
         own = {e.get("name") for e in target.get("env") or []}
         target["env"] = [*(e for e in env if e["name"] not in own), *(target.get("env") or [])]
         return body
@@ -841,6 +850,13 @@ class PyTorchJobController:
                 {"name": "PET_RDZV_ENDPOINT", "value": f"{host}:{port}"},
                 {"name": "PET_RDZV_ID", "value": ep.rdzv_id or objects.uid_of(job)},
                 {"name": "PET_RDZV_CONF", "value": ",".join(conf)},
+                # torchrun's --local-addr: how the other members reach this one (its own
+                # store, once it leads a round) and what tells it apart. Its host name would
+                # resolve nowhere else without cluster DNS; pods of one address (and one PID
+                # namespace layout) go by their names, which the hostAliases above resolve.
+                {"name": "PET_LOCAL_ADDR", **({"valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+                                              if self._fleet_address() is not None else
+                                              {"valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})},
             ]
             if ep.max_restarts is not None:
                 env.append({"name": "PET_MAX_RESTARTS", "value": str(ep.max_restarts)})

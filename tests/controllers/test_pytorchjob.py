@@ -369,3 +369,34 @@ async def _gone(client: Client, name: str) -> bool:
 
 async def _none_left(client: Client, job: str) -> bool:
     return not await pods_of(client, job)
+
+
+async def test_elastic_members_are_told_apart_and_reachable_without_cluster_dns(client: Client, controllers) -> None:
+    async def shared_node(name: str, runtime: str) -> None:
+        await client.create(node(name), raw=True)
+        await client.patch("nodes", name, {"status": {
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}],
+            "nodeInfo": {"containerRuntimeVersion": f"{runtime}://", **{k: "x" for k in (
+                "architecture", "bootID", "kernelVersion", "kubeProxyVersion", "kubeletVersion", "machineID",
+                "operatingSystem", "osImage", "systemUUID")}}}}, subresource="status", raw=True)
+
+    await shared_node("p1", "process")
+    await shared_node("p2", "process")
+    await controllers(**FAST)
+    body = pytorchjob("twins", master=False, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
+                      meta={"annotations": {"gpufleet.io/elastic-autoscale": "false"}})
+    await client.create(body, raw=True)
+    pods = await eventually(lambda: _count(client, "twins", 2))
+    w1 = pods["twins-worker-1"]
+    # One address for all: torchrun goes by each member's name, which every member resolves.
+    assert env_of(w1)["PET_LOCAL_ADDR"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert w1["spec"]["hostAliases"] == [
+        {"ip": "127.0.0.1", "hostnames": ["twins-worker-0", "twins-worker-1", "twins-worker-2"]}]
+
+    # A node whose pods have their own IPs: each member goes by its pod IP.
+    await shared_node("c1", "podman")
+    await client.create(pytorchjob("apart", master=False, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
+                                   meta={"annotations": {"gpufleet.io/elastic-autoscale": "false"}}), raw=True)
+    pods = await eventually(lambda: _count(client, "apart", 2))
+    assert env_of(pods["apart-worker-0"])["PET_LOCAL_ADDR"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert not pods["apart-worker-0"]["spec"].get("hostAliases")

@@ -281,6 +281,34 @@ def _kill_proc(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def remove_node_pods(state_dir: Path) -> None:
+    """Stop and remove whatever an agent with this state dir left running: the process
+    runtime's monitored containers, and podman's containers of that agent."""
+    import asyncio
+    import concurrent.futures
+    import hashlib
+
+    from gpufleet.agent.runtime.process import ProcessRuntime
+
+    if (state_dir / "containers").is_dir():
+        async def stop() -> None:
+            runtime = ProcessRuntime(state_dir, cgroup_root=None)
+            await runtime.recover("")
+            await runtime.stop_all(1)
+            await runtime.close()
+
+        # Maybe called from a test's own event loop: the clean-up gets a loop of its own.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, stop()).result(timeout=60)
+    owner = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    for _ in range(3):
+        ids = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"label=gpufleet.io/owner={owner}"],
+                             capture_output=True, text=True, check=False).stdout.split()
+        if not ids:
+            return
+        subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True, check=False)
+
+
 def process_pids(pods: Iterable[dict]) -> set[int]:
     """Host pids of the containers of these pods (process runtime: containerID process://<pid>)."""
     pids = set()
@@ -405,6 +433,9 @@ class Fleet:
             _kill_proc(proc)
         for pid in self.pids:
             kill_group(pid)
+        # Pods outlive their agents (a kubelet's containers do too): take them down.
+        for name in self.agents:
+            remove_node_pods(self.root / f"agent-{name}")
 
     def logs(self, n: int = 40) -> str:
         out = []

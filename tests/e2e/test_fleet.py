@@ -73,10 +73,13 @@ def read_reports(reports: Path) -> dict[str, Report]:
 def fleet(tmp_path: Path) -> Iterator[Fleet]:
     reports = tmp_path / "reports"
     reports.mkdir()
+    # The pods (sandboxed, as an unprivileged user) write their reports to a shared path.
+    reports.chmod(0o777)
     try:
         with running_fleet(
             tmp_path, ["server", "--store", f"sqlite:///{tmp_path / 'state.db'}"], NODES,
             gpus=GPUS_PER_NODE, gpu_model="H100-SXM-80GB", runtime="process",
+            agent_args=["--shared-path", str(reports)],
         ) as f:
             yield f
     finally:
