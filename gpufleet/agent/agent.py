@@ -775,7 +775,8 @@ class NodeAgent:
         """The pods' own Prometheus metrics (see workloadmetrics), for the HPA's Pods metrics."""
         from gpufleet.agent.workloadmetrics import scrape
 
-        pods = [(w.pod, w.ports) for w in list(self.workers.values())
+        pods = [(w.pod, w.ports, None) if w.uses_host_network() else (w.pod, None, w.pod_ip)
+                for w in list(self.workers.values())
                 if not w.removed and (namespace is None or w.namespace == namespace)]
         return {"pods": await scrape(self.config.address, pods, rfc3339(self.clock.now()))}
 

@@ -577,7 +577,7 @@ class PodWorker:
         image = spec.get("image") or ""
         ctx = self.ctx
         requests = port_requests(pod)
-        host_network = self._host_network()
+        host_network = self.uses_host_network()
         base = {"HOSTNAME": podspec.pod_hostname(pod) if not host_network else self.name}
         base.update(port_env(requests, self.ports or {}, rec.name, ctx.host_network))
         api = ctx.api_endpoint(host_network)
@@ -858,7 +858,7 @@ class PodWorker:
 
     def _resolve_port(self, rec: ContainerRecord, port: Any) -> int | None:
         # In a network namespace of its own the pod is probed at its IP on its container port.
-        ports = (self.ports or {}) if self._host_network() else {}
+        ports = (self.ports or {}) if self.uses_host_network() else {}
         if isinstance(port, str) and not port.isdigit():
             for req in port_requests(self.pod):
                 if req.container == rec.name and req.name == port:
@@ -977,7 +977,7 @@ class PodWorker:
                 rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
                                          else "ContainerCreating"}}
 
-    def _host_network(self) -> bool:
+    def uses_host_network(self) -> bool:
         return bool((self.pod.get("spec") or {}).get("hostNetwork")) or self.ctx.host_network
 
     async def _ensure_sandbox(self) -> bool:
@@ -988,7 +988,7 @@ class PodWorker:
         if not spec.get("hostNetwork") and not ctx.network_ready():
             self.blocked = ("NetworkNotReady", "the node's pod network is not ready yet")
             return False
-        api = ctx.api_endpoint(self._host_network())
+        api = ctx.api_endpoint(self.uses_host_network())
         shm = ctx.volumes.shm_size(self.pod) if ctx.volumes is not None else None
         root = ctx.sandbox_root or (ctx.state_dir / "sandboxes")
         sandbox = SandboxSpec(
@@ -1096,7 +1096,7 @@ class PodWorker:
                     self.gpu_env[rec.name] = {"CUDA_VISIBLE_DEVICES": "", "NVIDIA_VISIBLE_DEVICES": "void"}
         if self.ports is None:
             requests = port_requests(self.pod)
-            if not self._host_network():
+            if not self.uses_host_network():
                 # In its own network namespace a pod listens on its container ports; only
                 # hostPorts take a port of the node.
                 requests = [r for r in requests if r.host_port]

@@ -6,7 +6,8 @@ A pod opts in with the usual annotations:
   prometheus.io/scrape: "true"
   prometheus.io/port:   a container port's number or name (default: the pod's first port)
   prometheus.io/path:   default /metrics
-The endpoint is reached on the node's address at the pod's host port. Each metric is one
+The endpoint is reached at the pod's IP on its container port, or for a pod on the node's
+network at the node's address on the pod's host port. Each metric is one
 number per pod: the value of an unlabelled sample, or the sum over its label sets.
 """
 
@@ -51,15 +52,19 @@ def parse_metrics(text: str) -> dict[str, float]:
     return out
 
 
-async def scrape(address: str, pods: Iterable[tuple[Mapping[str, Any], Mapping[str, int] | None]],
+async def scrape(address: str, pods: Iterable[tuple[Any, ...]],
                  now: str, request_timeout: float = 2.0) -> list[dict[str, Any]]:
-    """One entry per pod that asks to be scraped and answered: name, namespace, time, metrics."""
+    """One entry per pod that asks to be scraped and answered: name, namespace, time, metrics.
+    ``pods``: (pod, host ports) for pods on the node's network, reached at ``address``, or
+    (pod, None, pod IP) for pods with an IP of their own, reached on their container port."""
     targets = []
-    for pod, host_ports in pods:
+    for entry in pods:
+        pod, host_ports = entry[0], entry[1]
+        at = entry[2] if len(entry) > 2 and entry[2] else address
         port = scrape_port(pod, host_ports)
         if port is not None:
             path = ((pod.get("metadata") or {}).get("annotations") or {}).get(PATH) or "/metrics"
-            targets.append((pod, f"http://{address}:{port}{path if path.startswith('/') else '/' + path}"))
+            targets.append((pod, f"http://{at}:{port}{path if path.startswith('/') else '/' + path}"))
 
     async def one(client: httpx.AsyncClient, pod: Mapping[str, Any], url: str) -> dict[str, Any] | None:
         meta = pod.get("metadata") or {}

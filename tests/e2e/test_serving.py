@@ -1,5 +1,5 @@
 """Model serving end to end: the real `gpufleet up` (API, controllers, scheduler, gateway,
-a process-runtime agent) runs examples/serving (a PyTorch model server, its Service and an
+a node agent) runs examples/serving (a PyTorch model server, its Service and an
 autoscaling/v2 HPA on the gateway's requests_per_second) while bench/load.py drives traffic
 through the gateway.
 
