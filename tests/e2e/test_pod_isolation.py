@@ -157,7 +157,7 @@ async def test_volumes_and_the_user_on_this_runtime(plane: Plane):
         assert "kept=keeper" in await reader_says(plane, client, ns, "keeper")
         if plane.runtime == "process":  # type: ignore[attr-defined]
             pods = await client.list("Pod", ns, raw=True)
-            conds = {c["type"]: c for c in pods[0]["status"]["conditions"]}
+            conds = {c["type"]: c for c in list(pods)[0]["status"]["conditions"]}
             # The image is the host's programs here, and the pod is told so.
             assert "not used" in conds["gpufleet.io/RuntimeLimitation"]["message"], json.dumps(conds)
     finally:
