@@ -207,3 +207,43 @@ def oci_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegi
     images = ensure_images("busybox")
     with local_registry(tmp_path_factory.mktemp("oci-registry"), push=images) as registry:
         yield registry
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_node_state_outlives_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Pods outlive their agents, as a kubelet's containers do: a test that kills an agent
+    (or fails before its clean-up) leaves sandboxed processes, podman containers and volume
+    mounts behind. At the end of the session whatever still lives under this session's
+    temporary directory is taken down, so a long run never piles them up."""
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    for pid in _pids_of_monitors_under(base):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    if shutil.which("podman"):
+        out = subprocess.run(["podman", "ps", "-a", "--format", "{{.ID}} {{.Labels}}"], capture_output=True,
+                             text=True, check=False).stdout
+        ids = [line.split()[0] for line in out.splitlines()
+               if f"gpufleet.io/log-path:{base}" in line or f"gpufleet.io/agent-dir:{base}" in line]
+        for _ in range(2):  # the sandboxes go once their containers have
+            if ids:
+                subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True, check=False)
+    with open("/proc/self/mounts") as f:
+        mounts = [line.split()[1] for line in f if line.split()[1].startswith(base)]
+    for path in sorted(mounts, key=len, reverse=True):
+        subprocess.run(["umount", "-l", path], capture_output=True, check=False)
+
+
+def _pids_of_monitors_under(base: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"gpufleet.agent.runtime.monitor" in args and any(a.startswith(base.encode()) for a in args):
+            pids.append(int(entry))
+    return pids

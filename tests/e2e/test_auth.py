@@ -201,7 +201,7 @@ def test_agent_endpoints_only_through_the_api(cluster: Cluster, kubectl: Kubectl
          "--token-file", str(cluster.state_dir / "join-token"),
          "--certificate-authority", str(cluster.state_dir / "pki" / "ca.crt"), "--name", "e2e-agent",
          "--gpus", "1", "--state-dir", str(state), "--cpus", "2", "--memory", "4Gi",
-         "--taints", "e2e=agent:NoSchedule"],
+         "--taints", "e2e=agent:NoSchedule", "--runtime", "process"],
         stdout=subprocess.DEVNULL, stderr=agent_log, text=True, start_new_session=True)
 
     def until(what: str, check, limit: float = 40.0):  # type: ignore[no-untyped-def]

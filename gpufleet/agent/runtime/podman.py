@@ -694,7 +694,8 @@ class PodmanRuntime:
         for kind, value in self.ulimits:
             args += ["--ulimit", f"{kind}={value}"]
         labels = {
-            "role": _SANDBOX_ROLE, "owner": self.owner, "pod-uid": spec.pod_uid, "namespace": spec.namespace,
+            "role": _SANDBOX_ROLE, "owner": self.owner, "agent-dir": str(self.state_dir),
+            "pod-uid": spec.pod_uid, "namespace": spec.namespace,
             "pod": spec.pod_name,
             "gpus": ",".join(str(i) for i in spec.gpus), **{k.removeprefix(LABEL_PREFIX): v for k, v in spec.labels.items()},
         }
