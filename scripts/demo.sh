@@ -89,7 +89,8 @@ gpufleet apply -f examples/serving/model.yaml
 echo "== POST $GATEWAY/services/serving/classifier/predict (held by the gateway until a replica is Ready)"
 python3 -c "import urllib.request; r=urllib.request.urlopen(urllib.request.Request('$GATEWAY/services/serving/classifier/predict', data=b'', method='POST'), timeout=120); print(r.status, r.read().decode()[:120])"
 gpufleet get deployment,pods,hpa -n serving
-gpufleet logs -n serving deployment/classifier | tail -3 || true
+POD=$(gpufleet get pods -n serving -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["items"][0]["metadata"]["name"])')
+gpufleet logs -n serving "$POD" | tail -3
 
 if [ "${KEEP:-0}" = 1 ]; then
   echo "cluster left running (pid $UP_PID): export KUBECONFIG=$KUBECONFIG"
