@@ -477,3 +477,46 @@ async def test_gpufleet_up_stops_its_pods_as_it_stops_and_leaves_another_cluster
         assert await running()
     finally:
         await client.close()
+
+
+async def test_a_missing_config_map_holds_the_pod_and_updates_reach_it_and_dev_shm_is_sized(plane: Plane):
+    client = plane.client()
+    try:
+        ns = await namespace(client, "updates")
+        script = ("df -k /dev/shm | tail -1 | awk '{print \"shm=\" $2}'; "
+                  "while :; do echo mode=$(cat /etc/cfg/mode); sleep 0.5; done")
+        await client.create({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "watcher", "namespace": ns},
+            "spec": {"terminationGracePeriodSeconds": 1,
+                     "volumes": [{"name": "cfg", "configMap": {"name": "live"}},
+                                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "256Mi"}}],
+                     "containers": [{"name": "main", "image": BUSYBOX, "imagePullPolicy": "IfNotPresent",
+                                     "command": ["sh", "-c", script],
+                                     "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"},
+                                                      {"name": "shm", "mountPath": "/dev/shm"}]}]},
+        }, ns, raw=True)
+
+        async def failed_mount():
+            events = await client.list("Event", ns, field_selector="involvedObject.name=watcher", raw=True)
+            return [e["message"] for e in events if e["reason"] == "FailedMount"]
+
+        messages = await wait_until(failed_mount, 30, "FailedMount for the missing config map", plane)
+        assert 'MountVolume.SetUp failed for volume "cfg" : configmap "live" not found' in messages, messages
+        pod = await client.get("Pod", "watcher", ns, raw=True)
+        assert pod["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ContainerCreating"
+
+        await client.create({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "live", "namespace": ns},
+                             "data": {"mode": "first"}}, ns, raw=True)
+
+        async def says(text: str):
+            out = await asyncio.to_thread(plane.kubectl, "logs", "watcher", "-n", ns)
+            return out.stdout if text in out.stdout else None
+
+        first = await wait_until(lambda: says("mode=first"), 60, "the pod to start with the config map", plane)
+        # The pod's /dev/shm is the memory-backed emptyDir's size (NCCL wants more than 64 MiB).
+        assert "shm=262144" in first, first
+        await client.patch("ConfigMap", "live", {"data": {"mode": "second"}}, ns, raw=True)
+        # The kubelet's sync period is a minute; the agent's is ten seconds.
+        await wait_until(lambda: says("mode=second"), 40, "the update to reach the running pod", plane)
+    finally:
+        await client.close()
