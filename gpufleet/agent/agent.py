@@ -32,7 +32,7 @@ from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer
 from gpufleet.agent.localpath import LocalPathCleanup
 from gpufleet.agent.podworker import PodWorker, WorkerContext
 from gpufleet.agent.resources import GPUTable, PortTable
-from gpufleet.agent.runtime.base import RecoveredContainer, RecoveredSandbox, Runtime
+from gpufleet.agent.runtime.base import PodNetworkUnavailable, RecoveredContainer, RecoveredSandbox, Runtime
 from gpufleet.client import (
     AlreadyExists,
     ApiError,
@@ -353,7 +353,7 @@ class NodeAgent:
                     await self.runtime.ensure_network(network.network_name(self.name), cidr, self.name)
                     break
                 except Exception as exc:
-                    if type(exc).__name__ == "SubnetInUse":
+                    if isinstance(exc, PodNetworkUnavailable):
                         log.warning("agent %s: %s; pods use the runtime's default network, whose addresses are "
                                     "unique on this host only", self.name, exc)
                         self.recorder.record_nowait(

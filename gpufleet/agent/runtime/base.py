@@ -254,6 +254,10 @@ class RuntimeError_(Exception):
         self.reason = reason
 
 
+class PodNetworkUnavailable(RuntimeError_):
+    """The node's pod network cannot be made as asked (its CIDR is taken on this host)."""
+
+
 class Runtime(Protocol):
     name: str
     # A subset of CAPABILITIES.

@@ -62,6 +62,7 @@ from gpufleet.agent.runtime.base import (
     ContainerState,
     ContainerStats,
     ImagePullError,
+    PodNetworkUnavailable,
     PulledImage,
     RecoveredContainer,
     RecoveredSandbox,
@@ -936,7 +937,7 @@ def _podman_error(err: str) -> str:
     return (errors[-1] if errors else lines[-1]) if lines else ""
 
 
-class SubnetInUse(RuntimeError_):
+class SubnetInUse(PodNetworkUnavailable):
     """The node's pod CIDR is taken on this host by a network that is in use."""
 
 
