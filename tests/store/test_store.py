@@ -401,7 +401,9 @@ async def main():
             name = f"{prefix}{i}"
             o = await s.create("pods", "ns", name, {"metadata": {"name": name}, "spec": {"i": i}})
             # Acknowledged only once the store returned, i.e. after commit.
-            print(name, o["metadata"]["resourceVersion"], flush=True)
+            # One write per line: print()'s pieces can be flushed apart when the buffer fills.
+            sys.stdout.write(f"{name} {o['metadata']['resourceVersion']}\n")
+            sys.stdout.flush()
             await asyncio.sleep(0)
 
     await asyncio.gather(*(write(k, s) for k, s in enumerate(stores)))
@@ -473,8 +475,9 @@ async def test_acknowledged_writes_survive_sigkill(store_url: str, make_store: M
             proc.send_signal(signal.SIGKILL)
             killed = True
             # Acknowledgements already in the pipe count too.
-            for line in (await proc.stdout.read()).splitlines():
-                if line.strip():
+            # A line the kill cut short was never acknowledged.
+            for line in (await proc.stdout.read()).splitlines(keepends=True):
+                if line.endswith(b"\n"):
                     ack(line)
     finally:
         # Signal once only: Popen.send_signal() polls first, and a poll that reaps the child
