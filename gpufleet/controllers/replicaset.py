@@ -23,29 +23,25 @@ annotation.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
 from gpufleet.api.k8s import Pod, ReplicaSet
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, NotFound
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import (
     BURST_REPLICAS,
     CONTROLLER_UID_INDEX,
-    Expectations,
     RefManager,
     error_text,
     find_condition,
     generate_name_prefix,
     index_by_controller,
     is_being_deleted,
-    now_text,
     owner_reference,
     pod_available_at,
     pod_from_template,
@@ -54,13 +50,12 @@ from gpufleet.controllers._common import (
     pod_is_ready,
     pods_to_delete,
     remove_condition,
-    resolve_controller,
     selector_from,
     set_condition,
-    slow_start_batch,
     status_dict,
-    write_status,
 )
+from gpufleet.controllers.actions import Actions, Create, Delete, Instant
+from gpufleet.controllers.base import OwnerController
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -107,8 +102,59 @@ def replica_set_status(
     return status
 
 
-class ReplicaSetController:
+def decide_replicas(rs: Any, pods: list[Any], related: list[Any], *, expectations_satisfied: bool = True,
+                    burst_replicas: int = BURST_REPLICAS) -> Actions:
+    """Create or delete pods so that ``pods`` (the active pods the set owns) number
+    ``spec.replicas``: at most ``burst_replicas`` per sync, the pods cheapest to lose first
+    (``related``: the pods of sibling sets, for the pods-per-node rank). Nothing while the
+    cache has not seen the last sync's creates and deletes, or while the set is being deleted."""
+    if not expectations_satisfied:
+        return Actions(reason="WaitingForCache")
+    if is_being_deleted(rs):
+        return Actions(reason="Deleting")
+    want = rs.spec.replicas if rs.spec.replicas is not None else 1
+    diff = len(pods) - want
+    if diff < 0:
+        body = pod_from_template(
+            rs.spec.template,
+            namespace=objects.namespace_of(rs),
+            generate_name=generate_name_prefix(objects.name_of(rs)),
+            owner_ref=owner_reference(rs, API_VERSION, KIND),
+        )
+        create = Create(body, expect=True, success_reason="SuccessfulCreate", failure_reason="FailedCreate")
+        return Actions(creates=[create] * min(-diff, burst_replicas), reason="ScaleUp")
+    if diff > 0:
+        victims = pods_to_delete(pods, min(diff, burst_replicas), related)
+        deletes = [Delete(Pod, objects.name_of(p), objects.namespace_of(p), uid=objects.uid_of(p), expect=True,
+                          success_reason="SuccessfulDelete", failure_reason="FailedDelete") for p in victims]
+        return Actions(deletes=deletes, reason="ScaleDown")
+    return Actions(reason="InSync")
+
+
+def decide_status(rs: Any, pods: list[Any], manage_error: BaseException | None, now: Instant) -> Actions:
+    """The status to write (None when it is the set's status already) and when to look again
+    for pods that become available with minReadySeconds."""
+    status = replica_set_status(rs, pods, manage_error, now.wall, now.text)
+    actions = Actions(status=status if status != status_dict(rs) else None, reason="Status")
+    actions.requeue(availability_recheck(rs, pods, now.wall))
+    return actions
+
+
+def availability_recheck(rs: Any, pods: list[Any], now: float) -> float | None:
+    """Seconds until the next ready pod counts as available, None when none is waiting."""
+    min_ready = rs.spec.min_ready_seconds or 0
+    if not min_ready:
+        return None
+    pending = [at for p in pods if (at := pod_available_at(p, min_ready)) is not None and at >= now]
+    if not pending:
+        return None
+    return max(min(pending) - now, 0.0) + 0.001
+
+
+class ReplicaSetController(OwnerController):
     name = "replicaset"
+    kind = KIND
+    owner_model = ReplicaSet
 
     def __init__(
         self,
@@ -120,45 +166,25 @@ class ReplicaSetController:
         workers: int = 2,
         burst_replicas: int = BURST_REPLICAS,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, "replicaset-controller", clock=clock)
+        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
         self.burst_replicas = burst_replicas
-        self.expectations = Expectations(clock)
-        self.rs_informer = informers.informer(ReplicaSet)
+        self.rs_informer = self.owners
         self.pod_informer = informers.informer(Pod)
         index_by_controller(self.rs_informer)
         index_by_controller(self.pod_informer)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.rs_informer)
         self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     # -- pod events -----------------------------------------------------------------------
 
-    def _owner_key(self, pod: Any) -> str | None:
-        rs = resolve_controller(self.rs_informer, pod, KIND)
-        return objects.object_key(rs) if rs is not None else None
-
     def _enqueue_matching(self, pod: Any) -> None:
-        # An orphan may be adopted by any replica set whose selector matches it.
-        labels = objects.labels_of(pod)
-        for rs in self.rs_informer.by_index(NAMESPACE_INDEX, objects.namespace_of(pod)):
-            if selector_from(rs.spec.selector).matches(labels):
-                self.queue.add(objects.object_key(rs))
+        self.enqueue_matching(pod, lambda rs: selector_from(rs.spec.selector))
 
     def _pod_added(self, pod: Any) -> None:
         if is_being_deleted(pod):
             self._pod_deleted(pod)
             return
         if objects.controller_ref(pod) is not None:
-            key = self._owner_key(pod)
+            key = self.owner_key(pod)
             if key:
                 self.expectations.creation_observed(key)
                 self.queue.add(key)
@@ -177,13 +203,10 @@ class ReplicaSetController:
         old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
         ref_changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
         if ref_changed and old_ref is not None:
-            key = self._owner_key(old)
-            if key:
-                self.queue.add(key)
+            self.enqueue_owner(old)
         if new_ref is not None:
-            key = self._owner_key(new)
+            key = self.enqueue_owner(new)
             if key:
-                self.queue.add(key)
                 rs = self.rs_informer.get(key)
                 min_ready = (rs.spec.min_ready_seconds or 0) if rs is not None else 0
                 if min_ready and not pod_is_ready(old) and pod_is_ready(new):
@@ -194,18 +217,14 @@ class ReplicaSetController:
             self._enqueue_matching(new)
 
     def _pod_deleted(self, pod: Any) -> None:
-        key = self._owner_key(pod)
+        key = self.owner_key(pod)
         if key:
             self.expectations.deletion_observed(key, objects.object_key(pod))
             self.queue.add(key)
 
     # -- sync -----------------------------------------------------------------------------
 
-    async def reconcile(self, key: str) -> Requeue | None:
-        rs = self.rs_informer.get(key)
-        if rs is None:
-            self.expectations.forget(key)
-            return None
+    async def sync(self, key: str, rs: Any) -> Requeue | None:
         needs_sync = self.expectations.satisfied(key)
         ns = objects.namespace_of(rs)
         selector = selector_from(rs.spec.selector)
@@ -217,17 +236,13 @@ class ReplicaSetController:
             log.info("replicaset %s: adopting or releasing pods failed: %s", key, e)
             return Requeue()
 
-        manage_error: BaseException | None = None
-        if needs_sync and not is_being_deleted(rs):
-            try:
-                await self._manage_replicas(key, rs, pods)
-            except ApiError as e:
-                manage_error = e
+        manage = decide_replicas(rs, pods, self._related_pods(rs) if needs_sync else [],
+                                 expectations_satisfied=needs_sync, burst_replicas=self.burst_replicas)
+        manage_error = (await self.act(key, rs, manage, raise_errors=False)).error
 
-        now = self.clock.now()
-        status = replica_set_status(rs, pods, manage_error, now, now_text(self.clock))
+        status = decide_status(rs, pods, manage_error, self.now())
         try:
-            await write_status(self.client, rs, status)
+            await self.act(key, rs, status)
         except NotFound:
             return None
         except ApiError as e:
@@ -238,49 +253,7 @@ class ReplicaSetController:
         if manage_error is not None:
             log.info("replicaset %s: %s", key, error_text(manage_error))
             return Requeue()
-        return self._requeue_for_availability(rs, pods, now)
-
-    def _requeue_for_availability(self, rs: Any, pods: list[Any], now: float) -> Requeue | None:
-        min_ready = rs.spec.min_ready_seconds or 0
-        if not min_ready:
-            return None
-        pending = [at for p in pods if (at := pod_available_at(p, min_ready)) is not None and at >= now]
-        if not pending:
-            return None
-        return Requeue(after=max(min(pending) - now, 0.0) + 0.001)
-
-    async def _manage_replicas(self, key: str, rs: Any, pods: list[Any]) -> None:
-        want = rs.spec.replicas if rs.spec.replicas is not None else 1
-        diff = len(pods) - want
-        if diff < 0:
-            await self._create_pods(key, rs, min(-diff, self.burst_replicas))
-        elif diff > 0:
-            await self._delete_pods(key, rs, pods, min(diff, self.burst_replicas))
-
-    async def _create_pods(self, key: str, rs: Any, count: int) -> None:
-        ns = objects.namespace_of(rs)
-        body = pod_from_template(
-            rs.spec.template,
-            namespace=ns,
-            generate_name=generate_name_prefix(objects.name_of(rs)),
-            owner_ref=owner_reference(rs, API_VERSION, KIND),
-        )
-        self.expectations.expect_creations(key, count)
-
-        async def create_one() -> None:
-            try:
-                pod = await self.client.create(body, ns, raw=True)
-            except ApiError as e:
-                await self.recorder.record(rs, WARNING, "FailedCreate", f"Error creating: {error_text(e)}")
-                raise
-            await self.recorder.record(rs, NORMAL, "SuccessfulCreate", f"Created pod: {pod['metadata']['name']}")
-
-        created, error = await slow_start_batch(count, create_one)
-        # Pods never created will never be observed.
-        for _ in range(count - created):
-            self.expectations.creation_observed(key)
-        if error is not None:
-            raise error
+        return self.requeue(status)
 
     def _related_pods(self, rs: Any) -> list[Any]:
         """Pods of every replica set sharing this one's controller (one Deployment's old and
@@ -292,26 +265,3 @@ class ReplicaSetController:
         for sibling in self.rs_informer.by_index(CONTROLLER_UID_INDEX, owner_uid):
             out.extend(self.pod_informer.by_index(CONTROLLER_UID_INDEX, objects.uid_of(sibling)))
         return out
-
-    async def _delete_pods(self, key: str, rs: Any, pods: list[Any], count: int) -> None:
-        victims = pods_to_delete(pods, count, self._related_pods(rs))
-        self.expectations.expect_deletions(key, [objects.object_key(p) for p in victims])
-
-        async def delete_one(pod: Any) -> ApiError | None:
-            name, ns = objects.name_of(pod), objects.namespace_of(pod)
-            try:
-                await self.client.delete(Pod, name, ns, preconditions_uid=objects.uid_of(pod))
-            except NotFound:
-                self.expectations.deletion_observed(key, objects.object_key(pod))
-                return None
-            except ApiError as e:
-                # Never deleted, so its deletion will never be observed.
-                self.expectations.deletion_observed(key, objects.object_key(pod))
-                await self.recorder.record(rs, WARNING, "FailedDelete", f"Error deleting: {error_text(e)}")
-                return e
-            await self.recorder.record(rs, NORMAL, "SuccessfulDelete", f"Deleted pod: {name}")
-            return None
-
-        errors = [e for e in await asyncio.gather(*(delete_one(p) for p in victims)) if e is not None]
-        if errors:
-            raise errors[0]

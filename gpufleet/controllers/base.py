@@ -1,0 +1,110 @@
+"""The wiring every owner controller repeats: a work queue of owner keys fed by the owner's
+informer, start/stop, expectations, the owner key of a child, enqueueing the owners whose
+selector matches an orphan, and forgetting what was remembered about an owner once it is
+gone (NotFound in the cache).
+
+A controller built on it names its owner model and kind, registers event handlers for its
+children, and implements ``sync(key, obj)``; ``forget(key)`` drops its own memory. The
+decision inside ``sync`` is a pure function returning ``actions.Actions``; ``act`` applies
+it with the controller's client, recorder and expectations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from gpufleet.api.selectors import LabelSelector
+from gpufleet.client import objects
+from gpufleet.client.api import Client
+from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.events import EventRecorder
+from gpufleet.client.informer import NAMESPACE_INDEX, Informer, SharedInformerFactory
+from gpufleet.client.workqueue import WorkQueue
+from gpufleet.controllers._common import Expectations, resolve_controller
+from gpufleet.controllers.actions import Actions, Instant, Outcome, apply
+from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+
+
+class OwnerController:
+    """Base for a controller of ``owner_model`` objects (kind ``kind``) and their children."""
+
+    name: ClassVar[str] = ""
+    kind: ClassVar[str] = ""
+    owner_model: ClassVar[Any] = None
+    component: ClassVar[str] = ""  # the Events' source; "<name>-controller" when empty
+
+    def __init__(
+        self,
+        client: Client,
+        informers: SharedInformerFactory,
+        *,
+        clock: Clock = REAL_CLOCK,
+        recorder: EventRecorder | None = None,
+        workers: int = 2,
+    ) -> None:
+        self.client = client
+        self.clock = clock
+        self.recorder = recorder or EventRecorder(client, self.component or f"{self.name}-controller", clock=clock)
+        self.expectations = Expectations(clock)
+        self.owners: Informer = informers.informer(self.owner_model)
+        self.queue = WorkQueue(self.name, clock=clock)
+        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
+        self.controller.watch(self.owners)
+        # What apply remembers of objects it created (memo keys), so a sync does not rewrite them.
+        self.known: dict[Any, Any] = {}
+
+    async def start(self) -> None:
+        await self.controller.start()
+
+    async def stop(self) -> None:
+        await self.controller.stop()
+
+    # -- children's events ------------------------------------------------------------------
+
+    def owner_key(self, child: Any) -> str | None:
+        """The key of the cached owner that ``child``'s controller reference names (same uid)."""
+        owner = resolve_controller(self.owners, child, self.kind)
+        return objects.object_key(owner) if owner is not None else None
+
+    def enqueue_owner(self, child: Any) -> str | None:
+        key = self.owner_key(child)
+        if key:
+            self.queue.add(key)
+        return key
+
+    def enqueue_matching(self, child: Any, selector_of: Callable[[Any], LabelSelector]) -> None:
+        """Enqueue every owner in the child's namespace whose selector matches its labels (an
+        orphan may be adopted by any of them)."""
+        labels = objects.labels_of(child)
+        for owner in self.owners.by_index(NAMESPACE_INDEX, objects.namespace_of(child)):
+            if selector_of(owner).matches(labels):
+                self.queue.add(objects.object_key(owner))
+
+    # -- sync --------------------------------------------------------------------------------
+
+    def now(self) -> Instant:
+        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
+
+    async def reconcile(self, key: str) -> Requeue | None:
+        obj = self.owners.get(key)
+        if obj is None:
+            self.expectations.forget(key)
+            self.forget(key)
+            return None
+        return await self.sync(key, obj)
+
+    def forget(self, key: str) -> None:
+        """Drop what the controller remembers about the owner ``key``, which is gone."""
+
+    async def sync(self, key: str, obj: Any) -> Requeue | None:
+        raise NotImplementedError
+
+    async def act(self, key: str, owner: Any, actions: Actions, *, raise_errors: bool = True) -> Outcome:
+        return await apply(self.client, actions, owner=owner, recorder=self.recorder,
+                           expectations=self.expectations, key=key, known=self.known,
+                           raise_errors=raise_errors)
+
+    @staticmethod
+    def requeue(actions: Actions) -> Requeue | None:
+        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None
