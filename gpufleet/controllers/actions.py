@@ -20,7 +20,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
@@ -327,7 +326,3 @@ async def _create(client: Client, c: Create) -> dict[str, Any] | None:
 
     await retry_on_conflict(attempt)
     return None
-
-
-def owner_key_of(obj: Any) -> str:
-    return objects.object_key(obj)
