@@ -27,7 +27,7 @@ from gpufleet.client.leaderelection import (
 from gpufleet.client.transport import LocalTransport
 from gpufleet.store.base import Store, open_store
 from gpufleet.utils.clock import REAL_CLOCK, Clock
-from gpufleet.utils.files import private_dir, tighten
+from gpufleet.utils.files import private_dir, tighten_dir_files, write_private
 
 log = logging.getLogger("gpufleet")
 
@@ -194,7 +194,7 @@ class ControlPlane:
                 self.gateway = gateway
                 self._stoppables.append(gateway)
                 if self.state_dir is not None:
-                    (self.state_dir / "gateway-url").write_text(gateway.url + "\n")
+                    write_private(self.state_dir / "gateway-url", gateway.url + "\n")
         if self.run_controllers:
             await self._run_leading(CONTROLLER_MANAGER_LEASE, "controller manager", self._new_controller_manager)
         if self.run_scheduler if self.run_scheduler is not None else self.run_controllers:
@@ -264,21 +264,15 @@ class ControlPlane:
             await self.store.close()
 
 
-# What the state dir holds that nobody else may read (the database is the store's care).
-_PRIVATE_STATE_FILES = ("tokens.csv", "join-token", "kubeconfig")
-
-
 def tighten_state_dir(state: Path) -> None:
-    """The state dir (0700) and the secrets in it (0600), also when an earlier run, an older
-    version or a loose umask left them readable to others."""
+    """The state dir (0700) and what the control plane keeps in it (0600: the database, the
+    tokens, the kubeconfig, the keys and certificates, the local agent's credentials), also
+    when an earlier run, an older version or a loose umask left them readable to others.
+    The pods' own trees (volumes, logs, sandboxes) keep the modes their specs ask for: the
+    0700 dirs above them keep other users out."""
     private_dir(state)
-    for name in _PRIVATE_STATE_FILES:
-        tighten(state / name)
-    pki = state / "pki"
-    if pki.is_dir():
-        tighten(pki)
-        for key in pki.glob("*.key"):
-            tighten(key)
+    for directory in (state, state / "pki", state / "agent"):
+        tighten_dir_files(directory)
 
 
 class _Term:
