@@ -89,6 +89,10 @@ class ControlPlane:
     # The PodSecurity admission plugin's configuration (None: enforce baseline in every
     # namespace but kube-system).
     pod_security: PodSecurityConfig | None = None
+    # kube-apiserver's --encryption-provider-config: an EncryptionConfiguration whose
+    # providers encrypt the resources it names (Secrets, typically) before they reach the
+    # store (None: stored as they are, Kubernetes' identity default). See store/encryption.py.
+    encryption_provider_config: Path | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -135,7 +139,12 @@ class ControlPlane:
     async def start(self) -> None:
         if self.state_dir is not None:
             tighten_state_dir(self.state_dir)
-        self.store = open_store(self.store_url, clock=self.clock)
+        codec = None
+        if self.encryption_provider_config is not None:
+            from gpufleet.store.encryption import load_encryption_config
+
+            codec = load_encryption_config(self.encryption_provider_config)
+        self.store = open_store(self.store_url, clock=self.clock, codec=codec)
         await self.store.start()
         # Logs and metrics.k8s.io come from the node agents, through the node proxy.
         self.node_proxy = NodeProxy(self.store, clock=self.clock)
