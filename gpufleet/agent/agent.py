@@ -43,7 +43,7 @@ from gpufleet.client import (
     TransportError,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
-from gpufleet.utils.files import private_dir
+from gpufleet.utils.files import private_dir, tighten_dir_files
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ class NodeAgent:
 
     async def start(self) -> None:
         # Tokens, logs and the pods' sandboxes: nobody else's business.
-        private_dir(self.state_dir)
+        tighten_dir_files(private_dir(self.state_dir))
         await self._recover()
         self.volumes = self._volume_manager()
         if self.config.api_server is not None:

@@ -235,6 +235,9 @@ class ApiServer:
             return await self._handle(req)
         except ApiException as e:
             return _json_response(e.code, e.status(), e.headers)
+        except store_base.TransformError as e:  # a stored value this server has no key for
+            log.error("%s %s: %s", req.method, req.path, e)
+            return _json_response(500, internal(str(e)).status())
         except Exception as e:  # a bug: answer 500 in Status shape, keep serving
             log.exception("internal error serving %s %s", req.method, req.path)
             err = internal(f"{type(e).__name__}: {e}")
@@ -820,8 +823,12 @@ class ApiServer:
             after = {k: v for k, v in new.items() if k not in ("metadata", "status")}
             if before != after:
                 new["metadata"]["generation"] = int(current["metadata"].get("generation") or 1) + 1
-        if _strip_for_compare(new) == _strip_for_compare(current):
-            return current, warnings  # no-op updates do not bump the revision, as in Kubernetes
+        stale = getattr(self.store, "is_stale", None)  # a store wrapper may not pass it on
+        if _strip_for_compare(new) == _strip_for_compare(current) and not (
+                stale is not None and stale(rt.key, ns, name, _rv(current))):
+            # No-op updates do not bump the revision, as in Kubernetes; one stored with an
+            # older encryption key is rewritten with the current one.
+            return current, warnings
         if dry_run:
             new["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion", "")
             return new, warnings
@@ -1302,6 +1309,9 @@ class ApiServer:
                         yield _dumps({"type": "ERROR", "object": {
                             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                             "message": str(e), "reason": "Expired", "code": 410}}) + b"\n"
+                        return
+                    except store_base.TransformError as e:
+                        yield _dumps({"type": "ERROR", "object": internal(str(e)).status()}) + b"\n"
                         return
                     last_rev = ev.revision
                     now_match = self._matches(ev.object, label_sel, field_sel)

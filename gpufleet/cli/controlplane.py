@@ -27,7 +27,7 @@ from gpufleet.client.leaderelection import (
 from gpufleet.client.transport import LocalTransport
 from gpufleet.store.base import Store, open_store
 from gpufleet.utils.clock import REAL_CLOCK, Clock
-from gpufleet.utils.files import private_dir, tighten
+from gpufleet.utils.files import private_dir, tighten_dir_files, write_private
 
 log = logging.getLogger("gpufleet")
 
@@ -89,6 +89,10 @@ class ControlPlane:
     # The PodSecurity admission plugin's configuration (None: enforce baseline in every
     # namespace but kube-system).
     pod_security: PodSecurityConfig | None = None
+    # kube-apiserver's --encryption-provider-config: an EncryptionConfiguration whose
+    # providers encrypt the resources it names (Secrets, typically) before they reach the
+    # store (None: stored as they are, Kubernetes' identity default). See store/encryption.py.
+    encryption_provider_config: Path | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -135,7 +139,12 @@ class ControlPlane:
     async def start(self) -> None:
         if self.state_dir is not None:
             tighten_state_dir(self.state_dir)
-        self.store = open_store(self.store_url, clock=self.clock)
+        codec = None
+        if self.encryption_provider_config is not None:
+            from gpufleet.store.encryption import load_encryption_config
+
+            codec = load_encryption_config(self.encryption_provider_config)
+        self.store = open_store(self.store_url, clock=self.clock, codec=codec)
         await self.store.start()
         # Logs and metrics.k8s.io come from the node agents, through the node proxy.
         self.node_proxy = NodeProxy(self.store, clock=self.clock)
@@ -194,7 +203,7 @@ class ControlPlane:
                 self.gateway = gateway
                 self._stoppables.append(gateway)
                 if self.state_dir is not None:
-                    (self.state_dir / "gateway-url").write_text(gateway.url + "\n")
+                    write_private(self.state_dir / "gateway-url", gateway.url + "\n")
         if self.run_controllers:
             await self._run_leading(CONTROLLER_MANAGER_LEASE, "controller manager", self._new_controller_manager)
         if self.run_scheduler if self.run_scheduler is not None else self.run_controllers:
@@ -264,21 +273,15 @@ class ControlPlane:
             await self.store.close()
 
 
-# What the state dir holds that nobody else may read (the database is the store's care).
-_PRIVATE_STATE_FILES = ("tokens.csv", "join-token", "kubeconfig")
-
-
 def tighten_state_dir(state: Path) -> None:
-    """The state dir (0700) and the secrets in it (0600), also when an earlier run, an older
-    version or a loose umask left them readable to others."""
+    """The state dir (0700) and what the control plane keeps in it (0600: the database, the
+    tokens, the kubeconfig, the keys and certificates, the local agent's credentials), also
+    when an earlier run, an older version or a loose umask left them readable to others.
+    The pods' own trees (volumes, logs, sandboxes) keep the modes their specs ask for: the
+    0700 dirs above them keep other users out."""
     private_dir(state)
-    for name in _PRIVATE_STATE_FILES:
-        tighten(state / name)
-    pki = state / "pki"
-    if pki.is_dir():
-        tighten(pki)
-        for key in pki.glob("*.key"):
-            tighten(key)
+    for directory in (state, state / "pki", state / "agent"):
+        tighten_dir_files(directory)
 
 
 class _Term:

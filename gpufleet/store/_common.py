@@ -18,11 +18,11 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
-from gpufleet.store.base import Expired, WatchEvent
+from gpufleet.store.base import Expired, TransformError, WatchEvent
 from gpufleet.utils.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,17 @@ def decode(text: str | bytes, revision: int) -> dict[str, Any]:
     return obj
 
 
+class Codec(Protocol):
+    """The stored text of an object and back (store/encryption.py's ValueCodec)."""
+
+    def encode(self, resource: str, namespace: str, name: str, obj: dict[str, Any]) -> str: ...
+
+    def decode(self, resource: str, namespace: str, name: str, text: str | bytes,
+               revision: int) -> dict[str, Any]: ...
+
+    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool: ...
+
+
 def event_from_row(
     revision: int,
     type_: str,
@@ -60,15 +71,27 @@ def event_from_row(
     value: str | bytes,
     prev_revision: int | None,
     prev_value: str | bytes | None,
+    codec: Codec,
 ) -> WatchEvent:
+    try:
+        obj = codec.decode(resource, namespace, name, value, revision)
+        prev = None if prev_value is None else codec.decode(resource, namespace, name, prev_value,
+                                                            prev_revision or 0)
+    except TransformError as exc:
+        # One value this server cannot read must not stop the event pump (every watch of
+        # every resource): the watches that meet it end with the error instead.
+        stub = {"metadata": {"name": name, "resourceVersion": str(revision),
+                             **({"namespace": namespace} if namespace else {})}}
+        return WatchEvent(type=type_, resource=resource, namespace=namespace, name=name,  # type: ignore[arg-type]
+                          revision=revision, object=stub, prev=None, error=exc)
     return WatchEvent(
         type=type_,  # type: ignore[arg-type]
         resource=resource,
         namespace=namespace,
         name=name,
         revision=revision,
-        object=decode(value, revision),
-        prev=None if prev_value is None else decode(prev_value, prev_revision or 0),
+        object=obj,
+        prev=prev,
     )
 
 
@@ -159,6 +182,9 @@ class StoreWatch:
             if self._replay:
                 ev = self._replay.popleft()
                 self._last = ev.revision
+                if ev.error is not None:
+                    self._end()
+                    raise ev.error
                 return ev
             # A watch ended by overflow still replays the rest: the history plus the live events
             # it queued are gap-free, and the Expired comes after the last of them.
@@ -174,6 +200,9 @@ class StoreWatch:
                 ev = self._live.popleft()
                 if ev.revision > self._last:
                     self._last = ev.revision
+                    if ev.error is not None:
+                        self._end()
+                        raise ev.error
                     return ev
             if self._ended:
                 if self._error is not None:

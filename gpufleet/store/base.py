@@ -52,6 +52,11 @@ class Expired(StoreError):
         self.oldest = oldest
 
 
+class TransformError(StoreError):
+    """A stored value the store cannot turn back into an object: encrypted with a key this
+    server was not given, or with one that does not decrypt it (see store/encryption.py)."""
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     type: EventType
@@ -64,6 +69,9 @@ class WatchEvent:
     # The object before the write (None for ADDED). Lets a filtered watch turn "stopped
     # matching" into DELETED and "started matching" into ADDED, as Kubernetes does.
     prev: dict[str, Any] | None = None
+    # Set when the stored value could not be read (TransformError): ``object`` then holds
+    # only the key's metadata, and a watch that meets the event ends with this error.
+    error: StoreError | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,11 @@ class Store(Protocol):
 
     async def sweep_expired(self) -> int:
         """Delete objects whose ttl has passed (by the store's clock); returns how many."""
+
+    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
+        """Whether the object at ``revision`` was last read encrypted with another key than
+        writes use now (or unencrypted while encryption is on): an update that changes
+        nothing rewrites it then, as kube-apiserver does."""
 
 
 def open_store(url: str, **kwargs: Any) -> Store:

@@ -27,12 +27,11 @@ from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
 from gpufleet.store._common import (
+    Codec,
     EventHub,
     Events,
     HousekeepingMixin,
     StoreWatch,
-    decode,
-    encode,
     event_from_row,
     key_str,
 )
@@ -212,9 +211,13 @@ class PostgresStore(HousekeepingMixin):
         pool_size: int = 8,
         watch_buffer: int = 10000,
         housekeeping_interval: float | None = 1.0,
+        codec: Codec | None = None,
     ) -> None:
         # libpq knows postgresql:// and postgres://; both are accepted by open_store.
         self._url = url
+        if codec is None:
+            from gpufleet.store.encryption import IDENTITY as codec
+        self._codec: Codec = codec
         self._clock = clock
         self._history = history
         self._housekeeping_interval = housekeeping_interval
@@ -298,6 +301,11 @@ class PostgresStore(HousekeepingMixin):
             cur = await conn.execute(sql, args)
             return await cur.fetchall()
 
+    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
+        """Whether the object at ``revision`` was stored with another encryption key than
+        writes use now (an unchanged update rewrites it then)."""
+        return self._codec.is_stale(resource, namespace, name, revision)
+
     async def revision(self) -> int:
         return (await self._fetchone("SELECT revision FROM meta WHERE id = 0"))[0]
 
@@ -311,7 +319,7 @@ class PostgresStore(HousekeepingMixin):
         )
         if row is None:
             raise NotFound(f"{key_str(resource, namespace, name)} not found")
-        return decode(row[1], row[0])
+        return self._codec.decode(resource, namespace, name, row[1], row[0])
 
     async def list(
         self,
@@ -347,14 +355,15 @@ class PostgresStore(HousekeepingMixin):
         if limit and len(rows) > limit:
             rows = rows[:limit]
             next_key = (rows[-1][1], rows[-1][2])
-        return ListResult(items=[decode(r[4], r[3]) for r in rows], revision=rev, next_key=next_key)
+        items = [self._codec.decode(resource, r[1], r[2], r[4], r[3]) for r in rows]
+        return ListResult(items=items, revision=rev, next_key=next_key)
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = await self._fetchall(
             f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > %s ORDER BY revision LIMIT %s",
             (revision, limit),
         )
-        return [event_from_row(*r) for r in rows]
+        return [event_from_row(*r, self._codec) for r in rows]
 
     async def _read_replay(
         self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int
@@ -377,7 +386,7 @@ class PostgresStore(HousekeepingMixin):
             args,
         )
         compacted = rows[0][0]
-        return compacted, [event_from_row(*r[1:]) for r in rows if r[1] is not None]
+        return compacted, [event_from_row(*r[1:], self._codec) for r in rows if r[1] is not None]
 
     async def watch(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
         w = self._hub.register(resource, namespace, from_revision)
@@ -414,19 +423,20 @@ class PostgresStore(HousekeepingMixin):
         if status == "conflict":
             raise Conflict(
                 f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, expected {expected}",
-                current=decode(prev_text, prev_rev),
+                current=self._codec.decode(resource, namespace, name, prev_text, prev_rev),
             )
         value = prev_text if type_ == "DELETED" else text
         assert value is not None
-        self._hub.publish([event_from_row(rev, type_, resource, namespace, name, value, prev_rev, prev_text)])
+        self._hub.publish([event_from_row(rev, type_, resource, namespace, name, value, prev_rev, prev_text,
+                                          self._codec)])
         return rev, prev_rev, value
 
     async def create(
         self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
     ) -> dict[str, Any]:
-        text = encode(obj)
+        text = self._codec.encode(resource, namespace, name, obj)
         rev, _, _ = await self._call_write("ADDED", resource, namespace, name, text, ttl, True, None)
-        return decode(text, rev)
+        return self._codec.decode(resource, namespace, name, text, rev)
 
     async def update(
         self,
@@ -439,11 +449,11 @@ class PostgresStore(HousekeepingMixin):
         ttl: float | None = None,
     ) -> dict[str, Any]:
         """ttl None keeps the object's current expiry (if any)."""
-        text = encode(obj)
+        text = self._codec.encode(resource, namespace, name, obj)
         rev, _, _ = await self._call_write(
             "MODIFIED", resource, namespace, name, text, ttl, ttl is not None, expected_revision
         )
-        return decode(text, rev)
+        return self._codec.decode(resource, namespace, name, text, rev)
 
     async def delete(
         self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
@@ -452,7 +462,7 @@ class PostgresStore(HousekeepingMixin):
             "DELETED", resource, namespace, name, None, None, False, expected_revision
         )
         assert value is not None
-        return decode(value, rev)
+        return self._codec.decode(resource, namespace, name, value, rev)
 
     async def sweep_expired(self) -> int:
         now = self._clock.now()
@@ -464,7 +474,8 @@ class PostgresStore(HousekeepingMixin):
             rows = await self._fetchall("SELECT * FROM gpufleet_sweep(%s, %s)", (now, _SWEEP_BATCH))
             self._hub.publish(
                 [
-                    event_from_row(rev, "DELETED", resource, namespace, name, value, prev_rev, value)
+                    event_from_row(rev, "DELETED", resource, namespace, name, value, prev_rev, value,
+                                   self._codec)
                     for rev, resource, namespace, name, prev_rev, value in rows
                 ]
             )

@@ -28,12 +28,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpufleet.store._common import (
+    Codec,
     EventHub,
     Events,
     HousekeepingMixin,
     StoreWatch,
-    decode,
-    encode,
     event_from_row,
     key_str,
 )
@@ -108,10 +107,14 @@ class SQLiteStore(HousekeepingMixin):
         watch_buffer: int = 10000,
         housekeeping_interval: float | None = 1.0,
         poll_interval: float = 0.05,
+        codec: Codec | None = None,
     ) -> None:
         if synchronous.lower() not in ("full", "normal", "extra", "off"):
             raise ValueError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
         self._path = _parse_url(url)
+        if codec is None:
+            from gpufleet.store.encryption import IDENTITY as codec
+        self._codec: Codec = codec
         self._clock = clock
         self._history = history
         self._synchronous = synchronous.upper()
@@ -228,6 +231,11 @@ class SQLiteStore(HousekeepingMixin):
 
     # -- reads
 
+    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
+        """Whether the object at ``revision`` was stored with another encryption key than
+        writes use now (an unchanged update rewrites it then)."""
+        return self._codec.is_stale(resource, namespace, name, revision)
+
     async def revision(self) -> int:
         return self._conn.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
 
@@ -241,7 +249,7 @@ class SQLiteStore(HousekeepingMixin):
         ).fetchone()
         if row is None:
             raise NotFound(f"{key_str(resource, namespace, name)} not found")
-        return decode(row[1], row[0])
+        return self._codec.decode(resource, namespace, name, row[1], row[0])
 
     async def list(
         self,
@@ -273,14 +281,15 @@ class SQLiteStore(HousekeepingMixin):
         if limit and len(rows) > limit:
             rows = rows[:limit]
             next_key = (rows[-1][0], rows[-1][1])
-        return ListResult(items=[decode(r[3], r[2]) for r in rows], revision=rev, next_key=next_key)
+        items = [self._codec.decode(resource, r[0], r[1], r[3], r[2]) for r in rows]
+        return ListResult(items=items, revision=rev, next_key=next_key)
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = self._conn.execute(
             f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > ? ORDER BY revision LIMIT ?",
             (revision, limit),
         ).fetchall()
-        return [event_from_row(*r) for r in rows]
+        return [event_from_row(*r, self._codec) for r in rows]
 
     async def _read_replay(
         self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int
@@ -302,7 +311,7 @@ class SQLiteStore(HousekeepingMixin):
             return compacted, rows
 
         compacted, rows = self._read_txn(read)
-        return compacted, [event_from_row(*r) for r in rows]
+        return compacted, [event_from_row(*r, self._codec) for r in rows]
 
     async def watch(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
         w = self._hub.register(resource, namespace, from_revision)
@@ -321,7 +330,7 @@ class SQLiteStore(HousekeepingMixin):
     async def create(
         self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
     ) -> dict[str, Any]:
-        text = encode(obj)
+        text = self._codec.encode(resource, namespace, name, obj)
         expires_at = self._expiry(ttl)
 
         def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
@@ -337,11 +346,12 @@ class SQLiteStore(HousekeepingMixin):
                 f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'ADDED', ?, ?, ?, ?, NULL, NULL)",
                 (new, resource, namespace, name, text),
             )
-            return new, [event_from_row(new, "ADDED", resource, namespace, name, text, None, None)]
+            return new, [event_from_row(new, "ADDED", resource, namespace, name, text, None, None,
+                                        self._codec)]
 
         new = self._write(op)
         await asyncio.sleep(0)
-        return decode(text, new)
+        return self._codec.decode(resource, namespace, name, text, new)
 
     def _current(
         self, db: sqlite3.Connection, resource: str, namespace: str, name: str
@@ -365,7 +375,7 @@ class SQLiteStore(HousekeepingMixin):
         ttl: float | None = None,
     ) -> dict[str, Any]:
         """ttl None keeps the object's current expiry (if any)."""
-        text = encode(obj)
+        text = self._codec.encode(resource, namespace, name, obj)
         expires_at = self._expiry(ttl)
 
         def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
@@ -374,7 +384,7 @@ class SQLiteStore(HousekeepingMixin):
                 raise Conflict(
                     f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, "
                     f"expected {expected_revision}",
-                    current=decode(prev_text, prev_rev),
+                    current=self._codec.decode(resource, namespace, name, prev_text, prev_rev),
                 )
             new = rev + 1
             db.execute(
@@ -386,12 +396,13 @@ class SQLiteStore(HousekeepingMixin):
                 f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'MODIFIED', ?, ?, ?, ?, ?, ?)",
                 (new, resource, namespace, name, text, prev_rev, prev_text),
             )
-            ev = event_from_row(new, "MODIFIED", resource, namespace, name, text, prev_rev, prev_text)
+            ev = event_from_row(new, "MODIFIED", resource, namespace, name, text, prev_rev, prev_text,
+                                self._codec)
             return new, [ev]
 
         new = self._write(op)
         await asyncio.sleep(0)
-        return decode(text, new)
+        return self._codec.decode(resource, namespace, name, text, new)
 
     async def delete(
         self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
@@ -402,7 +413,7 @@ class SQLiteStore(HousekeepingMixin):
                 raise Conflict(
                     f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, "
                     f"expected {expected_revision}",
-                    current=decode(prev_text, prev_rev),
+                    current=self._codec.decode(resource, namespace, name, prev_text, prev_rev),
                 )
             new = rev + 1
             return (new, prev_text), [
@@ -411,7 +422,7 @@ class SQLiteStore(HousekeepingMixin):
 
         new, text = self._write(op)
         await asyncio.sleep(0)
-        return decode(text, new)
+        return self._codec.decode(resource, namespace, name, text, new)
 
     def _delete_row(
         self,
@@ -431,7 +442,7 @@ class SQLiteStore(HousekeepingMixin):
             f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'DELETED', ?, ?, ?, ?, ?, ?)",
             (new, resource, namespace, name, text, prev_rev, text),
         )
-        return event_from_row(new, "DELETED", resource, namespace, name, text, prev_rev, text)
+        return event_from_row(new, "DELETED", resource, namespace, name, text, prev_rev, text, self._codec)
 
     async def sweep_expired(self) -> int:
         now = self._clock.now()

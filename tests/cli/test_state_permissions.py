@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 
 from gpufleet.cli.controlplane import ControlPlane
 
@@ -98,3 +103,53 @@ async def test_state_dir_and_its_secrets_are_the_owners_only(open_parent: Path) 
             await plane.stop()
     finally:
         os.umask(old_umask)
+
+
+def test_a_running_gpufleet_up_keeps_every_state_file_to_its_owner(open_parent: Path) -> None:
+    """A real `gpufleet up` (its agent too) under a loose umask, walked while it runs, with a
+    Secret written so that the database has its -wal and -shm: no file there is readable, and
+    no directory enterable, by group or others."""
+    state = open_parent / "state"
+    log = open_parent / "server.log"
+    env = dict(os.environ, HOME=str(open_parent), PYTHONUNBUFFERED="1")
+    env.pop("KUBECONFIG", None)
+    with open(log, "w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpufleet.cli.main", "up", "--state-dir", str(state), "--port", "0",
+             "--gateway-port", "0", "--runtime", "simulated"],
+            stdout=subprocess.PIPE, stderr=err, text=True, env=env, start_new_session=True,
+            umask=0o022)
+    try:
+        url = None
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("API server listening on "):
+                url = line.split()[-1]
+                break
+        assert url, log.read_text()
+        kubeconfig = yaml.safe_load((state / "kubeconfig").read_text())
+        token = kubeconfig["users"][0]["user"]["token"]
+        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s"}, "stringData": {"k": "v"}}
+        answer = httpx.post(f"{url}/api/v1/namespaces/default/secrets", json=secret, verify=False,
+                            headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        assert answer.status_code == 201, answer.text
+        # The agent has joined (its credentials are written) once its Node is registered.
+        deadline = time.monotonic() + 60
+        while not (state / "agent" / "node-token").exists():
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        assert (state / "state.db-wal").exists() and (state / "state.db-shm").exists()
+        walked = [state, *sorted(state.rglob("*"))]
+        assert len(walked) > 10
+        loose = [f"{oct(mode(p))} {p.relative_to(state)}" for p in walked
+                 if not p.is_symlink() and mode(p) & 0o077]
+        assert loose == [], loose
+        assert mode(state) == 0o700 and mode(state / "agent") == 0o700
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

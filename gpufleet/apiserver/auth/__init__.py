@@ -133,7 +133,14 @@ class Security:
         except ApiException as e:
             if e.code != 409:
                 raise
-            stored = await api.get_object(rt, TOKEN_NAMESPACE, PROXY_KEY_SECRET)
+            try:
+                stored = await api.get_object(rt, TOKEN_NAMESPACE, PROXY_KEY_SECRET)
+            except store_base.TransformError as exc:
+                # Encrypted with a key this server was not given: serve what it can read
+                # (log and exec through the node proxy need that key) rather than not start.
+                log.error("node proxy key unreadable, node logs and exec will be refused until the server "
+                          "is started with the right --encryption-provider-config: %s", exc)
+                stored = {"data": {"key": base64.b64encode(secrets.token_bytes(32)).decode()}}
         self._proxy_key = base64.b64decode((stored.get("data") or {}).get("key", ""))
 
     @staticmethod

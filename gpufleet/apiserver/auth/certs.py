@@ -168,10 +168,10 @@ def ensure_pki(directory: Path, hosts: list[str]) -> ServingPki:
     if not (ca_crt.exists() and ca_key.exists()):
         cert_pem, key_pem = make_ca()
         _write_private(ca_key, key_pem)
-        ca_crt.write_bytes(cert_pem)
+        _write_private(ca_crt, cert_pem)
         crt.unlink(missing_ok=True)
     if not (crt.exists() and key.exists() and _covers(crt.read_bytes(), hosts)):
         cert_pem, key_pem = make_serving_cert(ca_crt.read_bytes(), ca_key.read_bytes(), hosts)
         _write_private(key, key_pem)
-        crt.write_bytes(cert_pem)
+        _write_private(crt, cert_pem)
     return ServingPki(ca_cert=ca_crt, cert=crt, key=key)

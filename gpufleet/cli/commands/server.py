@@ -12,6 +12,7 @@ from gpufleet.cli.commands.up import (
     AdmissionConfigOption,
     AdvertiseAddressOption,
     ApiAudiencesOption,
+    EncryptionConfigOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
@@ -26,6 +27,7 @@ from gpufleet.cli.commands.up import (
     TokenFileOption,
     check_advertise_address,
     check_port_free,
+    encryption_config,
     pod_security_config,
     security_options,
 )
@@ -69,6 +71,7 @@ def register(app: typer.Typer) -> None:
         local_path_dir: str = typer.Option("/var/lib/gpufleet/local-path", "--local-path-dir", help=LocalPathHelp),
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
+        encryption_provider_config: Path | None = EncryptionConfigOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -86,6 +89,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"cannot create {db_dir} for the database ({exc.strerror}); "
                                          "choose a directory you can write to", param_hint="--store") from None
         pod_security = pod_security_config(pod_security_default, admission_config_file)
+        encryption = encryption_config(encryption_provider_config)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
@@ -99,6 +103,7 @@ def register(app: typer.Typer) -> None:
         cp.hpa_sync_period = hpa_sync_period
         cp.local_path_dir = local_path_dir
         cp.pod_security = pod_security
+        cp.encryption_provider_config = encryption
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

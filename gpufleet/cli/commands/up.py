@@ -167,6 +167,27 @@ def pod_security_config(default: str | None, config_file: Path | None):
     return config
 
 
+EncryptionConfigOption = typer.Option(
+    None, "--encryption-provider-config", help="An EncryptionConfiguration (apiserver.config.k8s.io/v1), as "
+    "kube-apiserver reads it: the resources it names (secrets, ...) are stored encrypted with its first "
+    "provider (aescbc or aesgcm) and read with any of them. Default: stored as they are (identity).")
+
+
+def encryption_config(path: Path | None) -> Path | None:
+    """The --encryption-provider-config file, checked now: a bad one refuses to start,
+    naming the field, rather than leaving secrets in the clear."""
+    if path is None:
+        return None
+    from gpufleet.store.encryption import EncryptionConfigError, load_encryption_config
+
+    path = path.expanduser().resolve()
+    try:
+        load_encryption_config(path)
+    except EncryptionConfigError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--encryption-provider-config") from None
+    return path
+
+
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
@@ -210,6 +231,7 @@ def register(app: typer.Typer) -> None:
                                                    + " Default: <state-dir>/local-path."),
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
+        encryption_provider_config: Path | None = EncryptionConfigOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -227,6 +249,7 @@ def register(app: typer.Typer) -> None:
         # One line per probe and per metrics read is noise unless asked for.
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
         pod_security = pod_security_config(pod_security_default, admission_config_file)
+        encryption = encryption_config(encryption_provider_config)
         check_port_free(host, port)
         state_dir = private_dir(state_dir.expanduser().resolve())
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
@@ -242,6 +265,7 @@ def register(app: typer.Typer) -> None:
         # the state dir rather than in /var/lib.
         cp.local_path_dir = str((local_path_dir or state_dir / "local-path").expanduser().resolve())
         cp.pod_security = pod_security
+        cp.encryption_provider_config = encryption
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host,
                            keep_pods=keep_pods) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
