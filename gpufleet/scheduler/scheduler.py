@@ -19,7 +19,7 @@ event-loop turn would pace a burst by the length of those turns, not by the cycl
 
 Gangs (pods labelled ``scheduling.x-k8s.io/pod-group``): popping one member takes every
 pending member of its PodGroup out of the queue and places them all in one cycle
-(gang.place_gang). At least ``minMember`` fit: all are assumed and bound. Otherwise none
+(gangcycle.GangCycles, over gang.place_gang). At least ``minMember`` fit: all are assumed and bound. Otherwise none
 is, nothing is held, and every member goes back to the queue with the same reason; a gang
 with fewer than ``minMember`` members waits for the rest, reported on the PodGroup after
 ``scheduleTimeoutSeconds`` (gang.GangState keeps the members and the waits). The scheduler
@@ -73,22 +73,20 @@ from gpufleet.scheduler.framework import (
     SchedulingError,
     Status,
 )
-from gpufleet.scheduler.gang import GangPlacement, GangState, place_gang, plan_gang_preemption
+from gpufleet.scheduler.gang import GangPlacement, GangState
+from gpufleet.scheduler.gangcycle import GangCycles
 from gpufleet.scheduler.gpu import GPUS_ANNOTATION
 from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
 from gpufleet.scheduler.preemptor import Preemptor
 from gpufleet.scheduler.profile import Profile
 from gpufleet.scheduler.queue import QueueClosed, QueuedPodInfo, SchedulingQueue
-from gpufleet.scheduler.reporting import DIAGNOSIS_LINES, Reporter
+from gpufleet.scheduler.reporting import Reporter
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot
 from gpufleet.scheduler.volumes import StorageTracker
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-# What gang members wait for besides resources (a missing member or PodGroup): only the
-# group's own changes wake them, not cluster events.
-COSCHEDULING = "Coscheduling"
 
 
 def _pod(obj: Any) -> k8s.Pod:
@@ -140,7 +138,7 @@ def node_update_events(old: k8s.Node | None, new: k8s.Node) -> list[str]:
     return events
 
 
-class Scheduler:
+class Scheduler(GangCycles):
     """``Scheduler(client, clock=..., profile=...)``; ``await start()`` ... ``await stop()``.
 
     Pass ``informers`` to share a SharedInformerFactory with other components in the same
@@ -579,190 +577,6 @@ class Scheduler:
         the victims in the background."""
         self.stats["preemptions"] += 1
         self.preemptor.start([(preemptor, candidate.node)], candidate.victims, preemptor.key)
-
-    # -- gangs ----------------------------------------------------------------------------------
-
-    def _podgroup(self, group: str) -> pg_api.PodGroup | None:
-        if self._podgroup_informer is None:
-            return None
-        obj = self._podgroup_informer.get(group)
-        return _model(pg_api.PodGroup, obj) if obj is not None else None
-
-    def _on_podgroup(self, obj: Any) -> None:
-        pg = _model(pg_api.PodGroup, obj)
-        meta = pg.metadata or k8s.ObjectMeta()
-        self._wake_group(f"{meta.namespace or ''}/{meta.name or ''}")
-
-    def _on_podgroup_update(self, old: Any, new: Any) -> None:
-        before = _model(pg_api.PodGroup, old) if old is not None else None
-        after = _model(pg_api.PodGroup, new)
-        if before is not None and before.spec == after.spec:
-            return  # a status write: nothing for the gang to retry on
-        self._on_podgroup(after)
-
-    def _on_podgroup_delete(self, obj: Any) -> None:
-        pg = _model(pg_api.PodGroup, obj)
-        meta = pg.metadata or k8s.ObjectMeta()
-        self.gangs.forget(f"{meta.namespace or ''}/{meta.name or ''}")
-
-    def _wake_group(self, group: str) -> None:
-        members = self.gangs.members(group)
-        self.queue.activate(PodInfo(p) for key, p in members.items() if self.queue.get(key) is not None)
-
-    def _bound_members(self, group: str) -> list[PodInfo]:
-        out = []
-        for pod in self.gangs.members(group).values():
-            placed = self.cache.get_pod(pod)
-            if placed is not None and not placed.terminal:
-                out.append(placed)
-        return out
-
-    def _take_gang(self, qpi: QueuedPodInfo) -> list[QueuedPodInfo]:
-        """The popped member and every other pending member of its group, out of the queue."""
-        gang = [qpi]
-        for key in list(self.gangs.members(qpi.pod_info.pod_group)):
-            if key == qpi.key:
-                continue
-            sibling = self.queue.take(key)
-            if sibling is None:
-                continue
-            if self._skip(sibling.pod_info):
-                continue
-            gang.append(sibling)
-        return gang
-
-    def schedule_gang(self, qpi: QueuedPodInfo) -> GangPlacement | None:
-        """One cycle for a whole gang: every pending member placed on the snapshot, then
-        all of them assumed and bound if at least minMember fit, else none (nothing is
-        held while the gang waits) and the gang goes back to the queue together."""
-        group = qpi.pod_info.pod_group
-        cycle = self.queue.scheduling_cycle
-        profile = self.profile.scheduler_name
-        start = self.clock.monotonic()
-        gang = self._take_gang(qpi)
-        pg = self._podgroup(group)
-        if pg is None:
-            self._reject_gang(gang, f"pod group {group} not found", {COSCHEDULING}, cycle)
-            self._observe("unschedulable", start, profile)
-            return None
-        min_member = pg_api.min_member(pg)
-        bound = self._bound_members(group)
-        existing = len(gang) + len(bound)
-        if existing < min_member:
-            timeout = pg_api.schedule_timeout(pg)
-            self._gang_unsuccessful(group, pg, f"{existing} of minMember {min_member} members exist")
-            message = (
-                f"pod group {group}: {existing} of minMember {min_member} members exist; waiting for the "
-                f"rest (scheduleTimeoutSeconds {timeout})"
-            )
-            self._reject_gang(gang, message, {COSCHEDULING}, cycle)
-            self._observe("unschedulable", start, profile)
-            return None
-        self._refresh_snapshot(qpi.pod_info, own_group=group)
-        by_key = {q.key: q for q in gang}
-        try:
-            placement = place_gang(
-                self.framework,
-                self._snapshot,
-                group,
-                [q.pod_info for q in gang],
-                min_member=min_member,
-                bound=bound,
-            )
-        except SchedulingError as exc:
-            log.error("scheduling pod group %s: %s", group, exc)
-            self._observe("error", start, profile)
-            for q in gang:
-                q.unschedulable_plugins = set()
-                self.queue.add_unschedulable_if_not_present(q, cycle)
-            return None
-        if placement.ok:
-            self.gangs.placed(group)
-            for member, result in placement.placed:
-                member_qpi = by_key[member.uid or member.key]
-                self._forget_nomination(member_qpi.key)
-                assumed = self.cache.assume_pod(member, result.node, result.gpu_indices)
-                permit = self.framework.run_permit(result.state, member, result.node)
-                if permit.code not in (Code.SUCCESS, Code.WAIT):
-                    self.cache.forget_pod(assumed)
-                    self.framework.run_unreserve(result.state, member, result.node)
-                    member_qpi.unschedulable_plugins = {permit.plugin} if permit.is_rejected else set()
-                    self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
-                    continue
-                self._observe("scheduled", start, profile)
-                self._spawn_binding(member_qpi, assumed, result)
-            for member, error in placement.failed:
-                member_qpi = by_key[member.uid or member.key]
-                member_qpi.unschedulable_plugins = set(error.diagnosis.unschedulable_plugins)
-                self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
-                self._spawn(self.reporter.unschedulable(member, error), f"report:{member.key}")
-            return placement
-        # Nothing of the gang stays on the snapshot. Would evicting lower-priority pods let
-        # it fit whole?
-        self._observe("unschedulable", start, profile)
-        try:
-            preemption = plan_gang_preemption(
-                self.framework, self._snapshot, [q.pod_info for q in gang], min_member=min_member, bound=bound
-            )
-        except SchedulingError as exc:
-            log.error("preemption for pod group %s: %s", group, exc)
-            preemption = None
-        if preemption is not None:
-            preemptors = [(q.pod_info, preemption.nodes[q.key]) for q in gang if q.key in preemption.nodes]
-            self.stats["preemptions"] += 1
-            self.preemptor.start(preemptors, preemption.victims, group)
-        self._gang_unsuccessful(group, pg, f"{placement.fits} of {placement.total} members fit")
-        plugins: set[str] = set()
-        for _, error in placement.failed:
-            plugins |= error.diagnosis.unschedulable_plugins
-        diagnosis = None
-        if placement.failed:
-            diagnosis = "\n".join(placement.failed[0][1].node_breakdown(DIAGNOSIS_LINES)) or None
-        self._reject_gang(gang, placement.message(), plugins or {COSCHEDULING}, cycle, diagnosis)
-        return placement
-
-    def _reject_gang(
-        self,
-        gang: list[QueuedPodInfo],
-        message: str,
-        plugins: set[str],
-        cycle: int,
-        diagnosis: str | None = None,
-    ) -> None:
-        """Every member back to the queue, waiting on the same events, with the same reason."""
-        for q in gang:
-            q.unschedulable_plugins = set(plugins)
-            self.queue.add_unschedulable_if_not_present(q, cycle)
-            self._spawn(self.reporter.gang_member(q.pod_info, message, diagnosis), f"report:{q.pod_info.key}")
-
-    def _gang_unsuccessful(self, group: str, pg: pg_api.PodGroup, why: str) -> None:
-        """Start (or check) the group's schedule timeout; past it, say so and start over."""
-        timeout = pg_api.schedule_timeout(pg)
-        wait = self.gangs.unsuccessful(group, timeout, self.clock.monotonic(), self.clock.now())
-        if wait.started is not None:
-            self._spawn(self.reporter.gang_wait_started(group, wait.started), f"podgroup:{group}")
-        if not wait.timed_out:
-            return
-        self.stats["gang_timeouts"] += 1
-        self._spawn(
-            self.recorder.record(
-                pg,
-                WARNING,
-                "ScheduleTimeout",
-                f"pod group {group} was not placed within scheduleTimeoutSeconds {timeout}: {why}; retrying",
-            ),
-            f"timeout:{group}",
-        )
-
-    def _check_gang_timeouts(self) -> None:
-        """Gangs waiting past their timeout get a cycle (which reports it), even if nothing
-        else happened."""
-        def timeout_of(group: str) -> float | None:
-            pg = self._podgroup(group)
-            return pg_api.schedule_timeout(pg) if pg is not None else None
-
-        for group in self.gangs.overdue(self.clock.monotonic(), timeout_of):
-            self._wake_group(group)
 
     # -- periodic work -------------------------------------------------------------------------
 
