@@ -1,4 +1,4 @@
-"""The API server's part of team queues: a mutating admission plugin that creates queued
+"""Team queues in the API server: a mutating admission plugin that creates queued
 jobs suspended, and the `get` columns of the queue kinds.
 
 Kueue sets ``suspend: true`` on every job carrying ``kueue.x-k8s.io/queue-name`` with a
