@@ -46,7 +46,8 @@ class QueuedJobSuspender:
 
 
 def install(api: ApiServer) -> None:
-    """Add the suspending plugin to ``api`` (once) and register the queue kinds' columns."""
+    """Register the queue kinds' columns; add the suspending plugin to ``api`` unless its
+    chain (admission.standard_plugins, or one of its own) already has it."""
     if not any(isinstance(p, QueuedJobSuspender) for p in api.mutating):
         api.mutating.append(QueuedJobSuspender())
     register_printers()
