@@ -104,6 +104,14 @@ def schedule_timeout(pg: PodGroup) -> int:
     return value if value and value > 0 else DEFAULT_SCHEDULE_TIMEOUT_SECONDS
 
 
+def group_of(pod: Any) -> str | None:
+    """The PodGroup a pod (a typed model) is a member of, as 'namespace/name'; None when
+    it carries no ``scheduling.x-k8s.io/pod-group`` label."""
+    meta = pod.metadata if pod.metadata is not None else ObjectMeta()
+    name = (meta.labels or {}).get(POD_GROUP_LABEL)
+    return f"{meta.namespace or ''}/{name}" if name else None
+
+
 # -- validation ---------------------------------------------------------------------------
 
 

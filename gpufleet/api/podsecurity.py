@@ -1,7 +1,7 @@
 """The Pod Security Standards as Kubernetes' pod-security-admission checks them.
 
 Pure functions of a pod's metadata and spec, as the JSON dicts the API stores: no I/O, no
-server. The admission plugin (apiserver/admission_podsecurity.py) reads the namespace
+server. The admission plugin (apiserver/admission/podsecurity.py) reads the namespace
 labels and the configuration and decides what to do with the results.
 
 Levels: ``privileged`` (no checks), ``baseline`` and ``restricted`` (baseline plus the

@@ -37,7 +37,7 @@ from gpufleet.apiserver.admission import (
     ValidatingPlugin,
     standard_plugins,
 )
-from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
+from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
 from gpufleet.apiserver.errors import (
     ApiException,
     already_exists,

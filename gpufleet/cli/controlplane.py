@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
+from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
 from gpufleet.apiserver.app import HttpServer
 from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
@@ -152,7 +152,7 @@ class ControlPlane:
                              pod_security=self.pod_security)
         self.node_proxy.install(self.api)
         # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
-        from gpufleet.queueing.serverside import install as install_queues
+        from gpufleet.apiserver.admission.queues import install as install_queues
 
         install_queues(self.api)
         security = self._security() if self.secure else None
@@ -161,7 +161,7 @@ class ControlPlane:
         else:
             # Plain HTTP issues no service account tokens (pods could not use them over
             # https anyway): pods still get their service account, but no token volume.
-            from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
+            from gpufleet.apiserver.admission.serviceaccount import ServiceAccountAdmission
 
             for plugin in self.api.mutating:
                 if isinstance(plugin, ServiceAccountAdmission):

@@ -17,7 +17,7 @@ Three loops, as in Kueue:
 - queue status: pending, reserving and admitted counts, flavor usage, fair share, and how
   many pending workloads wait for what (``status.pendingReasons``, gpufleet's addition).
 
-The API server creates queued jobs suspended (``gpufleet.queueing.serverside``); a job that
+The API server creates queued jobs suspended (``gpufleet.apiserver.admission.queues``); a job that
 is running without an admitted Workload is suspended here as well.
 
 Resources a ClusterQueue does not cover are not counted against it (Kueue refuses such
@@ -35,6 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import kueue as kq
+from gpufleet.api.gpu import (
+    DEFAULT_GROUP,
+    GPU_INDICES_ANNOTATION,
+    GPU_TOPOLOGY_ANNOTATION,
+    GPUS_ANNOTATION,
+    SAME_GROUP,
+    parse_gpu_indices,
+    parse_gpus_annotation,
+)
 from gpufleet.api.k8s import Job, Namespace, Node, Pod, PodSpec, PriorityClass
 from gpufleet.api.quantity import parse_quantity
 from gpufleet.api.selectors import LabelSelector
@@ -57,15 +66,6 @@ from gpufleet.controllers._common import (
     timestamp,
 )
 from gpufleet.queueing import admission as adm
-from gpufleet.scheduler.gpu import (
-    DEFAULT_GROUP,
-    GPU_INDICES_ANNOTATION,
-    GPU_TOPOLOGY_ANNOTATION,
-    GPUS_ANNOTATION,
-    SAME_GROUP,
-    parse_gpu_indices,
-    parse_gpus_annotation,
-)
 from gpufleet.scheduler.snapshot import pod_requests
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 

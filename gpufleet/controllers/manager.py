@@ -35,6 +35,7 @@ _CLASSES = {
     "nodeipam": "gpufleet.controllers.nodeipam:NodeIpamController",
     "persistentvolume": "gpufleet.controllers.persistentvolume:PersistentVolumeController",
     "localpath": "gpufleet.controllers.localpath:LocalPathProvisioner",
+    "podgroup": "gpufleet.controllers.podgroup:PodGroupController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -149,6 +150,7 @@ class ControllerManager:
                            "restart_backoff_max": opts.pytorchjob_restart_backoff_max,
                            "checkpoint_root": opts.pytorchjob_checkpoint_root,
                            "elastic_resize_interval": opts.pytorchjob_resize_interval},
+            "podgroup": common,
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},

@@ -16,14 +16,18 @@ the gang fits; inside them the nodes are taken roomiest first until the rest of 
 fits on one node, which is then chosen best fit. Members fill the planned nodes in that
 order (first fit); a member that fits none of them gets an ordinary cycle over all nodes.
 
-Everything here is pure: no I/O, nothing outside the snapshot is changed.
+Everything here is pure: no I/O, nothing outside the snapshot is changed. So is the
+bookkeeping the scheduler keeps between cycles (``GangState``): each group's members, and
+since when each gang has waited, for its ``scheduleTimeoutSeconds``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpufleet.api import k8s
+from gpufleet.api import podgroup as pg_api
 from gpufleet.scheduler.framework import FitError, Framework, ScheduleResult
 from gpufleet.scheduler.gpu import RACK_LABEL
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
@@ -246,3 +250,85 @@ def plan_gang_preemption(
             framework.run_unreserve(result.state, member, result.node)
         for victim in victims.values():
             snapshot.add_pod(victim)
+
+
+# -- bookkeeping ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GangWait:
+    """What one more unsuccessful cycle of a gang amounts to."""
+
+    # Wall time at which the gang's wait (re)started, to publish as the PodGroup's
+    # status.scheduleStartTime; None while an earlier wait goes on.
+    started: float | None = None
+    # The wait ran past scheduleTimeoutSeconds (and starts over from now).
+    timed_out: bool = False
+
+
+class GangState:
+    """Who belongs to which gang, and since when each gang has failed to be placed.
+
+    Groups are 'namespace/name'; members are keyed by the scheduling queue's key (the
+    pod's uid). Pure bookkeeping: the times are passed in (monotonic for the timeout,
+    wall for what the user is told).
+    """
+
+    def __init__(self) -> None:
+        # group -> queue key -> member pod (every phase).
+        self._members: dict[str, dict[str, k8s.Pod]] = {}
+        # group -> (monotonic, wall) time of its first unsuccessful cycle in a row.
+        self._since: dict[str, tuple[float, float]] = {}
+
+    def track(self, key: str, pod: k8s.Pod) -> str | None:
+        """Record ``pod`` (added or changed) as a member of its group; returns the group."""
+        group = pg_api.group_of(pod)
+        if group is not None:
+            self._members.setdefault(group, {})[key] = pod
+        return group
+
+    def untrack(self, key: str, pod: k8s.Pod) -> str | None:
+        """Forget a deleted member; a group left without members stops waiting."""
+        group = pg_api.group_of(pod)
+        if group is None:
+            return None
+        members = self._members.get(group)
+        if members is not None:
+            members.pop(key, None)
+            if not members:
+                del self._members[group]
+                self._since.pop(group, None)
+        return group
+
+    def members(self, group: str) -> dict[str, k8s.Pod]:
+        """The group's members by queue key (do not change it)."""
+        return self._members.get(group) or {}
+
+    def unsuccessful(self, group: str, timeout: float, monotonic: float, wall: float) -> GangWait:
+        """One more cycle of ``group`` that placed nothing: starts its wait, or says the
+        wait ran past ``timeout`` seconds (and starts it over)."""
+        since = self._since.get(group)
+        if since is not None and monotonic - since[0] < timeout:
+            return GangWait()
+        self._since[group] = (monotonic, wall)
+        return GangWait(started=wall, timed_out=since is not None)
+
+    def placed(self, group: str) -> None:
+        """The gang was placed: its wait is over."""
+        self._since.pop(group, None)
+
+    forget = placed  # the PodGroup was deleted
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._since)
+
+    def overdue(self, monotonic: float, timeout_of: Callable[[str], float | None]) -> list[str]:
+        """The waiting groups past their timeout (``timeout_of(group)``; None: no such
+        PodGroup), which get a cycle even if nothing else happened."""
+        out = []
+        for group, (since, _) in list(self._since.items()):
+            timeout = timeout_of(group)
+            if timeout is not None and monotonic - since >= timeout:
+                out.append(group)
+        return out

@@ -19,15 +19,18 @@ event-loop turn would pace a burst by the length of those turns, not by the cycl
 
 Gangs (pods labelled ``scheduling.x-k8s.io/pod-group``): popping one member takes every
 pending member of its PodGroup out of the queue and places them all in one cycle
-(gang.place_gang). At least ``minMember`` fit: all are assumed and bound. Otherwise none
+(gangcycle.GangCycles, over gang.place_gang). At least ``minMember`` fit: all are assumed and bound. Otherwise none
 is, nothing is held, and every member goes back to the queue with the same reason; a gang
 with fewer than ``minMember`` members waits for the rest, reported on the PodGroup after
-``scheduleTimeoutSeconds``. The scheduler also keeps each PodGroup's status.
+``scheduleTimeoutSeconds`` (gang.GangState keeps the members and the waits). The scheduler
+writes the PodGroup's ``status.scheduleStartTime``; the rest of its status is the PodGroup
+controller's (controllers/podgroup.py).
 
-Preemption (preemption.DefaultPreemption, once per pod or once per gang): the victims are
-deleted gracefully in the background and the preemptor is nominated to their node; until
-it binds, its room there is held against pods of lower priority (nominated pods are placed
-on the snapshot of their cycles).
+Preemption (preemption.DefaultPreemption, once per pod or once per gang, carried out by
+preemptor.Preemptor): the victims are deleted gracefully in the background and the
+preemptor is nominated to their node; until it binds, its room there is held against pods
+of lower priority (nominated pods are placed on the snapshot of their cycles). What the
+user is told (Events, PodScheduled, the diagnosis) is written by reporting.Reporter.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any
 
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
-from gpufleet.client.errors import ApiError, Conflict, NotFound
+from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.scheduler import metrics
@@ -70,28 +73,20 @@ from gpufleet.scheduler.framework import (
     SchedulingError,
     Status,
 )
-from gpufleet.scheduler.gang import GangPlacement, place_gang, plan_gang_preemption
-from gpufleet.scheduler.gpu import GPUS_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION
+from gpufleet.scheduler.gang import GangPlacement, GangState
+from gpufleet.scheduler.gangcycle import GangCycles
+from gpufleet.scheduler.gpu import GPUS_ANNOTATION
 from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
+from gpufleet.scheduler.preemptor import Preemptor
 from gpufleet.scheduler.profile import Profile
 from gpufleet.scheduler.queue import QueueClosed, QueuedPodInfo, SchedulingQueue
+from gpufleet.scheduler.reporting import Reporter
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot
 from gpufleet.scheduler.volumes import StorageTracker
-from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-POD_SCHEDULED = "PodScheduled"
-REASON_UNSCHEDULABLE = "Unschedulable"
-REASON_SCHEDULING_GATED = "SchedulingGated"
-GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
-# Lines of the per-node breakdown kept on the pod; enough to see the pattern on a big cluster.
-DIAGNOSIS_LINES = 20
-# What gang members wait for besides resources (a missing member or PodGroup): only the
-# group's own changes wake them, not cluster events.
-COSCHEDULING = "Coscheduling"
-DISRUPTION_TARGET = "DisruptionTarget"
-REASON_PREEMPTION = "PreemptionByScheduler"
 
 
 def _pod(obj: Any) -> k8s.Pod:
@@ -143,7 +138,7 @@ def node_update_events(old: k8s.Node | None, new: k8s.Node) -> list[str]:
     return events
 
 
-class Scheduler:
+class Scheduler(GangCycles):
     """``Scheduler(client, clock=..., profile=...)``; ``await start()`` ... ``await stop()``.
 
     Pass ``informers`` to share a SharedInformerFactory with other components in the same
@@ -206,15 +201,10 @@ class Scheduler:
         # a PreBind may wait minutes for its volumes).
         self._bindings: dict[str, asyncio.Task[Any]] = {}
         self._started = False
-        # PodGroup 'namespace/name' -> queue key -> member pod (every phase).
-        self._members: dict[str, dict[str, k8s.Pod]] = {}
-        # Pod queue key -> the pod placed on the node preemption nominated it for: what it
-        # holds there (against pods of no higher priority) while its victims terminate.
-        self._nominated: dict[str, PodInfo] = {}
-        # PodGroup -> (monotonic, wall) time of its first unsuccessful gang cycle in a row.
-        self._gang_since: dict[str, tuple[float, float]] = {}
-        self._dirty_groups: set[str] = set()
-        self._groups_changed = asyncio.Event()
+        self.gangs = GangState()
+        self.preemptor = Preemptor(client, self.handle, self.recorder, clock=clock,
+                                   scheduler_name=self.profile.scheduler_name, spawn=self._spawn)
+        self.reporter = Reporter(client, self.recorder, clock=clock, latest=self._latest)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -273,7 +263,6 @@ class Scheduler:
         self._tasks = [
             asyncio.create_task(self._run(), name="scheduler:loop"),
             asyncio.create_task(self._housekeeping(), name="scheduler:housekeeping"),
-            asyncio.create_task(self._podgroup_status_loop(), name="scheduler:podgroup-status"),
         ]
 
     async def stop(self) -> None:
@@ -359,7 +348,7 @@ class Scheduler:
 
     def _on_pod_add(self, obj: Any) -> None:
         pod = _pod(obj)
-        self._track_member(pod)
+        self.gangs.track(_queue_key(pod), pod)
         if _assigned(pod):
             self.cache.add_pod(pod)
             return
@@ -368,7 +357,7 @@ class Scheduler:
     def _on_pod_update(self, old: Any, new: Any) -> None:
         new = _pod(new)
         old = _pod(old) if old is not None else None
-        self._track_member(new)
+        self.gangs.track(_queue_key(new), new)
         if (new.metadata or k8s.ObjectMeta()).deletion_timestamp is not None:
             self.handle.pending_victims.discard(_pod_key(new))
         if _assigned(new):
@@ -389,7 +378,7 @@ class Scheduler:
         pod = _pod(obj)
         key = _queue_key(pod)
         self.queue.delete(key)
-        self._untrack_member(pod)
+        self.gangs.untrack(key, pod)
         self._forget_nomination(key)
         self.handle.pending_victims.discard(_pod_key(pod))
         waiting = self.framework.get_waiting_pod(key)
@@ -409,14 +398,12 @@ class Scheduler:
             return
         pod_info = PodInfo(pod)
         nominated = pod.status.nominated_node_name if pod.status is not None else None
-        if nominated and _queue_key(pod) not in self._nominated:
+        if nominated and not self.preemptor.is_nominated(_queue_key(pod)):
             # Nominated before this scheduler (re)started: keep holding the room.
             self._nominate(pod_info, nominated)
         qpi = self.queue.add(pod_info)
         if qpi.gated:
-            self._spawn(
-                self._set_pod_scheduled_false(pod_info, REASON_SCHEDULING_GATED, GATED_MESSAGE), "gated"
-            )
+            self._spawn(self.reporter.gated(pod_info), "gated")
 
     # -- the scheduling cycle ---------------------------------------------------------------
 
@@ -488,7 +475,7 @@ class Scheduler:
             if candidate is not None:
                 self._start_preemption(pod_info, candidate)
             self.queue.add_unschedulable_if_not_present(qpi, cycle)
-            self._spawn(self._report_unschedulable(pod_info, result), f"report:{pod_info.key}")
+            self._spawn(self.reporter.unschedulable(pod_info, result), f"report:{pod_info.key}")
             return result
         state = result.state
         self._forget_nomination(qpi.key)
@@ -532,7 +519,7 @@ class Scheduler:
             await self.recorder.record(
                 pod_info.pod, NORMAL, "Scheduled", f"Successfully assigned {pod_info.key} to {node}"
             )
-            await self._clear_diagnosis(pod_info)
+            await self.reporter.clear_diagnosis(pod_info)
             return
         self._binding_failed(qpi, assumed, result, status)
         if status.is_rejected or not isinstance(status.error, NotFound):
@@ -557,99 +544,9 @@ class Scheduler:
         qpi.unschedulable_plugins = {status.plugin} if status.is_rejected and status.plugin else set()
         self.queue.add_unschedulable_if_not_present(qpi, self.queue.scheduling_cycle)
 
-    # -- telling the user ---------------------------------------------------------------------
-
-    async def _report_unschedulable(self, pod_info: PodInfo, error: FitError) -> None:
-        message = error.message
-        await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)
-        # With no nodes at all there is nothing per node to add to the message.
-        diagnosis = "\n".join(error.node_breakdown(DIAGNOSIS_LINES)) or None
-        await self._set_pod_scheduled_false(pod_info, REASON_UNSCHEDULABLE, message, diagnosis)
-
     def _latest(self, pod_info: PodInfo) -> k8s.Pod | None:
         current = self._pod_informer.get(pod_info.key) if self._pod_informer is not None else None
         return _pod(current) if current is not None else None
-
-    async def _set_pod_scheduled_false(
-        self, pod_info: PodInfo, reason: str, message: str, diagnosis: str | None = None
-    ) -> None:
-        """PodScheduled=False with this reason and message, written only when it changed."""
-        pod = self._latest(pod_info) or pod_info.pod
-        conditions = (pod.status.conditions if pod.status else None) or []
-        previous = next((c for c in conditions if c.type == POD_SCHEDULED), None)
-        if previous is not None and (previous.status, previous.reason, previous.message) == (
-            "False",
-            reason,
-            message,
-        ):
-            return
-        condition: dict[str, Any] = {
-            "type": POD_SCHEDULED,
-            "status": "False",
-            "reason": reason,
-            "message": message,
-        }
-        if previous is None or previous.status != "False":
-            condition["lastTransitionTime"] = rfc3339(self.clock.now())
-        # The writes name the resourceVersion they were computed from: a gang member can be
-        # bound while this verdict is in flight, and a stale "Unschedulable" must not land
-        # on a pod that is already placed.
-        rv = pod.metadata.resource_version if pod.metadata else None
-        for _ in range(3):
-            if pod.spec is not None and pod.spec.node_name:
-                return
-            try:
-                meta = {"resourceVersion": rv} if rv else {}
-                updated = await self.client.patch(
-                    "pods",
-                    pod_info.name,
-                    {"metadata": meta, "status": {"conditions": [condition]}},
-                    pod_info.namespace,
-                    patch_type="strategic",
-                    subresource="status",
-                    raw=True,
-                )
-                if diagnosis is not None:
-                    rv = (updated.get("metadata") or {}).get("resourceVersion") if isinstance(updated, dict) else None
-                    meta = {"resourceVersion": rv} if rv else {}
-                    await self.client.patch(
-                        "pods",
-                        pod_info.name,
-                        {"metadata": {**meta, "annotations": {SCHEDULING_DIAGNOSIS_ANNOTATION: diagnosis}}},
-                        pod_info.namespace,
-                        patch_type="merge",
-                        raw=True,
-                    )
-                return
-            except Conflict:
-                try:
-                    pod = _pod(await self.client.get("pods", pod_info.name, pod_info.namespace, raw=True))
-                except NotFound:
-                    return
-                except ApiError as exc:
-                    log.warning("could not re-read %s: %s", pod_info.key, exc)
-                    return
-                rv = pod.metadata.resource_version if pod.metadata else None
-            except NotFound:
-                return
-            except ApiError as exc:
-                log.warning("could not update the PodScheduled condition of %s: %s", pod_info.key, exc)
-                return
-
-    async def _clear_diagnosis(self, pod_info: PodInfo) -> None:
-        pod = self._latest(pod_info) or pod_info.pod
-        annotations = (pod.metadata.annotations if pod.metadata else None) or {}
-        if SCHEDULING_DIAGNOSIS_ANNOTATION not in annotations:
-            return
-        with contextlib.suppress(ApiError):
-            await self.client.patch(
-                "pods",
-                pod_info.name,
-                {"metadata": {"annotations": {SCHEDULING_DIAGNOSIS_ANNOTATION: None}}},
-                pod_info.namespace,
-                patch_type="merge",
-                raw=True,
-            )
 
     # -- nominated pods and preemption --------------------------------------------------------
 
@@ -665,414 +562,21 @@ class Scheduler:
             if (self._pdb_informer is not None)
             else []
         )
-        if not self._nominated:
-            return
-        own = pod_info.uid or pod_info.key
-        for key, nominee in self._nominated.items():
-            if key == own or (own_group and nominee.pod_group == own_group):
-                continue
-            if nominee.priority < pod_info.priority or snapshot.get(nominee.node_name) is None:
-                continue
-            snapshot.add_pod(nominee)
+        for nominee in self.preemptor.nominees(pod_info, own_group):
+            if snapshot.get(nominee.node_name) is not None:
+                snapshot.add_pod(nominee)
 
     def _nominate(self, pod_info: PodInfo, node: str) -> None:
-        key = pod_info.uid or pod_info.key
-        self._nominated[key] = pod_info.assigned(node)
-        self.handle.nominated_nodes[key] = node
+        self.preemptor.nominate(pod_info, node)
 
     def _forget_nomination(self, key: str) -> None:
-        if self._nominated.pop(key, None) is not None:
-            self.handle.nominated_nodes.pop(key, None)
+        self.preemptor.forget(key)
 
     def _start_preemption(self, preemptor: PodInfo, candidate: Candidate) -> None:
         """Nominate the preemptor now (so the next cycles leave the room to it) and evict
         the victims in the background."""
-        self._nominate(preemptor, candidate.node)
-        for victim in candidate.victims:
-            self.handle.pending_victims.add(victim.key)
         self.stats["preemptions"] += 1
-        self._spawn(
-            self._preempt([(preemptor, candidate.node)], candidate.victims), f"preempt:{preemptor.key}"
-        )
-
-    async def _preempt(self, preemptors: list[tuple[PodInfo, str]], victims: list[PodInfo]) -> None:
-        by = preemptors[0][0]
-        group = by.pod_group
-        who = f"pod group {group}" if group else by.key
-        for victim in victims:
-            node = victim.node_name
-            await self._evict(victim, by, node)
-        for pod_info, node in preemptors:
-            await self._set_nominated_node(pod_info, node)
-        nodes = sorted({node for _, node in preemptors})
-        names = ", ".join(v.key for v in victims)
-        for pod_info, node in preemptors:
-            await self.recorder.record(
-                pod_info.pod,
-                NORMAL,
-                "Preempting",
-                f"Preempting {len(victims)} pod(s) for {who} on node(s) {', '.join(nodes)}: {names}; nominated to {node}",
-            )
-
-    async def _evict(self, victim: PodInfo, by: PodInfo, node: str) -> None:
-        message = f"Preempted by {by.key} on node {node}"
-        condition = {
-            "type": DISRUPTION_TARGET,
-            "status": "True",
-            "reason": REASON_PREEMPTION,
-            "message": f"{self.profile.scheduler_name}: preempting to accommodate a higher priority pod",
-            "lastTransitionTime": rfc3339(self.clock.now()),
-        }
-        with contextlib.suppress(ApiError):
-            await self.client.patch(
-                "pods",
-                victim.name,
-                {"status": {"conditions": [condition]}},
-                victim.namespace,
-                patch_type="strategic",
-                subresource="status",
-                raw=True,
-            )
-        spec = victim.pod.spec
-        grace = spec.termination_grace_period_seconds if spec is not None else None
-        try:
-            await self.client.delete(
-                "pods",
-                victim.name,
-                victim.namespace,
-                grace_period_seconds=grace,
-                preconditions_uid=victim.uid or None,
-            )
-        except NotFound:
-            return
-        except ApiError as exc:
-            log.warning("could not preempt %s: %s", victim.key, exc)
-            self.handle.pending_victims.discard(victim.key)
-            return
-        log.info("preempted %s on %s for %s", victim.key, node, by.key)
-        await self.recorder.record(victim.pod, NORMAL, "Preempted", message)
-
-    async def _set_nominated_node(self, pod_info: PodInfo, node: str) -> None:
-        with contextlib.suppress(ApiError):
-            await self.client.patch(
-                "pods",
-                pod_info.name,
-                {"status": {"nominatedNodeName": node}},
-                pod_info.namespace,
-                patch_type="merge",
-                subresource="status",
-                raw=True,
-            )
-
-    # -- gangs ----------------------------------------------------------------------------------
-
-    def _track_member(self, pod: k8s.Pod) -> None:
-        meta = pod.metadata or k8s.ObjectMeta()
-        name = (meta.labels or {}).get(pg_api.POD_GROUP_LABEL)
-        if not name:
-            return
-        group = f"{meta.namespace or ''}/{name}"
-        self._members.setdefault(group, {})[_queue_key(pod)] = pod
-        self._mark_group(group)
-
-    def _untrack_member(self, pod: k8s.Pod) -> None:
-        meta = pod.metadata or k8s.ObjectMeta()
-        name = (meta.labels or {}).get(pg_api.POD_GROUP_LABEL)
-        if not name:
-            return
-        group = f"{meta.namespace or ''}/{name}"
-        members = self._members.get(group)
-        if members is not None:
-            members.pop(_queue_key(pod), None)
-            if not members:
-                del self._members[group]
-                self._gang_since.pop(group, None)
-        self._mark_group(group)
-
-    def _mark_group(self, group: str) -> None:
-        self._dirty_groups.add(group)
-        self._groups_changed.set()
-
-    def _podgroup(self, group: str) -> pg_api.PodGroup | None:
-        if self._podgroup_informer is None:
-            return None
-        obj = self._podgroup_informer.get(group)
-        return _model(pg_api.PodGroup, obj) if obj is not None else None
-
-    def _on_podgroup(self, obj: Any) -> None:
-        pg = _model(pg_api.PodGroup, obj)
-        meta = pg.metadata or k8s.ObjectMeta()
-        group = f"{meta.namespace or ''}/{meta.name or ''}"
-        self._wake_group(group)
-        self._mark_group(group)
-
-    def _on_podgroup_update(self, old: Any, new: Any) -> None:
-        before = _model(pg_api.PodGroup, old) if old is not None else None
-        after = _model(pg_api.PodGroup, new)
-        if before is not None and before.spec == after.spec:
-            return  # a status write (ours): nothing for the gang to retry on
-        self._on_podgroup(after)
-
-    def _on_podgroup_delete(self, obj: Any) -> None:
-        pg = _model(pg_api.PodGroup, obj)
-        meta = pg.metadata or k8s.ObjectMeta()
-        self._gang_since.pop(f"{meta.namespace or ''}/{meta.name or ''}", None)
-
-    def _wake_group(self, group: str) -> None:
-        members = self._members.get(group) or {}
-        self.queue.activate(PodInfo(p) for key, p in members.items() if self.queue.get(key) is not None)
-
-    def _bound_members(self, group: str) -> list[PodInfo]:
-        out = []
-        for pod in (self._members.get(group) or {}).values():
-            placed = self.cache.get_pod(pod)
-            if placed is not None and not placed.terminal:
-                out.append(placed)
-        return out
-
-    def _take_gang(self, qpi: QueuedPodInfo) -> list[QueuedPodInfo]:
-        """The popped member and every other pending member of its group, out of the queue."""
-        gang = [qpi]
-        for key in list(self._members.get(qpi.pod_info.pod_group) or ()):
-            if key == qpi.key:
-                continue
-            sibling = self.queue.take(key)
-            if sibling is None:
-                continue
-            if self._skip(sibling.pod_info):
-                continue
-            gang.append(sibling)
-        return gang
-
-    def schedule_gang(self, qpi: QueuedPodInfo) -> GangPlacement | None:
-        """One cycle for a whole gang: every pending member placed on the snapshot, then
-        all of them assumed and bound if at least minMember fit, else none (nothing is
-        held while the gang waits) and the gang goes back to the queue together."""
-        group = qpi.pod_info.pod_group
-        cycle = self.queue.scheduling_cycle
-        profile = self.profile.scheduler_name
-        start = self.clock.monotonic()
-        gang = self._take_gang(qpi)
-        pg = self._podgroup(group)
-        if pg is None:
-            self._reject_gang(gang, f"pod group {group} not found", {COSCHEDULING}, cycle)
-            self._observe("unschedulable", start, profile)
-            return None
-        min_member = pg_api.min_member(pg)
-        bound = self._bound_members(group)
-        existing = len(gang) + len(bound)
-        if existing < min_member:
-            timeout = pg_api.schedule_timeout(pg)
-            self._gang_unsuccessful(group, pg, f"{existing} of minMember {min_member} members exist")
-            message = (
-                f"pod group {group}: {existing} of minMember {min_member} members exist; waiting for the "
-                f"rest (scheduleTimeoutSeconds {timeout})"
-            )
-            self._reject_gang(gang, message, {COSCHEDULING}, cycle)
-            self._observe("unschedulable", start, profile)
-            return None
-        self._refresh_snapshot(qpi.pod_info, own_group=group)
-        by_key = {q.key: q for q in gang}
-        try:
-            placement = place_gang(
-                self.framework,
-                self._snapshot,
-                group,
-                [q.pod_info for q in gang],
-                min_member=min_member,
-                bound=bound,
-            )
-        except SchedulingError as exc:
-            log.error("scheduling pod group %s: %s", group, exc)
-            self._observe("error", start, profile)
-            for q in gang:
-                q.unschedulable_plugins = set()
-                self.queue.add_unschedulable_if_not_present(q, cycle)
-            return None
-        if placement.ok:
-            self._gang_since.pop(group, None)
-            for member, result in placement.placed:
-                member_qpi = by_key[member.uid or member.key]
-                self._forget_nomination(member_qpi.key)
-                assumed = self.cache.assume_pod(member, result.node, result.gpu_indices)
-                permit = self.framework.run_permit(result.state, member, result.node)
-                if permit.code not in (Code.SUCCESS, Code.WAIT):
-                    self.cache.forget_pod(assumed)
-                    self.framework.run_unreserve(result.state, member, result.node)
-                    member_qpi.unschedulable_plugins = {permit.plugin} if permit.is_rejected else set()
-                    self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
-                    continue
-                self._observe("scheduled", start, profile)
-                self._spawn_binding(member_qpi, assumed, result)
-            for member, error in placement.failed:
-                member_qpi = by_key[member.uid or member.key]
-                member_qpi.unschedulable_plugins = set(error.diagnosis.unschedulable_plugins)
-                self.queue.add_unschedulable_if_not_present(member_qpi, cycle)
-                self._spawn(self._report_unschedulable(member, error), f"report:{member.key}")
-            self._mark_group(group)
-            return placement
-        # Nothing of the gang stays on the snapshot. Would evicting lower-priority pods let
-        # it fit whole?
-        self._observe("unschedulable", start, profile)
-        try:
-            preemption = plan_gang_preemption(
-                self.framework, self._snapshot, [q.pod_info for q in gang], min_member=min_member, bound=bound
-            )
-        except SchedulingError as exc:
-            log.error("preemption for pod group %s: %s", group, exc)
-            preemption = None
-        if preemption is not None:
-            preemptors = []
-            for q in gang:
-                node = preemption.nodes.get(q.key)
-                if node is not None:
-                    self._nominate(q.pod_info, node)
-                    preemptors.append((q.pod_info, node))
-            for victim in preemption.victims:
-                self.handle.pending_victims.add(victim.key)
-            self.stats["preemptions"] += 1
-            self._spawn(self._preempt(preemptors, preemption.victims), f"preempt:{group}")
-        self._gang_unsuccessful(group, pg, f"{placement.fits} of {placement.total} members fit")
-        plugins: set[str] = set()
-        for _, error in placement.failed:
-            plugins |= error.diagnosis.unschedulable_plugins
-        diagnosis = None
-        if placement.failed:
-            diagnosis = "\n".join(placement.failed[0][1].node_breakdown(DIAGNOSIS_LINES)) or None
-        self._reject_gang(gang, placement.message(), plugins or {COSCHEDULING}, cycle, diagnosis)
-        return placement
-
-    def _reject_gang(
-        self,
-        gang: list[QueuedPodInfo],
-        message: str,
-        plugins: set[str],
-        cycle: int,
-        diagnosis: str | None = None,
-    ) -> None:
-        """Every member back to the queue, waiting on the same events, with the same reason."""
-        for q in gang:
-            q.unschedulable_plugins = set(plugins)
-            self.queue.add_unschedulable_if_not_present(q, cycle)
-            self._spawn(self._report_gang(q.pod_info, message, diagnosis), f"report:{q.pod_info.key}")
-        self._mark_group(gang[0].pod_info.pod_group)
-
-    async def _report_gang(self, pod_info: PodInfo, message: str, diagnosis: str | None) -> None:
-        await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)
-        await self._set_pod_scheduled_false(pod_info, REASON_UNSCHEDULABLE, message, diagnosis)
-
-    def _gang_unsuccessful(self, group: str, pg: pg_api.PodGroup, why: str) -> None:
-        """Start (or check) the group's schedule timeout; past it, say so and start over."""
-        now = self.clock.monotonic()
-        since = self._gang_since.get(group)
-        if since is None:
-            self._gang_since[group] = (now, self.clock.now())
-            self._mark_group(group)
-            return
-        timeout = pg_api.schedule_timeout(pg)
-        if now - since[0] < timeout:
-            return
-        self._gang_since[group] = (now, self.clock.now())
-        self._mark_group(group)
-        self.stats["gang_timeouts"] += 1
-        self._spawn(
-            self.recorder.record(
-                pg,
-                WARNING,
-                "ScheduleTimeout",
-                f"pod group {group} was not placed within scheduleTimeoutSeconds {timeout}: {why}; retrying",
-            ),
-            f"timeout:{group}",
-        )
-
-    def _check_gang_timeouts(self) -> None:
-        """Gangs waiting past their timeout get a cycle (which reports it), even if nothing
-        else happened."""
-        now = self.clock.monotonic()
-        for group, (since, _) in list(self._gang_since.items()):
-            pg = self._podgroup(group)
-            if pg is not None and now - since >= pg_api.schedule_timeout(pg):
-                self._wake_group(group)
-
-    # -- PodGroup status --------------------------------------------------------------------------
-
-    def podgroup_status(self, group: str, pg: pg_api.PodGroup) -> dict[str, Any]:
-        """What status the PodGroup should have, from its members as this scheduler sees them."""
-        members = list((self._members.get(group) or {}).values())
-        min_member = pg_api.min_member(pg)
-        scheduled = running = succeeded = failed = 0
-        occupied_by = ""
-        for pod in members:
-            phase = pod.status.phase if pod.status is not None else None
-            if _assigned(pod) or self.cache.is_assumed(pod):
-                scheduled += 1
-            if phase == "Running":
-                running += 1
-            elif phase == "Succeeded":
-                succeeded += 1
-            elif phase == "Failed":
-                failed += 1
-            if not occupied_by:
-                occupied_by = _occupied_by(pod)
-        previous = pg.status.phase if pg.status is not None else None
-        phase = podgroup_phase(min_member, len(members), scheduled, running, succeeded, failed, previous)
-        status: dict[str, Any] = {
-            "phase": phase,
-            "scheduled": scheduled,
-            "running": running,
-            "succeeded": succeeded,
-            "failed": failed,
-        }
-        if occupied_by:
-            status["occupiedBy"] = occupied_by
-        if not members and phase in (pg_api.FINISHED, pg_api.FAILED) and pg.status is not None:
-            # An ended gang whose pods were deleted: the counts it ended with stay.
-            for key in ("scheduled", "running", "succeeded", "failed"):
-                status[key] = getattr(pg.status, key) or 0
-        since = self._gang_since.get(group)
-        started = pg.status.schedule_start_time if pg.status is not None else None
-        if since is not None:
-            status["scheduleStartTime"] = rfc3339(since[1])
-        elif started is not None:
-            status["scheduleStartTime"] = rfc3339(started.timestamp())
-        return status
-
-    async def _podgroup_status_loop(self) -> None:
-        while True:
-            await self._groups_changed.wait()
-            self._groups_changed.clear()
-            # Let a burst of member changes land before writing.
-            await asyncio.sleep(0.05)
-            dirty, self._dirty_groups = self._dirty_groups, set()
-            for group in sorted(dirty):
-                try:
-                    await self._write_podgroup_status(group)
-                except asyncio.CancelledError:
-                    raise
-                except Exception:
-                    log.exception("updating the status of pod group %s failed", group)
-
-    async def _write_podgroup_status(self, group: str) -> None:
-        pg = self._podgroup(group)
-        if pg is None:
-            return
-        status = self.podgroup_status(group, pg)
-        current = pg.status.to_dict() if pg.status is not None else {}
-        if all(
-            current.get(k, 0 if k in ("scheduled", "running", "succeeded", "failed") else None) == v
-            for k, v in status.items()
-        ):
-            return
-        namespace, _, name = group.partition("/")
-        try:
-            await self.client.patch(
-                pg_api.PodGroup, name, {"status": status}, namespace, subresource="status", raw=True
-            )
-        except NotFound:
-            pass
-        except ApiError as exc:
-            log.warning("could not update the status of pod group %s: %s", group, exc)
-            self._mark_group(group)
+        self.preemptor.start([(preemptor, candidate.node)], candidate.victims, preemptor.key)
 
     # -- periodic work -------------------------------------------------------------------------
 
@@ -1087,51 +591,12 @@ class Scheduler:
                     self.queue.flush_unschedulable_left_over()
                 if self.cache.cleanup_expired():
                     self._move(POD_DELETE)
-                if self._gang_since:
+                if self.gangs.waiting:
                     self._check_gang_timeouts()
                 for name, count in self.queue.pending().items():
                     metrics.PENDING_PODS.labels(name).set(count)
             except Exception:
                 log.exception("scheduler housekeeping failed")
-
-
-def podgroup_phase(min_member: int, members: int, scheduled: int, running: int, succeeded: int, failed: int,
-                   previous: str | None = None) -> str:
-    """A PodGroup's phase from the counts of its members, as scheduler-plugins' PodGroup
-    controller moves it, plus the end of a gang whose members do not all stay around.
-
-    Once every member still there has ended, the group has ended: Failed if one of them
-    failed, Finished otherwise. That holds when fewer than minMember are left to count (a
-    training job's operator deletes the workers once the master succeeded), and the group
-    keeps that phase when its last members are deleted; members that are not done (a new
-    attempt of the same gang) put it back on its way from Pending.
-    """
-    ended = succeeded + failed
-    active = members - ended
-    if succeeded >= min_member and running == 0:
-        return pg_api.FINISHED
-    if failed and failed + running + succeeded >= min_member:
-        return pg_api.FAILED
-    if members and active == 0:
-        return pg_api.FAILED if failed else pg_api.FINISHED
-    if members == 0 and previous in (pg_api.FINISHED, pg_api.FAILED):
-        return previous
-    if running + succeeded >= min_member:
-        return pg_api.RUNNING
-    if scheduled >= min_member:
-        return pg_api.SCHEDULED
-    if scheduled:
-        return pg_api.SCHEDULING
-    if members >= min_member:
-        return pg_api.PRE_SCHEDULING
-    return pg_api.PENDING
-
-
-def _occupied_by(pod: k8s.Pod) -> str:
-    """scheduler-plugins' ``status.occupiedBy``: the workload the group's pods belong to, as
-    ``<namespace>/<owner name>`` for each owner of a member (sorted, comma-separated)."""
-    meta = pod.metadata or k8s.ObjectMeta()
-    return ",".join(sorted(f"{meta.namespace}/{r.name}" for r in meta.owner_references or ()))
 
 
 def _binding_message(status: Status) -> str:

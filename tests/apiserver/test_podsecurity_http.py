@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpufleet.api import podsecurity as ps
-from gpufleet.apiserver.admission_podsecurity import (
+from gpufleet.apiserver.admission.podsecurity import (
     ConfigError,
     PodSecurityConfig,
     load_admission_config,

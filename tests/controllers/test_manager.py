@@ -59,7 +59,7 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
         "NamespaceController", "ServiceAccountsController", "RootCACertPublisher", "ReplicaSetController",
         "DeploymentController", "JobController", "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
         "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController",
-        "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner"]
+        "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner", "PodGroupController"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")
     for hb in (a, b):
         await hb.register()

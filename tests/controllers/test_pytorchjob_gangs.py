@@ -110,7 +110,7 @@ class Fleet:
 
 @pytest.fixture(params=list(SHAPES), ids=list(SHAPES))
 async def fleet(request, cp: ControlPlane, controllers, tmp_path) -> AsyncIterator[Fleet]:
-    """Nodes with simulated GPUs, the scheduler and the PyTorchJob controller."""
+    """Nodes with simulated GPUs, the scheduler and the PyTorchJob and PodGroup controllers."""
     shape = SHAPES[request.param]
     client = cp.client
     assert client is not None
@@ -131,7 +131,7 @@ async def fleet(request, cp: ControlPlane, controllers, tmp_path) -> AsyncIterat
             agents.append(agent)
             assert await agent.wait_registered(10), f"agent {name} did not register"
         await scheduler.start(sync_timeout=10)
-        await controllers(enabled=("pytorchjob",), pytorchjob_restart_backoff=0.0,
+        await controllers(enabled=("pytorchjob", "podgroup"), pytorchjob_restart_backoff=0.0,
                           pytorchjob_checkpoint_root=str(tmp_path / "checkpoints"))
         yield Fleet(shape, client, scheduler, clock)
     finally:

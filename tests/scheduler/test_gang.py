@@ -5,7 +5,7 @@ from __future__ import annotations
 from sched_factories import make_node, make_pod
 
 from gpufleet.scheduler.framework import Framework
-from gpufleet.scheduler.gang import capacity, place_gang, plan_nodes
+from gpufleet.scheduler.gang import GangState, GangWait, capacity, place_gang, plan_nodes
 from gpufleet.scheduler.gpu import RACK_LABEL
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 
@@ -146,3 +146,34 @@ def test_plan_prefers_nodes_the_gang_already_runs_on():
     shape = gang("g", 1, 2)[0]
     assert capacity(nodes[0], shape) == 4
     assert plan_nodes(nodes, shape, 2, anchors=["n2"])[0] == "n2"
+
+
+# -- GangState: members and waits between cycles ---------------------------------------------
+
+
+def test_gang_state_tracks_members_by_group_until_the_last_one_goes() -> None:
+    state = GangState()
+    a, b = make_pod("a", labels={GROUP_LABEL: "mlp"}), make_pod("b", labels={GROUP_LABEL: "mlp"})
+    assert state.track("uid-a", a) == "default/mlp"
+    assert state.track("uid-b", b) == "default/mlp"
+    assert state.track("uid-c", make_pod("c")) is None
+    assert sorted(state.members("default/mlp")) == ["uid-a", "uid-b"]
+    state.unsuccessful("default/mlp", 60, monotonic=1.0, wall=1000.0)
+    state.untrack("uid-a", a)
+    assert state.waiting and list(state.members("default/mlp")) == ["uid-b"]
+    # The last member gone: the group stops waiting.
+    state.untrack("uid-b", b)
+    assert state.members("default/mlp") == {} and not state.waiting
+
+
+def test_gang_state_starts_a_wait_and_starts_it_over_past_the_timeout() -> None:
+    state = GangState()
+    assert state.unsuccessful("ns/g", 10, monotonic=5.0, wall=1000.0) == GangWait(started=1000.0)
+    assert state.unsuccessful("ns/g", 10, monotonic=14.0, wall=1009.0) == GangWait()
+    assert state.overdue(14.0, lambda group: 10) == []
+    assert state.overdue(15.0, lambda group: 10) == ["ns/g"]
+    assert state.overdue(15.0, lambda group: None) == []  # no such PodGroup
+    assert state.unsuccessful("ns/g", 10, monotonic=15.0, wall=1010.0) == GangWait(started=1010.0, timed_out=True)
+    state.placed("ns/g")
+    assert not state.waiting
+    assert state.unsuccessful("ns/g", 10, monotonic=30.0, wall=1025.0) == GangWait(started=1025.0)

@@ -14,6 +14,7 @@ from gpufleet.agent.agent import AgentConfig, NodeAgent
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.simulated import SimulatedRuntime
 from gpufleet.cli.controlplane import ControlPlane
+from gpufleet.controllers.manager import start_controllers
 from gpufleet.scheduler import Scheduler
 from gpufleet.scheduler.gpu import RACK_LABEL, SCHEDULING_DIAGNOSIS_ANNOTATION
 
@@ -53,11 +54,14 @@ async def cluster(tmp_path) -> AsyncIterator[Any]:
         return agent
 
     await scheduler.start(sync_timeout=10)
+    # The PodGroups' status is the PodGroup controller's.
+    manager = await start_controllers(cp.client, enabled=("podgroup",))
     cp.add_node = add_node  # type: ignore[attr-defined]
     cp.scheduler_under_test = scheduler  # type: ignore[attr-defined]
     try:
         yield cp
     finally:
+        await manager.stop()
         await scheduler.stop()
         for agent in agents:
             with contextlib.suppress(Exception):

@@ -148,7 +148,7 @@ def pod_security_config(default: str | None, config_file: Path | None):
     --admission-control-config-file: the file's, else gpufleet's (baseline, kube-system
     exempt); --pod-security-default sets the enforce default on top."""
     from gpufleet.api.podsecurity import LevelVersion, PolicyValueError
-    from gpufleet.apiserver.admission_podsecurity import ConfigError, PodSecurityConfig, load_admission_config
+    from gpufleet.apiserver.admission.podsecurity import ConfigError, PodSecurityConfig, load_admission_config
 
     config = None
     if config_file is not None:

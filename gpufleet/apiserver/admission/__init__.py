@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpufleet.api.registry import ResourceType
 
 if TYPE_CHECKING:
-    from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
+    from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
     from gpufleet.apiserver.server import ApiServer
 
 
@@ -57,17 +57,19 @@ class ValidatingPlugin(Protocol):
 def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_service_account_token: bool = True,
                      ) -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
     """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount,
-    Priority, DefaultStorageClass and StorageObjectInUseProtection mutate; LimitRanger,
+    Priority, DefaultStorageClass, StorageObjectInUseProtection and the queues' suspension of
+    queued jobs (Kueue's webhook) mutate; LimitRanger,
     Priority, PersistentVolumeClaimResize, PodSecurity (``pod_security``: its configuration,
     default enforce baseline outside kube-system) and then ResourceQuota (last, so it charges
     exactly what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
-    from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
-    from gpufleet.apiserver.admission_podsecurity import PodSecurityAdmission
-    from gpufleet.apiserver.admission_priority import PriorityAdmission
-    from gpufleet.apiserver.admission_quota import ResourceQuotaAdmission
-    from gpufleet.apiserver.admission_serviceaccount import ServiceAccountAdmission
-    from gpufleet.apiserver.admission_storage import (
+    from gpufleet.apiserver.admission.limitrange import LimitRangerAdmission
+    from gpufleet.apiserver.admission.podsecurity import PodSecurityAdmission
+    from gpufleet.apiserver.admission.priority import PriorityAdmission
+    from gpufleet.apiserver.admission.queues import QueuedJobSuspender
+    from gpufleet.apiserver.admission.quota import ResourceQuotaAdmission
+    from gpufleet.apiserver.admission.serviceaccount import ServiceAccountAdmission
+    from gpufleet.apiserver.admission.storage import (
         DefaultStorageClass,
         PersistentVolumeClaimResize,
         StorageObjectInUseProtection,
@@ -76,7 +78,7 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
     service_account = ServiceAccountAdmission(mount_token=mount_service_account_token)
     mutating: list[MutatingPlugin] = [limit_ranger, service_account, priority, DefaultStorageClass(),
-                                      StorageObjectInUseProtection()]
+                                      StorageObjectInUseProtection(), QueuedJobSuspender()]
     validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
                                           PodSecurityAdmission(pod_security),
                                           ResourceQuotaAdmission()]

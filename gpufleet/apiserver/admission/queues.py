@@ -1,4 +1,4 @@
-"""The API server's part of team queues: a mutating admission plugin that creates queued
+"""Team queues in the API server: a mutating admission plugin that creates queued
 jobs suspended, and the `get` columns of the queue kinds.
 
 Kueue sets ``suspend: true`` on every job carrying ``kueue.x-k8s.io/queue-name`` with a
@@ -46,7 +46,8 @@ class QueuedJobSuspender:
 
 
 def install(api: ApiServer) -> None:
-    """Add the suspending plugin to ``api`` (once) and register the queue kinds' columns."""
+    """Register the queue kinds' columns; add the suspending plugin to ``api`` unless its
+    chain (admission.standard_plugins, or one of its own) already has it."""
     if not any(isinstance(p, QueuedJobSuspender) for p in api.mutating):
         api.mutating.append(QueuedJobSuspender())
     register_printers()
