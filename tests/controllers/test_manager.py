@@ -77,8 +77,12 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
             # recreated by the ReplicaSet; the scheduler can only pick b-node now.
             await eventually(lambda: _running_on(client, {"b-node": 2}), timeout=15, what="pods moved to b-node")
             await eventually(lambda: _endpoint_nodes(client, ["b-node", "b-node"]), timeout=5)
-            d = await client.get("deployments", "web", NS, raw=True)
-            assert d["status"]["availableReplicas"] == 2
+            # The Deployment's status follows its ReplicaSet's, a sync or two after the pods.
+            async def available() -> bool:
+                d = await client.get("deployments", "web", NS, raw=True)
+                return d["status"].get("availableReplicas") == 2
+
+            await eventually(available, timeout=5, what="the Deployment reports 2 available")
     finally:
         await a.stop()
         await b.stop()
