@@ -59,9 +59,10 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount,
     Priority, DefaultStorageClass and StorageObjectInUseProtection mutate; LimitRanger,
     Priority, PersistentVolumeClaimResize, PodSecurity (``pod_security``: its configuration,
-    default enforce baseline outside kube-system) and then ResourceQuota (last, so it charges
+    default enforce baseline outside kube-system), EndpointsAddresses and then ResourceQuota (last, so it charges
     exactly what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
+    from gpufleet.apiserver.admission_endpoints import EndpointsAddresses
     from gpufleet.apiserver.admission_limitrange import LimitRangerAdmission
     from gpufleet.apiserver.admission_podsecurity import PodSecurityAdmission
     from gpufleet.apiserver.admission_priority import PriorityAdmission
@@ -78,6 +79,6 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     mutating: list[MutatingPlugin] = [limit_ranger, service_account, priority, DefaultStorageClass(),
                                       StorageObjectInUseProtection()]
     validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
-                                          PodSecurityAdmission(pod_security),
+                                          PodSecurityAdmission(pod_security), EndpointsAddresses(),
                                           ResourceQuotaAdmission()]
     return mutating, validating

@@ -183,7 +183,10 @@ class ControlPlane:
         if self.gateway_port is not None:
             from gpufleet.gateway import Gateway
 
-            gateway = Gateway(self.client, host=self.host, port=self.gateway_port, clock=self.clock)
+            gateway = Gateway(self.client, host=self.host, port=self.gateway_port, clock=self.clock,
+                              protected_ports=(self.http.port,),
+                              authorize_metrics=(lambda token: security.non_resource_access(token, "/metrics"))
+                              if security is not None else None)
             try:
                 await gateway.start()
             except OSError as exc:

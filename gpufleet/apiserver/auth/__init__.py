@@ -99,6 +99,16 @@ class Security:
             return decision
         return verdict
 
+    async def non_resource_access(self, token: str | None, path: str, verb: str = "get") -> int:
+        """200, 401 (no token, or one nobody issued) or 403 (RBAC refuses ``verb`` on the
+        non-resource URL ``path``): for what serves such a URL off the API server (the
+        gateway's /metrics)."""
+        user = await self.authenticator.user_for(token) if token else None
+        if user is None:
+            return 401
+        decision = await self.decide(user, Attributes(verb=verb, is_resource=False, path=path))
+        return 200 if decision.allowed else 403
+
     async def authorize(self, user: UserInfo, info: RequestInfo) -> bool:
         decision = await self.decide(user, Attributes.from_request(info))
         if not decision.allowed and decision.reason and info.is_resource_request:
