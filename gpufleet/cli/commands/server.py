@@ -16,6 +16,8 @@ from gpufleet.cli.commands.up import (
     HpaSyncPeriodOption,
     InsecureOption,
     LocalPathHelp,
+    MaxNodeGpusOption,
+    NodeNameAllowedOption,
     PodSecurityDefaultOption,
     SaIssuerOption,
     SaKeyFileOption,
@@ -69,6 +71,8 @@ def register(app: typer.Typer) -> None:
         local_path_dir: str = typer.Option("/var/lib/gpufleet/local-path", "--local-path-dir", help=LocalPathHelp),
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
+        max_node_gpus: int | None = MaxNodeGpusOption,
+        node_name_allowed: list[str] = NodeNameAllowedOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -99,6 +103,7 @@ def register(app: typer.Typer) -> None:
         cp.hpa_sync_period = hpa_sync_period
         cp.local_path_dir = local_path_dir
         cp.pod_security = pod_security
+        cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 
