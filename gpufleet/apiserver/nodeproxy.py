@@ -98,6 +98,8 @@ class NodeProxy:
         self._timeout = timeout
         self._transport = transport
         self._tls = False
+        self._tls_context: ssl.SSLContext | None = None
+        self._node_clients: dict[str, httpx.AsyncClient] = {}
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False, transport=transport)
         self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
         # Headers that authenticate this server to a node's agent (set by the auth setup).
@@ -105,11 +107,20 @@ class NodeProxy:
 
     async def use_tls(self, context: ssl.SSLContext) -> None:
         """Dial agents over HTTPS, trusting ``context`` (the node CA)."""
-        old = self._http
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(self._timeout), trust_env=False, verify=context,
-                                       transport=self._transport)
+        self._tls_context = context
         self._tls = True
-        await old.aclose()
+
+    def _client(self, node_name: str) -> httpx.AsyncClient:
+        """Over TLS, one client (connection pool) per node: a connection verified as one
+        node's is never reused for another's at the same address."""
+        if not self._tls:
+            return self._http
+        client = self._node_clients.get(node_name)
+        if client is None:
+            client = self._node_clients[node_name] = httpx.AsyncClient(
+                timeout=httpx.Timeout(self._timeout), trust_env=False, verify=self._tls_context,
+                transport=self._transport)
+        return client
 
     def _base(self, node: dict[str, Any]) -> str | None:
         return node_endpoint(node, "https" if self._tls else "http")
@@ -127,6 +138,8 @@ class NodeProxy:
 
     async def close(self) -> None:
         await self._http.aclose()
+        for client in self._node_clients.values():
+            await client.aclose()
 
     async def _node(self, name: str) -> dict[str, Any]:
         try:
@@ -164,15 +177,15 @@ class NodeProxy:
         follow = (req.param("follow") or "").lower() in ("true", "1")
         try:
             if not follow:
-                resp = await self._http.get(url, params=params, headers=self.node_headers(node_name),
+                resp = await self._client(node_name).get(url, params=params, headers=self.node_headers(node_name),
                                             extensions=self._extensions(node_name))
                 if resp.status_code >= 400:
                     return self._agent_error(resp.status_code, resp.content)
                 return RawResponse(200, {"content-type": "text/plain"}, resp.content)
-            request = self._http.build_request("GET", url, params=params, headers=self.node_headers(node_name),
+            request = self._client(node_name).build_request("GET", url, params=params, headers=self.node_headers(node_name),
                                                timeout=httpx.Timeout(self.summary_timeout * 5, read=None),
                                                extensions=self._extensions(node_name))
-            resp = await self._http.send(request, stream=True)
+            resp = await self._client(node_name).send(request, stream=True)
         except httpx.HTTPError as exc:
             raise ApiException(500, "InternalError", f"Get \"{url}\": {exc or type(exc).__name__}") from None
         if resp.status_code >= 400:
@@ -205,7 +218,7 @@ class NodeProxy:
             raise ApiException(503, "ServiceUnavailable", f"node {node_name} publishes no agent endpoint to proxy to")
         url = base + quote(path, safe="/:@!$&'()*+,;=-._~%")
         try:
-            resp = await self._http.get(url, params=list(req.query), headers=self.node_headers(node_name),
+            resp = await self._client(node_name).get(url, params=list(req.query), headers=self.node_headers(node_name),
                                         extensions=self._extensions(node_name))
         except httpx.HTTPError as exc:
             raise ApiException(503, "ServiceUnavailable",
@@ -225,7 +238,7 @@ class NodeProxy:
         if cached is not None and now - cached[0] < self.summary_ttl:
             return cached[1]
         try:
-            resp = await self._http.get(f"{base}/stats/summary", headers=self.node_headers(name),
+            resp = await self._client(name).get(f"{base}/stats/summary", headers=self.node_headers(name),
                                         timeout=self.summary_timeout, extensions=self._extensions(name))
             resp.raise_for_status()
             summary = resp.json()
