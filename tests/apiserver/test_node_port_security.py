@@ -234,13 +234,24 @@ async def test_join_bounds_names_and_claimed_gpus(cp: ControlPlane, tmp_path: Pa
 async def test_the_join_token_cannot_take_over_a_node_registered_by_another_identity(
         cp: ControlPlane, tmp_path: Path) -> None:
     async with connect(cp, cp.admin_token) as admin:
-        await admin.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "big-box"}}, raw=True)
+        await admin.create({"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": "big-box", "annotations": {"gpufleet.io/registered-by": "system:node:provisioner"}}}, raw=True)
+        await admin.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "pre-made"}}, raw=True)
     async with connect(cp, cp.join_token) as joiner:
         resp = await joiner.raw_request("POST", "/apis/bootstrap.gpufleet.io/v1/nodetokenrequests",
                                         json={"metadata": {"name": "big-box"}}, raise_for_status=False)
         status = json.loads(resp.body)
         assert (resp.status, status["reason"]) == (409, "AlreadyExists")
-        assert "was not registered by its own agent" in status["message"]
+        assert "was registered by another identity (gpufleet.io/registered-by: system:node:provisioner)" \
+            in status["message"]
+        # A pre-made Node with no registration of its own is joined, as a kubelet registers over it.
+        resp = await joiner.raw_request("POST", "/apis/bootstrap.gpufleet.io/v1/nodetokenrequests",
+                                        json={"metadata": {"name": "pre-made"}}, raise_for_status=False)
+        assert resp.status == 201
+        # ... once: the name is taken now.
+        resp = await joiner.raw_request("POST", "/apis/bootstrap.gpufleet.io/v1/nodetokenrequests",
+                                        json={"metadata": {"name": "pre-made"}}, raise_for_status=False)
+        assert resp.status == 409
     # A node that registered itself joins again once an admin revokes its token.
     token = await node_token(lambda t: connect(cp, t), cp.join_token, "n7", tmp_path / "n7")
     async with connect(cp, token) as node:

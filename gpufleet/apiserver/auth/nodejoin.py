@@ -7,9 +7,11 @@
   capacity or allocatable, 422 naming the field (what the agent declares with --gpus or
   --gpu-inventory is not checked by anyone but this bound).
 * A Node registered by its own agent carries the annotation ``gpufleet.io/registered-by:
-  system:node:<name>``, kept by the API server (only ``system:masters`` may change it). The
-  join token never buys the name of a Node that exists and was not registered that way (an
-  administrator's, or one from another identity): 409, delete the Node first.
+  system:node:<name>``, kept by the API server (only ``system:masters`` may set or change
+  it). The join token never buys the name of a Node registered by another identity (the
+  annotation names someone else): 409, delete the Node first. A name already joined is
+  refused too (its node token exists: reviews.py). A Node an administrator made beforehand
+  without the annotation may be joined, as a kubelet registers over a pre-made Node.
 * ``NodeCertificateRequest``: a node (``system:node:<name>``) sends a PEM certificate request
   for a key it made; the answer is its serving certificate from the node CA (nodecreds.py),
   the public key that checks the API server's proxy tokens, and the TLS name it answers to.
@@ -66,12 +68,12 @@ class JoinPolicy:
         except store_base.NotFound:
             return
         owner = ((existing.get("metadata") or {}).get("annotations") or {}).get(REGISTERED_BY)
-        if owner != NODE_USER_PREFIX + node:
+        if owner is not None and owner != NODE_USER_PREFIX + node:
             raise ApiException(
                 409, "AlreadyExists",
-                f'nodetokenrequests.{BOOTSTRAP_GROUP} "{node}" already exists: node {node} exists and was not '
-                f"registered by its own agent ({REGISTERED_BY}: {owner or 'none'}); the join token cannot take it "
-                f"over: choose another --name, or delete node {node} first",
+                f'nodetokenrequests.{BOOTSTRAP_GROUP} "{node}" already exists: node {node} was registered by '
+                f"another identity ({REGISTERED_BY}: {owner}); the join token cannot take it over: choose another "
+                f"--name, or delete node {node} first",
                 {"name": node, "group": BOOTSTRAP_GROUP, "kind": "nodetokenrequests"})
 
 
