@@ -12,8 +12,9 @@
   annotation names someone else): 409, delete the Node first. A name already joined is
   refused too (its node token exists: reviews.py). A Node an administrator made beforehand
   without the annotation may be joined, as a kubelet registers over a pre-made Node.
-* ``NodeCertificateRequest``: a node (``system:node:<name>``) sends a PEM certificate request
-  for a key it made; the answer is its serving certificate from the node CA (nodecreds.py),
+* ``NodeCertificateRequest``: a node (``system:node:<name>``; or ``system:masters`` for the
+  node it names, an agent run with an administrator's credentials) sends a PEM certificate
+  request for a key it made; the answer is its serving certificate from the node CA (nodecreds.py),
   the public key that checks the API server's proxy tokens, and the TLS name it answers to.
 """
 
@@ -137,7 +138,16 @@ class NodeRegistration:
 
 async def node_certificate(api: ApiServer, req: RawRequest, user: UserInfo, creds: NodeCredentials | None,
                            policy: JoinPolicy) -> RawResponse:
+    try:
+        body = json.loads(req.body or b"{}")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise ApiException(400, "BadRequest", "the body must be a NodeCertificateRequest (JSON object)")
+    asked = (body.get("metadata") or {}).get("name") if isinstance(body.get("metadata"), dict) else None
     node = node_name_of(user)
+    if node is None and SUPERUSER_GROUP in user.groups and isinstance(asked, str) and asked:
+        node = asked  # an agent run with an administrator's credentials
     if node is None:
         raise ApiException(403, "Forbidden", f'nodecertificaterequests.{BOOTSTRAP_GROUP} is forbidden: User '
                            f'"{user.name}" is not a node; only a node (system:node:<name>) asks for its serving '
@@ -146,13 +156,7 @@ async def node_certificate(api: ApiServer, req: RawRequest, user: UserInfo, cred
         raise policy._not_allowed("NodeCertificateRequest", node, "nodecertificaterequests")
     if creds is None:
         raise ApiException(503, "ServiceUnavailable", "the node CA is not ready yet; try again")
-    try:
-        body = json.loads(req.body or b"{}")
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise ApiException(400, "BadRequest", "the body must be a NodeCertificateRequest (JSON object)")
-    name = (body.get("metadata") or {}).get("name") or node
+    name = asked or node
     if name != node:
         raise ApiException(403, "Forbidden", f'nodecertificaterequests.{BOOTSTRAP_GROUP} "{name}" is forbidden: '
                            f'node "{node}" may only ask for its own serving certificate',
