@@ -48,6 +48,8 @@ from gpufleet.utils.files import private_dir, tighten_dir_files
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpufleet-agent"
+# Node label: "nvml" (GPUs found by NVML) or "declared" (--gpus, --gpu-inventory, simulated).
+INVENTORY_LABEL = "gpufleet.io/inventory"
 
 
 @dataclass
@@ -75,9 +77,10 @@ class AgentConfig:
     api_retry_max: float = 5.0
     # Stop the runtime's containers when the agent stops.
     close_runtime: bool = True
-    # The bearer token the API server must show to read container logs, /stats/* and
-    # /metrics from this agent (None, against an --insecure server: anyone may).
-    log_token: str | None = None
+    # Serve the agent's port over TLS with a serving certificate from the API server, and
+    # answer only its proxy tokens (servingcert.py); off, or against an --insecure server
+    # (which issues none), the port is plain HTTP and answers anyone.
+    secure_port: bool = True
     # The API server's address (host, port) for programs in pods (through a relay on the
     # node; see apiproxy.py); None: pods get no KUBERNETES_SERVICE_HOST.
     api_server: tuple[str, int] | None = None
@@ -166,7 +169,10 @@ class NodeAgent:
             await self._relay.listen(self.config.address)
         if not self._has_pod_network():
             self.network_ready.set()
-        self._http = AgentHttpServer(self, self.config.address, self.config.port, log_token=self.config.log_token)
+        serving = None
+        if self.config.secure_port:
+            serving = await self._serving_credentials()
+        self._http = AgentHttpServer(self, self.config.address, self.config.port, serving=serving)
         await self._http.start()
         self._gpus = await self._fingerprint()
         vm = psutil.virtual_memory()
@@ -426,10 +432,27 @@ class NodeAgent:
     async def _reserve(self, indices: list[int]) -> dict[str, str]:
         return dict(await self._call_devices("reserve", list(indices)))
 
+    async def _serving_credentials(self) -> Any:
+        """The serving certificate (kept, or asked for), waiting while the API is unreachable."""
+        from gpufleet.agent.servingcert import ensure_serving
+
+        backoff = 0.2
+        while True:
+            try:
+                return await ensure_serving(self.client, self.name, self.state_dir)
+            except TransportError as exc:
+                log.warning("agent %s: cannot reach the API for a serving certificate (%s); retrying in %.1fs",
+                            self.name, exc, backoff)
+                await self.clock.sleep(backoff)
+                backoff = min(backoff * 2, self.config.api_retry_max)
+
     def _gpu_labels(self) -> dict[str, str]:
         from gpufleet.agent.devices import node_gpu_labels
 
-        return dict(node_gpu_labels(self._gpus))
+        # Where the GPU count comes from: NVML's inventory, or what the agent was told
+        # (--gpus, --gpu-inventory). The API server bounds either with --max-node-gpus.
+        source = "nvml" if getattr(self.devices, "name", "") == "nvml" else "declared"
+        return {**node_gpu_labels(self._gpus), INVENTORY_LABEL: source}
 
     def _gpu_annotation(self) -> str:
         from gpufleet.agent.devices import node_gpu_annotation

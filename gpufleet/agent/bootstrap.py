@@ -5,9 +5,8 @@ as a bootstrapper, which may only ask for a node token (a NodeTokenRequest of
 bootstrap.gpufleet.io/v1). The first join under a node name binds that name: the token
 returned acts as ``system:node:<name>`` and may write only that node's Node, Lease and pods.
 The agent keeps it in <agent-state-dir>/node-token and uses it from then on; the join token
-is not needed again unless an admin revokes the node token. The answer also carries the
-node's log token (kept in <agent-state-dir>/log-token): what the API server shows when it
-reads container logs from this agent, which answers nobody else.
+is not needed again unless an admin revokes the node token. With the node token the agent
+then gets the serving certificate of its port (servingcert.py).
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from gpufleet.utils.files import private_dir
 log = logging.getLogger(__name__)
 
 NODE_TOKEN_FILE = "node-token"
-LOG_TOKEN_FILE = "log-token"
 BOOTSTRAPPERS_GROUP = "system:bootstrappers"
 NODE_USER_PREFIX = "system:node:"
 
@@ -45,7 +43,7 @@ async def whoami(client: Client) -> dict[str, Any] | None:
 
 
 async def request_node_credentials(client: Client, node_name: str) -> dict[str, Any]:
-    """The NodeTokenRequest's status: ``token`` and, from a secured server, ``logToken``."""
+    """The NodeTokenRequest's status: ``token``, ``user`` and ``groups``."""
     resp = await client.raw_request("POST", "/apis/bootstrap.gpufleet.io/v1/nodetokenrequests",
                                     json={"apiVersion": "bootstrap.gpufleet.io/v1", "kind": "NodeTokenRequest",
                                           "metadata": {"name": node_name}})
@@ -54,12 +52,6 @@ async def request_node_credentials(client: Client, node_name: str) -> dict[str, 
 
 async def request_node_token(client: Client, node_name: str) -> str:
     return (await request_node_credentials(client, node_name))["token"]
-
-
-def saved_log_token(state_dir: Path) -> str | None:
-    """The log token saved at the join, if the agent joined a secured server."""
-    path = state_dir / LOG_TOKEN_FILE
-    return path.read_text().strip() or None if path.exists() else None
 
 
 def _save(path: Path, token: str) -> None:
@@ -110,8 +102,8 @@ async def _node_token(connect: Callable[[str | None], Client], token: str | None
         if who is None or BOOTSTRAPPERS_GROUP not in (who.get("groups") or []):
             return token
         issued = await request_node_credentials(client, node_name)
-    if issued.get("logToken"):
-        _save(state_dir / LOG_TOKEN_FILE, issued["logToken"])
+    # What an older version kept: the fixed per-node token of the agent's port.
+    (state_dir / "log-token").unlink(missing_ok=True)
     _save(saved_path, issued["token"])
     log.info("agent %s: joined with the join token; node token saved in %s", node_name, saved_path)
     return issued["token"]

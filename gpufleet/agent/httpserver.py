@@ -2,16 +2,17 @@
 users by the API server's pods/log), a stats summary (read by metrics.k8s.io), the scraped
 workload metrics (read by the HPA), Prometheus metrics and a health check.
 
-Only the API server is answered (its per-node token, see ``build_app``); everyone else reads
+It serves TLS with the node's serving certificate and answers only the API server: every
+request but /healthz must bear a proxy token of the API server for this node, fresh (60 s)
+and never seen before (see ``build_app`` and gpufleet/utils/nodeauth.py); everyone else reads
 these through the API: ``pods/log``, ``metrics.k8s.io`` and ``nodes/{name}/proxy/{path}``
 (RBAC ``nodes/proxy``), as with the kubelet behind kube-apiserver."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,31 +59,41 @@ OPEN_PATHS = frozenset({"/healthz"})
 
 
 class RequireToken:
-    """ASGI wrapper: every HTTP request but those of ``OPEN_PATHS`` must bear ``token``
-    (``Authorization: Bearer``), whatever its path or method; else 401 in Status shape."""
+    """ASGI wrapper: every HTTP request but those of ``OPEN_PATHS`` must bear a bearer token
+    that ``verify`` accepts (it answers None, or why not), whatever its path or method; else
+    401 in Status shape."""
 
-    def __init__(self, app: Starlette, token: str) -> None:
+    def __init__(self, app: Starlette, verify: Callable[[str], str | None]) -> None:
         self.app = app
-        self._token = token.encode()
+        self._verify = verify
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS and not self._authorized(scope):
-            response = JSONResponse(status_body(401, "Unauthorized", "Unauthorized"), status_code=401)
-            await response(scope, receive, send)
-            return
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            why = self._refusal(scope)
+            if why is not None:
+                log.info("agent port: refused %s %s: %s", scope.get("method"), scope["path"], why)
+                response = JSONResponse(status_body(401, "Unauthorized", "Unauthorized"), status_code=401)
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
-    def _authorized(self, scope: Any) -> bool:
+    def _refusal(self, scope: Any) -> str | None:
         header = next((v for k, v in scope.get("headers") or [] if k == b"authorization"), b"")
         scheme, _, given = header.partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self._token)
+        if scheme.lower() != b"bearer" or not given.strip():
+            return "no bearer token"
+        try:
+            return self._verify(given.strip().decode("ascii"))
+        except UnicodeDecodeError:
+            return "not a token"
 
 
-def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starlette | RequireToken:
-    """``log_token``: the node's token from the API server (an HMAC of the node name under the
-    cluster's node proxy key, handed over at the join). With it, container logs, /stats/*,
-    /metrics and any other path answer only a request bearing it (401 otherwise); /healthz
-    answers anyone. Without it (a server run with --insecure) everything answers everyone."""
+def build_app(endpoints: AgentEndpoints,
+              verify: Callable[[str], str | None] | None = None) -> Starlette | RequireToken:
+    """``verify``: the check of the API server's proxy tokens (ProxyTokenVerifier.verify).
+    With it, container logs, /stats/*, /metrics and any other path answer only a request
+    bearing a token it accepts (401 otherwise); /healthz answers anyone. Without it (an agent
+    of an --insecure server) everything answers everyone."""
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -116,15 +127,18 @@ def build_app(endpoints: AgentEndpoints, log_token: str | None = None) -> Starle
         Route("/metrics", metrics),
         Route("/metrics/resource", metrics),
     ])
-    return app if log_token is None else RequireToken(app, log_token)
+    return app if verify is None else RequireToken(app, verify)
 
 
 class AgentHttpServer:
-    """uvicorn as a task of the agent's event loop."""
+    """uvicorn as a task of the agent's event loop; with ``serving`` (the node's serving
+    certificate and the API server's token key) it speaks TLS and checks proxy tokens."""
 
-    def __init__(self, endpoints: AgentEndpoints, host: str, port: int, log_token: str | None = None) -> None:
-        self.config = uvicorn.Config(build_app(endpoints, log_token), host=host, port=port, log_level="warning",
-                                     access_log=False, lifespan="off", timeout_graceful_shutdown=1)
+    def __init__(self, endpoints: AgentEndpoints, host: str, port: int, serving: Any = None) -> None:
+        tls = dict(ssl_certfile=str(serving.cert_file), ssl_keyfile=str(serving.key_file)) if serving else {}
+        app = build_app(endpoints, serving.verifier().verify if serving else None)
+        self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                     lifespan="off", timeout_graceful_shutdown=1, **tls)
         self.server = uvicorn.Server(self.config)
         self._task: asyncio.Task | None = None
 

@@ -2241,6 +2241,60 @@ def _validate_node(node: k8s.Node, errs: Errs) -> None:
                 _validate_quantity_value(name, raw, p, errs)
 
 
+def validate_non_special_ip(ip: str, path: str) -> list[FieldError]:
+    """Kubernetes' ValidateNonSpecialIP: an address that is not node-centric (unspecified,
+    loopback, link-local unicast or multicast: the node itself, its metadata service)."""
+    try:
+        addr = ipaddress.ip_address(ip)
+    except ValueError:
+        return [invalid(path, ip, "must be a valid IP address")]
+    out = []
+    if addr.is_unspecified:
+        out.append(invalid(path, ip, f"may not be unspecified ({ip})"))
+    if addr.is_loopback or (addr.version == 6 and addr.ipv4_mapped is not None and addr.ipv4_mapped.is_loopback):
+        out.append(invalid(path, ip, "may not be in the loopback range (127.0.0.0/8, ::1/128)"))
+    if addr.is_link_local and not addr.is_multicast:
+        out.append(invalid(path, ip, "may not be in the link-local range (169.254.0.0/16, fe80::/10)"))
+    if addr.is_multicast and addr in (_LL_MULTICAST_V4 if addr.version == 4 else _LL_MULTICAST_V6):
+        out.append(invalid(path, ip, "may not be in the link-local multicast range (224.0.0.0/24, ff02::/10)"))
+    return out
+
+
+_LL_MULTICAST_V4 = ipaddress.ip_network("224.0.0.0/24")
+_LL_MULTICAST_V6 = ipaddress.ip_network("ff02::/16")
+
+
+def endpoints_addresses(ep: dict[str, Any]) -> list[tuple[str, str]]:
+    """(field path, ip) of every address of an Endpoints object (ready and not ready)."""
+    out = []
+    for i, subset in enumerate(ep.get("subsets") or [] if isinstance(ep.get("subsets"), list) else []):
+        if not isinstance(subset, dict):
+            continue
+        for attr in ("addresses", "notReadyAddresses"):
+            for j, addr in enumerate(subset.get(attr) or [] if isinstance(subset.get(attr), list) else []):
+                if isinstance(addr, dict):
+                    out.append((f"subsets[{i}].{attr}[{j}].ip", str(addr.get("ip") or "")))
+    return out
+
+
+def _validate_endpoints(ep: k8s.Endpoints, errs: Errs) -> None:
+    """As Kubernetes' validateEndpointAddress and validateEndpointPort, less the node-centric
+    ranges: those the EndpointsAddresses admission plugin refuses (its docstring says why)."""
+    validate_object_meta(ep.metadata, errs)
+    for i, subset in enumerate(ep.subsets or []):
+        for attr, addresses in (("addresses", subset.addresses), ("notReadyAddresses", subset.not_ready_addresses)):
+            for j, addr in enumerate(addresses or []):
+                p = f"subsets[{i}].{attr}[{j}]"
+                if not _valid_ip(addr.ip):
+                    errs.append(invalid(f"{p}.ip", addr.ip, "must be a valid IP address"))
+                if addr.hostname:
+                    for msg in is_dns1123_label(addr.hostname):
+                        errs.append(invalid(f"{p}.hostname", addr.hostname, msg))
+        for k, port in enumerate(subset.ports or []):
+            for msg in is_valid_port_num(port.port):
+                errs.append(invalid(f"subsets[{i}].ports[{k}].port", port.port, msg))
+
+
 def _validate_lease(lease: k8s.Lease, errs: Errs) -> None:
     validate_object_meta(lease.metadata, errs)
     spec = lease.spec
@@ -2625,6 +2679,7 @@ _CREATE: dict[type, CreateFn] = {
     k8s.Namespace: _validate_namespace,
     k8s.Node: _validate_node,
     k8s.Lease: _validate_lease,
+    k8s.Endpoints: _validate_endpoints,
     k8s.Event: _validate_event,
     k8s.ConfigMap: _validate_config_map,
     k8s.Secret: _validate_secret,
@@ -2724,6 +2779,7 @@ __all__ = [
     "validate_create",
     "validate_label_selector",
     "validate_labels",
+    "validate_non_special_ip",
     "validate_object_meta",
     "validate_pod_spec",
     "validate_pod_template",

@@ -7,8 +7,10 @@ agent's /stats/*, /metrics and /healthz (RBAC resource ``nodes/proxy``).
 
 An agent is found through its Node: the InternalIP address and
 status.daemonEndpoints.kubeletEndpoint.Port. Every call to an agent carries this server's
-credentials for that node (``node_headers``); an agent of a secured cluster answers
-nobody else.
+credentials for that node (``node_headers``: a fresh short-lived token); an agent of a
+secured cluster answers nobody else. Once ``use_tls`` is given the node CA, agents are
+dialled over HTTPS and their certificate must be the node CA's for that very node (the TLS
+server name ``<node>.nodes.gpufleet.internal``), as kube-apiserver checks the kubelet's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +32,7 @@ from gpufleet.apiserver.requestinfo import RequestInfo
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 from gpufleet.utils.http import RawRequest, RawResponse
+from gpufleet.utils.nodeauth import serving_name
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +65,8 @@ def _json(status: int, obj: Any) -> RawResponse:
     return RawResponse(status, {"content-type": "application/json"}, json.dumps(obj).encode())
 
 
-def node_endpoint(node: dict[str, Any]) -> str | None:
-    """http://address:port of a node's agent, or None when the node publishes none."""
+def node_endpoint(node: dict[str, Any], scheme: str = "http") -> str | None:
+    """scheme://address:port of a node's agent, or None when the node publishes none."""
     status = node.get("status") or {}
     port = ((status.get("daemonEndpoints") or {}).get("kubeletEndpoint") or {}).get("Port")
     addresses = status.get("addresses") or []
@@ -71,7 +75,7 @@ def node_endpoint(node: dict[str, Any]) -> str | None:
     if not port or not address:
         return None
     host = f"[{address}]" if ":" in address else address
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _node_ready(node: dict[str, Any]) -> bool:
@@ -91,10 +95,38 @@ class NodeProxy:
         self.clock = clock
         self.summary_timeout = summary_timeout
         self.summary_ttl = summary_ttl
+        self._timeout = timeout
+        self._transport = transport
+        self._tls = False
+        self._tls_context: ssl.SSLContext | None = None
+        self._node_clients: dict[str, httpx.AsyncClient] = {}
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout), trust_env=False, transport=transport)
         self._summaries: dict[str, tuple[float, dict[str, Any]]] = {}
         # Headers that authenticate this server to a node's agent (set by the auth setup).
         self.node_headers: Callable[[str], dict[str, str]] = lambda node: {}
+
+    async def use_tls(self, context: ssl.SSLContext) -> None:
+        """Dial agents over HTTPS, trusting ``context`` (the node CA)."""
+        self._tls_context = context
+        self._tls = True
+
+    def _client(self, node_name: str) -> httpx.AsyncClient:
+        """Over TLS, one client (connection pool) per node: a connection verified as one
+        node's is never reused for another's at the same address."""
+        if not self._tls:
+            return self._http
+        client = self._node_clients.get(node_name)
+        if client is None:
+            client = self._node_clients[node_name] = httpx.AsyncClient(
+                timeout=httpx.Timeout(self._timeout), trust_env=False, verify=self._tls_context,
+                transport=self._transport)
+        return client
+
+    def _base(self, node: dict[str, Any]) -> str | None:
+        return node_endpoint(node, "https" if self._tls else "http")
+
+    def _extensions(self, node_name: str) -> dict[str, Any]:
+        return {"sni_hostname": serving_name(node_name)} if self._tls else {}
 
     def install(self, api: Any) -> None:
         """Serve pods/log and metrics.k8s.io through ``api`` (an ApiServer)."""
@@ -106,6 +138,8 @@ class NodeProxy:
 
     async def close(self) -> None:
         await self._http.aclose()
+        for client in self._node_clients.values():
+            await client.aclose()
 
     async def _node(self, name: str) -> dict[str, Any]:
         try:
@@ -134,7 +168,7 @@ class NodeProxy:
             if container not in known:
                 raise bad_request(f"container {container} is not valid for pod {name}")
         node_name = spec.get("nodeName", "")
-        base = node_endpoint(await self._node(node_name))
+        base = self._base(await self._node(node_name))
         if base is None:
             raise ApiException(503, "ServiceUnavailable",
                                f"node {node_name} publishes no agent endpoint to read the logs of pod {name} from")
@@ -143,13 +177,15 @@ class NodeProxy:
         follow = (req.param("follow") or "").lower() in ("true", "1")
         try:
             if not follow:
-                resp = await self._http.get(url, params=params, headers=self.node_headers(node_name))
+                resp = await self._client(node_name).get(url, params=params, headers=self.node_headers(node_name),
+                                            extensions=self._extensions(node_name))
                 if resp.status_code >= 400:
                     return self._agent_error(resp.status_code, resp.content)
                 return RawResponse(200, {"content-type": "text/plain"}, resp.content)
-            request = self._http.build_request("GET", url, params=params, headers=self.node_headers(node_name),
-                                               timeout=httpx.Timeout(self.summary_timeout * 5, read=None))
-            resp = await self._http.send(request, stream=True)
+            request = self._client(node_name).build_request("GET", url, params=params, headers=self.node_headers(node_name),
+                                               timeout=httpx.Timeout(self.summary_timeout * 5, read=None),
+                                               extensions=self._extensions(node_name))
+            resp = await self._client(node_name).send(request, stream=True)
         except httpx.HTTPError as exc:
             raise ApiException(500, "InternalError", f"Get \"{url}\": {exc or type(exc).__name__}") from None
         if resp.status_code >= 400:
@@ -177,12 +213,13 @@ class NodeProxy:
     async def proxy(self, node_name: str, path: str, req: RawRequest) -> RawResponse:
         """GET ``path`` (with the request's query) from the agent of ``node_name``, as
         kube-apiserver's node proxy does with its kubelet client credentials."""
-        base = node_endpoint(await self._node(node_name))
+        base = self._base(await self._node(node_name))
         if base is None:
             raise ApiException(503, "ServiceUnavailable", f"node {node_name} publishes no agent endpoint to proxy to")
         url = base + quote(path, safe="/:@!$&'()*+,;=-._~%")
         try:
-            resp = await self._http.get(url, params=list(req.query), headers=self.node_headers(node_name))
+            resp = await self._client(node_name).get(url, params=list(req.query), headers=self.node_headers(node_name),
+                                        extensions=self._extensions(node_name))
         except httpx.HTTPError as exc:
             raise ApiException(503, "ServiceUnavailable",
                                f"error trying to reach node {node_name}: {exc or type(exc).__name__}") from None
@@ -193,7 +230,7 @@ class NodeProxy:
 
     async def _summary(self, node: dict[str, Any]) -> dict[str, Any] | None:
         name = node["metadata"]["name"]
-        base = node_endpoint(node)
+        base = self._base(node)
         if base is None:
             return None
         now = self.clock.monotonic()
@@ -201,8 +238,8 @@ class NodeProxy:
         if cached is not None and now - cached[0] < self.summary_ttl:
             return cached[1]
         try:
-            resp = await self._http.get(f"{base}/stats/summary", headers=self.node_headers(name),
-                                        timeout=self.summary_timeout)
+            resp = await self._client(name).get(f"{base}/stats/summary", headers=self.node_headers(name),
+                                        timeout=self.summary_timeout, extensions=self._extensions(name))
             resp.raise_for_status()
             summary = resp.json()
         except (httpx.HTTPError, ValueError) as exc:

@@ -93,6 +93,10 @@ class ControlPlane:
     # providers encrypt the resources it names (Secrets, typically) before they reach the
     # store (None: stored as they are, Kubernetes' identity default). See store/encryption.py.
     encryption_provider_config: Path | None = None
+    # What a joining node may claim (apiserver/auth/nodejoin.py): at most this many GPUs
+    # (None: any), and only these names or patterns (empty: any).
+    max_node_gpus: int | None = None
+    node_name_allowed: list[str] = field(default_factory=list)
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -133,8 +137,11 @@ class ControlPlane:
         service_accounts = ServiceAccountTokens.from_files(
             signing_key, self.service_account_key_files, self.service_account_issuers, self.api_audiences)
         self.loopback_token = secrets.token_urlsafe(32)
+        from gpufleet.apiserver.auth.nodejoin import JoinPolicy
+
         return Security(self.store, static_tokens=static, join_token=self.join_token,
-                        loopback_token=self.loopback_token, service_accounts=service_accounts, clock=self.clock)
+                        loopback_token=self.loopback_token, service_accounts=service_accounts, clock=self.clock,
+                        join_policy=JoinPolicy(self.max_node_gpus, list(self.node_name_allowed)))
 
     async def start(self) -> None:
         if self.state_dir is not None:
@@ -169,8 +176,9 @@ class ControlPlane:
         await self.api.start()
         if security is not None:
             await security.ensure_policy(self.api)
-            await security.ensure_proxy_key(self.api)
+            node_credentials = await security.ensure_proxy_key(self.api)
             self.node_proxy.node_headers = security.node_proxy_headers
+            await self.node_proxy.use_tls(node_credentials.ssl_context())
         certs = dict(certfile=str(self.tls_cert_file), keyfile=str(self.tls_key_file)) if self.secure else {}
         self.http = HttpServer(self.api, host=self.host, port=self.port, **certs)
         await self.http.start()
@@ -192,7 +200,10 @@ class ControlPlane:
         if self.gateway_port is not None:
             from gpufleet.gateway import Gateway
 
-            gateway = Gateway(self.client, host=self.host, port=self.gateway_port, clock=self.clock)
+            gateway = Gateway(self.client, host=self.host, port=self.gateway_port, clock=self.clock,
+                              protected_ports=(self.http.port,),
+                              authorize_metrics=(lambda token: security.non_resource_access(token, "/metrics"))
+                              if security is not None else None)
             try:
                 await gateway.start()
             except OSError as exc:

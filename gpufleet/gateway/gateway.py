@@ -5,6 +5,10 @@ Routes:
                                                    by name or number; the first port if none)
   any path on a Service's own nodePort            -> that Service (type NodePort, nodePort set)
   /metrics                                        -> Prometheus text of the request statistics
+                                                   (with ``authorize_metrics``: to a bearer token
+                                                   allowed ``get`` on the non-resource URL
+                                                   /metrics, as the API server's own; 401/403
+                                                   otherwise)
   /apis/custom.metrics.k8s.io/v1beta2/...         -> per-pod `requests_per_second` and
                                                    `concurrency` as MetricValueLists
   /healthz
@@ -20,22 +24,31 @@ With no Ready endpoint the request is held (at most ``max_held`` per Service, fo
 ``hold_timeout`` seconds) and, when a HorizontalPodAutoscaler with ``minReplicas: 0``
 targets the pods, their workload is scaled to one replica (scale from zero); held requests
 go out as soon as an endpoint is Ready.
+
+Endpoints that point back at the cluster's own machinery are never dialled (defence in depth
+behind the API's EndpointsAddresses admission, for objects stored before it or written by an
+administrator): unspecified, link-local and multicast addresses; a node's agent port (on
+its addresses, or any of this host's); the API server's and the gateway's own ports on this
+host; and a loopback address that is not a pod's (no ``targetRef`` to a Pod). A request
+whose every endpoint is refused gets 502 saying which and why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import random
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Service
+from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Node, Service
 from gpufleet.api.selectors import LabelSelector, SelectorError, parse_label_selector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
@@ -65,6 +78,8 @@ class Endpoint:
     in_flight: int = 0
     # Monotonic time until which a connection failure keeps it out of rotation.
     failed_until: float = 0.0
+    # Whether the Endpoints named a Pod as this address's target.
+    pod_backed: bool = True
 
     @property
     def base(self) -> str:
@@ -112,7 +127,12 @@ class Gateway:
         upstream_timeout: float = 300.0,
         max_attempts: int = 5,
         failure_cooldown: float = 1.0,
+        protected_ports: tuple[int, ...] = (),
+        authorize_metrics: Callable[[str | None], Awaitable[int]] | None = None,
     ) -> None:
+        """``protected_ports``: ports of this host never dialled (the API server's);
+        ``authorize_metrics(token)``: 200, 401 or 403 for a bearer token (None: none given)
+        asking for /metrics; without it /metrics answers everyone."""
         self.client = client
         self.host = host
         self.requested_port = port
@@ -127,6 +147,13 @@ class Gateway:
         self.ep_informer = self.informers.informer(Endpoints)
         self.svc_informer = self.informers.informer(Service)
         self.hpa_informer = self.informers.informer(HorizontalPodAutoscaler)
+        self.node_informer = self.informers.informer(Node)
+        self.protected_ports = set(protected_ports)
+        self.authorize_metrics = authorize_metrics
+        self._local_addresses: set[str] = set()
+        self._agents: tuple[set[tuple[str, int]], set[int]] | None = None
+        self.node_informer.add_event_handler(self._nodes_changed, lambda _o, n: self._nodes_changed(n),
+                                             self._nodes_changed)
         self.routes: dict[str, Route] = {}
         self._node_ports: dict[int, str] = {}  # port -> service key
         self._node_sites: dict[int, web.TCPSite] = {}
@@ -168,6 +195,7 @@ class Gateway:
         server = self._site._server
         assert server is not None
         self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._local_addresses = _host_addresses()
         await self.informers.start()
         await self.informers.wait_for_sync(30.0)
         log.info("gateway listening on %s", self.url)
@@ -196,7 +224,8 @@ class Gateway:
                     pod = f"{ref.namespace or objects.namespace_of(ep)}/{ref.name}" if ref is not None else addr.ip
                     e = old.get((pod, name))
                     if e is None or (e.host, e.port) != (addr.ip, p.port):
-                        e = Endpoint(pod, addr.ip, p.port)
+                        e = Endpoint(pod, addr.ip, p.port,
+                                     pod_backed=ref is not None and (ref.kind or "Pod") == "Pod")
                     ports.setdefault(name, []).append(e)
         route.ports = ports
         svc = self.svc_informer.get(key)
@@ -288,12 +317,70 @@ class Gateway:
             raw_tail = request.raw_path.split("/", 4)[4] if len(parts) > 4 else ""
             return await self._proxy(request, f"{ns}/{name}", port or None, "/" + raw_tail)
         if path == "/metrics":
+            refused = await self._metrics_refused(request)
+            if refused is not None:
+                return refused
             return web.Response(text=self.stats.prometheus(), content_type="text/plain", charset="utf-8")
         if path == "/healthz":
             return web.Response(text="ok")
         if path.startswith(CUSTOM_METRICS_PREFIX):
             return self._custom_metrics(request)
         return _status(404, "NotFound", f"no route for {path}; services are under /services/{{namespace}}/{{name}}/")
+
+    async def _metrics_refused(self, request: web.Request) -> web.Response | None:
+        if self.authorize_metrics is None:
+            return None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        given = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        code = await self.authorize_metrics(given)
+        if code == 200:
+            return None
+        if code == 401:
+            return _status(401, "Unauthorized", "Unauthorized: /metrics needs a bearer token")
+        return _status(403, "Forbidden", 'forbidden: the token may not get path "/metrics" (RBAC: '
+                       'nonResourceURLs ["/metrics"], verb get)')
+
+    # -- endpoints the gateway never dials -------------------------------------------------
+
+    def _nodes_changed(self, _node: Any) -> None:
+        self._agents = None
+
+    def _agent_endpoints(self) -> tuple[set[tuple[str, int]], set[int]]:
+        """(address, port) of every node's agent, and the agent ports (kept until a Node changes)."""
+        if self._agents is not None:
+            return self._agents
+        pairs: set[tuple[str, int]] = set()
+        ports: set[int] = set()
+        for n in self.node_informer.list():
+            status = n.status
+            de = status.daemon_endpoints if status is not None else None
+            port = de.kubelet_endpoint.port if de is not None and de.kubelet_endpoint is not None else None
+            if not port:
+                continue
+            ports.add(port)
+            for a in (status.addresses or []) if status is not None else []:
+                pairs.add((_canonical(a.address), port))
+        self._agents = (pairs, ports)
+        return self._agents
+
+    def refusal(self, ep: Endpoint) -> str | None:
+        """Why the gateway will not dial ``ep``, or None."""
+        try:
+            ip = ipaddress.ip_address(ep.host)
+        except ValueError:
+            return f"{ep.host} is not an IP address"
+        if ip.is_unspecified or ip.is_link_local or ip.is_multicast:
+            return f"{ep.host} is an unspecified, link-local or multicast address (the node's own)"
+        host = _canonical(ep.host)
+        local = ip.is_loopback or host in self._local_addresses
+        agents, agent_ports = self._agent_endpoints()
+        if (host, ep.port) in agents or (local and ep.port in agent_ports):
+            return f"{ep.host}:{ep.port} is a node agent's port"
+        if local and (ep.port in self.protected_ports or ep.port == self.port or ep.port in self._node_ports):
+            return f"{ep.host}:{ep.port} is a port of the control plane itself (the API server or this gateway)"
+        if ip.is_loopback and not ep.pod_backed:
+            return f"{ep.host} is a loopback address and the Endpoints name no pod behind it"
+        return None
 
     def _port_name(self, key: str, port: str | None) -> str | None:
         """A Service port given by number is turned into its name (endpoints list names)."""
@@ -319,6 +406,15 @@ class Gateway:
         attempts = 0
         while True:
             route = self.routes.get(key)
+            if route is not None:
+                listed = route.endpoints(port)
+                refused = {e: why for e in listed if (why := self.refusal(e)) is not None}
+                if listed and len(refused) == len(listed):
+                    e, why = next(iter(refused.items()))
+                    log.warning("gateway: %s: refusing endpoint %s:%d: %s", key, e.host, e.port, why)
+                    return _status(502, "BadGateway", f"service {key} has no endpoint the gateway may dial: "
+                                   f"endpoint {e.host}:{e.port} is refused ({why})")
+                tried.update(refused)
             ep = self._pick(route, port, tried)
             if ep is None:
                 waited = await self._hold(key, route, deadline)
@@ -511,6 +607,27 @@ class Gateway:
             })
         return web.json_response({"kind": "MetricValueList", "apiVersion": "custom.metrics.k8s.io/v1beta2",
                                   "metadata": {}, "items": items})
+
+
+def _canonical(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address.split("%")[0]))
+    except ValueError:
+        return address
+
+
+def _host_addresses() -> set[str]:
+    """Every address of this host's interfaces."""
+    import socket
+
+    import psutil
+
+    out = set()
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                out.add(_canonical(a.address))
+    return out
 
 
 def _selects_same_pods(selector: LabelSelector, service_selector: dict[str, str]) -> bool:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from gpufleet.agent.agent import AgentConfig, NodeAgent
-from gpufleet.agent.bootstrap import node_token, saved_log_token
+from gpufleet.agent.bootstrap import node_token
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.process import ProcessRuntime
 from gpufleet.cli.controlplane import ControlPlane
@@ -85,7 +85,6 @@ class Harness:
             return Client(HttpTransport(self.cp.url, token=token, ca_data=self.cp.ca_pem), read_retries=1)
         # Joins as a remote agent does: the join token buys this node's own (restricted) token.
         client = connect(await node_token(connect, self.cp.join_token, name, state))
-        config.setdefault("log_token", saved_log_token(state))
         settings = dict(
             node_name=name, state_dir=state, heartbeat_interval=0.3, backoff_initial=0.4, backoff_cap=1.6,
             probe_period_scale=0.2, api_retry_max=0.5, labels={"gpufleet.io/rack": "r1",
@@ -209,6 +208,9 @@ async def test_node_registers_with_gpus_labels_taints_and_lease(h):
     assert meta["labels"]["nvidia.com/gpu.memory"] == "81920"
     assert meta["labels"]["gpufleet.io/rack"] == "r1"
     assert meta["labels"]["topology.kubernetes.io/zone"] == "z1"
+    # Declared GPUs (not NVML's), and registered by the node itself.
+    assert meta["labels"]["gpufleet.io/inventory"] == "declared"
+    assert meta["annotations"]["gpufleet.io/registered-by"] == f"system:node:{NODE}"
     gpus = json.loads(meta["annotations"]["gpufleet.io/gpus"])
     assert [g["index"] for g in gpus] == [0, 1, 2, 3] and all(g["health"] == "Healthy" for g in gpus)
     assert node["spec"]["taints"] == [{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
@@ -648,8 +650,8 @@ async def test_metrics_summary_and_metrics_api(h):
                 annotations={"gpufleet.io/gpu-indices": "3"}, container={"resources": {"limits": {"nvidia.com/gpu": 1}}})
     await h.wait_pod("busy", running)
     agent.devices.set_busy([3], 55.0)
-    base = f"http://127.0.0.1:{agent.port}"
-    async with httpx.AsyncClient() as http:
+    base = f"https://127.0.0.1:{agent.port}"
+    async with httpx.AsyncClient(verify=False) as http:
         assert (await http.get(f"{base}/healthz")).text == "ok"
         # Only the API server's token for this node opens the rest, whatever the path.
         other = h.cp.node_proxy.node_headers("another-node")

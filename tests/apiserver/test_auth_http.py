@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gpufleet.agent.bootstrap import node_token, request_node_token, saved_log_token, whoami
+from gpufleet.agent.bootstrap import node_token, request_node_token, whoami
 from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer, build_app
+from gpufleet.agent.servingcert import ServingCredentials, ensure_serving
 from gpufleet.api.registry import REGISTRY, ResourceType
 from gpufleet.cli.commands.token import create_token
 from gpufleet.cli.controlplane import ControlPlane
@@ -278,11 +279,18 @@ async def test_node_lists_and_watches_only_its_own_pods(cp: ControlPlane, tmp_pa
         assert len(json.loads((await send(admin, "GET", "/api/v1/pods")).body)["items"]) == 2
 
 
+async def joined(cp: ControlPlane, name: str, state: Path) -> ServingCredentials:
+    """``name`` joins as an agent does: its node token, then its serving credentials."""
+    async with connect(cp, await node_token(lambda t: connect(cp, t), cp.join_token, name, state)) as node:
+        serving = await ensure_serving(node, name, state)
+    assert serving is not None
+    return serving
+
+
 async def test_nodes_proxy_is_an_rbac_subresource(cp: ControlPlane, tmp_path: Path) -> None:
     """GET /api/v1/nodes/{name}/proxy/{path} reaches the node's agent with the API server's
     token for that node; RBAC resource nodes/proxy (cluster-admin, system:kubelet-api-admin)."""
-    await node_token(lambda t: connect(cp, t), cp.join_token, "n1", tmp_path / "n1")
-    server = AgentHttpServer(LogStub(), "127.0.0.1", 0, log_token=saved_log_token(tmp_path / "n1"))
+    server = AgentHttpServer(LogStub(), "127.0.0.1", 0, serving=await joined(cp, "n1", tmp_path / "n1"))
     await server.start()
     async with connect(cp, cp.admin_token) as admin:
         await admin.create(node_body("n1"), raw=True)
@@ -495,18 +503,20 @@ class LogStub:
 
 
 async def test_agent_answers_only_the_api_server(cp: ControlPlane, tmp_path: Path) -> None:
-    await node_token(lambda t: connect(cp, t), cp.join_token, "n1", tmp_path / "n1")
-    await node_token(lambda t: connect(cp, t), cp.join_token, "n2", tmp_path / "n2")
-    mine, theirs = saved_log_token(tmp_path / "n1"), saved_log_token(tmp_path / "n2")
-    assert mine and theirs and mine != theirs
-    assert cp.node_proxy is not None and cp.node_proxy.node_headers("n1") == {"authorization": f"Bearer {mine}"}
-    app = build_app(LogStub(), log_token=mine)
+    mine = await joined(cp, "n1", tmp_path / "n1")
+    assert cp.node_proxy is not None
+    # A fresh token per request: never the same twice.
+    assert cp.node_proxy.node_headers("n1") != cp.node_proxy.node_headers("n1")
+    app = build_app(LogStub(), mine.verifier().verify)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent") as http:
         for path in ("/containerLogs/default/p/c", "/stats/summary", "/stats/workload", "/metrics"):
+            theirs = cp.node_proxy.node_headers("n2")
             assert (await http.get(path)).status_code == 401
-            assert (await http.get(path, headers={"authorization": f"Bearer {theirs}"})).status_code == 401
-            assert (await http.get(path, headers={"authorization": f"Bearer {mine}x"})).status_code == 401
-            assert (await http.get(path, headers=cp.node_proxy.node_headers("n1"))).status_code == 200
+            assert (await http.get(path, headers=theirs)).status_code == 401
+            good = cp.node_proxy.node_headers("n1")
+            assert (await http.get(path, headers={"authorization": good["authorization"] + "x"})).status_code == 401
+            assert (await http.get(path, headers=good)).status_code == 200
+            assert (await http.get(path, headers=good)).status_code == 401  # used once
         ok = await http.get("/containerLogs/default/p/c", headers=cp.node_proxy.node_headers("n1"))
         assert (ok.status_code, ok.text) == (200, "hello\n")
         assert (await http.get("/healthz")).text == "ok"

@@ -19,9 +19,12 @@ from aiohttp import web
 from ctrl_helpers import NS, eventually, pod
 
 from gpufleet.agent import stats as stats_mod
+from gpufleet.agent.bootstrap import node_token
 from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer
+from gpufleet.agent.servingcert import ensure_serving
 from gpufleet.agent.workloadmetrics import parse_metrics, scrape, scrape_port
 from gpufleet.cli.controlplane import ControlPlane
+from gpufleet.client import HttpTransport
 from gpufleet.client.api import Client
 from gpufleet.client.errors import Unauthorized
 from gpufleet.controllers.hpa import ClusterMetrics, MetricsError
@@ -89,7 +92,7 @@ class AgentStub:
 
 
 @pytest.fixture
-async def agent(cp: ControlPlane, client: Client) -> AsyncIterator[dict[str, Any]]:
+async def agent(cp: ControlPlane, client: Client, tmp_path: Any) -> AsyncIterator[dict[str, Any]]:
     """A node 'n1' whose agent endpoint (answering only the API server's token for n1) serves
     a summary and the scraped workload metrics of pod 'm-0' (1 GPU at 70%, 250m cpu), whose
     own /metrics serves POD_METRICS."""
@@ -102,9 +105,13 @@ async def agent(cp: ControlPlane, client: Client) -> AsyncIterator[dict[str, Any
     body["metadata"]["annotations"] = {"prometheus.io/scrape": "true", "prometheus.io/port": "http"}
     body["spec"]["containers"][0]["ports"] = [{"name": "http", "containerPort": 8000}]
     created = await client.create(body, NS, raw=True)
-    assert cp.node_proxy is not None
-    token = cp.node_proxy.node_headers("n1")["authorization"].removeprefix("Bearer ")
-    server = AgentHttpServer(AgentStub(created, pod_port), "127.0.0.1", 0, log_token=token)
+    # n1 joins (its serving certificate and the API server's token key), as an agent does.
+    def connect(token: str | None) -> Client:
+        return Client(HttpTransport(cp.url, token=token, ca_data=cp.ca_pem))
+    node_client = connect(await node_token(connect, cp.join_token, "n1", tmp_path / "n1"))
+    serving = await ensure_serving(node_client, "n1", tmp_path / "n1")
+    await node_client.close()
+    server = AgentHttpServer(AgentStub(created, pod_port), "127.0.0.1", 0, serving=serving)
     await server.start()
     agent_port = server.port
     await client.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}, raw=True)
@@ -138,8 +145,8 @@ async def test_workload_metrics_need_the_api_servers_token(cp: ControlPlane, cli
                                                           agent: dict[str, Any]) -> None:
     """The agent answers its workload metrics to the API server only: straight from the
     agent (no token, or a wrong one) they are refused; through nodes/n1/proxy they come back."""
-    async with httpx.AsyncClient() as http:
-        base = f"http://127.0.0.1:{agent['port']}"
+    async with httpx.AsyncClient(verify=False) as http:
+        base = f"https://127.0.0.1:{agent['port']}"
         assert (await http.get(f"{base}/stats/workload")).status_code == 401
         assert (await http.get(f"{base}/stats/workload",
                                headers={"authorization": "Bearer not-the-token"})).status_code == 401

@@ -9,6 +9,7 @@ import base64
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -233,17 +234,21 @@ def test_agent_endpoints_only_through_the_api(cluster: Cluster, kubectl: Kubectl
         summary = json.loads(kubectl("get", "--raw", "/api/v1/nodes/e2e-agent/proxy/stats/summary").ok().stdout)
         assert summary["node"]["nodeName"] == "e2e-agent"
 
-        # The agent's own port, straight: 401 but for /healthz.
+        # The agent's own port, straight: TLS only, and 401 but for /healthz.
         node = json.loads(kubectl("get", "node", "e2e-agent", "-o", "json").ok().stdout)
         port = node["status"]["daemonEndpoints"]["kubeletEndpoint"]["Port"]
-        base = f"http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as resp:
+        base = f"https://127.0.0.1:{port}"
+        unverified = ssl._create_unverified_context()
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5, context=unverified) as resp:
             assert resp.read() == b"ok"
         for path in ("/stats/summary", "/stats/workload", "/metrics", "/containerLogs/default/chatty/main"):
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(urllib.request.Request(
-                    f"{base}{path}", headers={"Authorization": f"Bearer {cluster.token}"}), timeout=5)
+                    f"{base}{path}", headers={"Authorization": f"Bearer {cluster.token}"}), timeout=5,
+                    context=unverified)
             assert refused.value.code == 401, path
+        with pytest.raises((urllib.error.URLError, ConnectionError)):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/stats/summary", timeout=5)
         # A user without nodes/proxy (a team's edit token) is refused by the API server.
         gpufleet(cluster, "token", "create", "--namespace", "default", "--role", "edit", "--user", "carol",
                  "--write-kubeconfig", str(tmp_path / "carol.kubeconfig"))

@@ -60,9 +60,10 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     Priority, DefaultStorageClass, StorageObjectInUseProtection and the queues' suspension of
     queued jobs (Kueue's webhook) mutate; LimitRanger,
     Priority, PersistentVolumeClaimResize, PodSecurity (``pod_security``: its configuration,
-    default enforce baseline outside kube-system) and then ResourceQuota (last, so it charges
+    default enforce baseline outside kube-system), EndpointsAddresses and then ResourceQuota (last, so it charges
     exactly what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
+    from gpufleet.apiserver.admission.endpoints import EndpointsAddresses
     from gpufleet.apiserver.admission.limitrange import LimitRangerAdmission
     from gpufleet.apiserver.admission.podsecurity import PodSecurityAdmission
     from gpufleet.apiserver.admission.priority import PriorityAdmission
@@ -80,6 +81,6 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     mutating: list[MutatingPlugin] = [limit_ranger, service_account, priority, DefaultStorageClass(),
                                       StorageObjectInUseProtection(), QueuedJobSuspender()]
     validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
-                                          PodSecurityAdmission(pod_security),
+                                          PodSecurityAdmission(pod_security), EndpointsAddresses(),
                                           ResourceQuotaAdmission()]
     return mutating, validating

@@ -11,17 +11,15 @@ with the default roles (rbac.py), NodeRestriction for node agents (node.py), Pod
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import logging
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.auth.impersonation import ImpersonatedUser, ImpersonatingAuthenticator
 from gpufleet.apiserver.auth.node import NodeRestriction
 from gpufleet.apiserver.auth.nodeauthz import NodeAuthorizer
+from gpufleet.apiserver.auth.nodecreds import NodeCredentials, new_secret_data
+from gpufleet.apiserver.auth.nodejoin import JoinPolicy, NodeRegistration, node_certificate
 from gpufleet.apiserver.auth.podbinding import PodNodeNameRestriction
 from gpufleet.apiserver.auth.rbac import (
     Attributes,
@@ -49,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufleet.apiserver.auth")
 
-# The key the API server derives each node's log token from (see Security.log_token).
+# The node CA and the key of the node proxy tokens (nodecreds.py).
 PROXY_KEY_SECRET = "gpufleet-node-proxy-key"
 
 __all__ = ["Security", "Attributes", "Decision", "ImpersonatedUser", "NodeRestriction", "TokenAuthenticator"]
@@ -58,7 +56,8 @@ __all__ = ["Security", "Attributes", "Decision", "ImpersonatedUser", "NodeRestri
 class Security:
     def __init__(self, store: store_base.Store, *, static_tokens: dict[str, UserInfo] | None = None,
                  join_token: str | None = None, loopback_token: str | None = None,
-                 service_accounts: ServiceAccountTokens | None = None, clock: Clock = REAL_CLOCK) -> None:
+                 service_accounts: ServiceAccountTokens | None = None, clock: Clock = REAL_CLOCK,
+                 join_policy: JoinPolicy | None = None) -> None:
         self.service_accounts = service_accounts
         self.token_issuer = service_accounts.issuer(clock) if service_accounts is not None else None
         sa_authenticator = service_accounts.authenticator(store, clock) if service_accounts is not None else None
@@ -73,19 +72,18 @@ class Security:
         self.node_restriction = NodeRestriction()
         self.pod_node_name = PodNodeNameRestriction(self.decide)
         self.escalation = RbacEscalationCheck(self.rbac)
-        self.reviews = Reviews(self.impersonating, self.decide, self.rbac.rules, self.log_token)
-        self._proxy_key: bytes | None = None
-
-    def log_token(self, node: str) -> str | None:
-        """What the API server shows a node's agent to read its logs, stats and metrics: an HMAC
-        of the node name, so an agent learns only its own and cannot replay it to another node."""
-        if self._proxy_key is None:
-            return None
-        return hmac.new(self._proxy_key, node.encode(), hashlib.sha256).hexdigest()
+        self.join_policy = join_policy or JoinPolicy()
+        self.node_registration = NodeRegistration(self.join_policy)
+        self.node_credentials: NodeCredentials | None = None
+        self.reviews = Reviews(self.impersonating, self.decide, self.rbac.rules,
+                               node_certificate=lambda api, req, user: node_certificate(
+                                   api, req, user, self.node_credentials, self.join_policy),
+                               join_policy=self.join_policy.check_join)
 
     def node_proxy_headers(self, node: str) -> dict[str, str]:
-        token = self.log_token(node)
-        return {"authorization": f"Bearer {token}"} if token else {}
+        """What the API server shows a node's agent: a fresh proxy token for that node (60 s,
+        used once)."""
+        return self.node_credentials.headers(node) if self.node_credentials is not None else {}
 
     async def decide(self, user: UserInfo, attrs: Attributes) -> Decision:
         """The Node authorizer, then RBAC (Kubernetes' ``--authorization-mode=Node,RBAC``): the
@@ -99,6 +97,16 @@ class Security:
             return decision
         return verdict
 
+    async def non_resource_access(self, token: str | None, path: str, verb: str = "get") -> int:
+        """200, 401 (no token, or one nobody issued) or 403 (RBAC refuses ``verb`` on the
+        non-resource URL ``path``): for what serves such a URL off the API server (the
+        gateway's /metrics)."""
+        user = await self.authenticator.user_for(token) if token else None
+        if user is None:
+            return 401
+        decision = await self.decide(user, Attributes(verb=verb, is_resource=False, path=path))
+        return 200 if decision.allowed else 403
+
     async def authorize(self, user: UserInfo, info: RequestInfo) -> bool:
         decision = await self.decide(user, Attributes.from_request(info))
         if not decision.allowed and decision.reason and info.is_resource_request:
@@ -110,7 +118,9 @@ class Security:
         api.authorizer = self.authorize
         if self.token_issuer is not None:
             api.token_issuer = self.token_issuer
-        for plugin in (self.node_restriction, self.pod_node_name, self.escalation):
+        if not any(getattr(p, "name", "") == self.node_registration.name for p in api.mutating):
+            api.mutating.append(self.node_registration)
+        for plugin in (self.node_restriction, self.node_registration, self.pod_node_name, self.escalation):
             if any(getattr(p, "name", "") == plugin.name for p in api.validating):
                 continue
             # Ahead of ResourceQuota, which charges for what the chain lets through.
@@ -119,29 +129,46 @@ class Security:
             api.validating.insert(quota, plugin)
         self.reviews.install(api)
 
-    async def ensure_proxy_key(self, api: ApiServer) -> None:
-        """The node proxy key, kept in a Secret so that every API server sharing the store
-        (and the next start) derives the same log tokens."""
+    async def ensure_proxy_key(self, api: ApiServer) -> NodeCredentials:
+        """The node CA and the proxy token key, kept in a Secret so that every API server
+        sharing the store (and the next start) signs and checks alike; a Secret of an older
+        version (an HMAC key only) gets them added."""
         rt = api.registry.by_key("secrets")
         assert rt is not None
+        system = UserInfo(LOOPBACK_USER, [SUPERUSER_GROUP])
         secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
                   "metadata": {"name": PROXY_KEY_SECRET, "namespace": TOKEN_NAMESPACE},
-                  "data": {"key": base64.b64encode(secrets.token_bytes(32)).decode()}}
+                  "data": new_secret_data()}
         try:
-            stored, _ = await api.create_object(rt, TOKEN_NAMESPACE, secret,
-                                                user=UserInfo(LOOPBACK_USER, [SUPERUSER_GROUP]))
+            stored, _ = await api.create_object(rt, TOKEN_NAMESPACE, secret, user=system)
         except ApiException as e:
             if e.code != 409:
                 raise
             try:
                 stored = await api.get_object(rt, TOKEN_NAMESPACE, PROXY_KEY_SECRET)
             except store_base.TransformError as exc:
-                # Encrypted with a key this server was not given: serve what it can read
-                # (log and exec through the node proxy need that key) rather than not start.
-                log.error("node proxy key unreadable, node logs and exec will be refused until the server "
+                # Encrypted with a key this server was not given: serve what it can read (node
+                # logs and exec need these credentials) rather than not start; nothing is stored.
+                log.error("node credentials unreadable, node logs and exec will be refused until the server "
                           "is started with the right --encryption-provider-config: %s", exc)
-                stored = {"data": {"key": base64.b64encode(secrets.token_bytes(32)).decode()}}
-        self._proxy_key = base64.b64decode((stored.get("data") or {}).get("key", ""))
+                creds = NodeCredentials.from_secret_data(secret["data"])
+                assert creds is not None
+                self.node_credentials = creds
+                return creds
+        creds = NodeCredentials.from_secret_data(stored.get("data") or {})
+        if creds is None:
+            fresh = {k: secret["data"][k] for k in ("ca.crt", "ca.key", "token.key")}
+            stored["data"] = {**(stored.get("data") or {}), **fresh}
+            try:
+                stored, _ = await api.update_object(rt, TOKEN_NAMESPACE, PROXY_KEY_SECRET, stored, user=system)
+            except ApiException as e:
+                if e.code != 409:
+                    raise
+                stored = await api.get_object(rt, TOKEN_NAMESPACE, PROXY_KEY_SECRET)
+            creds = NodeCredentials.from_secret_data(stored.get("data") or {})
+            assert creds is not None
+        self.node_credentials = creds
+        return creds
 
     @staticmethod
     async def ensure_policy(api: ApiServer) -> None:

@@ -350,6 +350,8 @@ _NODE_RULES = [
     _rule(["", "events.k8s.io"], ["events"], ["create", "update", "patch"]),
     _rule([""], ["services", "endpoints", "namespaces"], _READ),
     _rule(["coordination.k8s.io"], ["leases"], [*_READ, "create", "update", "patch", "delete"]),
+    # Its serving certificate for the agent's port (signed for its own name only).
+    _rule(["bootstrap.gpufleet.io"], ["nodecertificaterequests"], ["create"]),
 ]
 
 _AUTOUPDATE = {"rbac.authorization.kubernetes.io/autoupdate": "true"}

@@ -61,7 +61,8 @@ DISCOVERY = [
                          _resource(AUTHZ_GROUP, "subjectaccessreviews", "SubjectAccessReview"),
                          _resource(AUTHZ_GROUP, "localsubjectaccessreviews", "LocalSubjectAccessReview",
                                    namespaced=True)]),
-    _group(BOOTSTRAP_GROUP, [_resource(BOOTSTRAP_GROUP, "nodetokenrequests", "NodeTokenRequest")]),
+    _group(BOOTSTRAP_GROUP, [_resource(BOOTSTRAP_GROUP, "nodetokenrequests", "NodeTokenRequest"),
+                             _resource(BOOTSTRAP_GROUP, "nodecertificaterequests", "NodeCertificateRequest")]),
 ]
 
 
@@ -196,16 +197,19 @@ def attributes_from_spec(spec: dict[str, Any], namespace: str = "") -> Attribute
 
 class Reviews:
     def __init__(self, authenticate: Authenticate, decide: Decide, rules: Rules,
-                 log_token: Callable[[str], str | None] = lambda node: None) -> None:
+                 node_certificate: Callable[[ApiServer, RawRequest, UserInfo], Awaitable[RawResponse]] | None = None,
+                 join_policy: Callable[[ApiServer, str, UserInfo], Awaitable[None]] | None = None) -> None:
         self.authenticate = authenticate
         self.decide = decide
         self.rules = rules
-        self.log_token = log_token
+        # NodeCertificateRequest (nodecreds.py), and what may refuse a join (nodejoin.py).
+        self.node_certificate = node_certificate
+        self.join_policy = join_policy
 
     def install(self, api: ApiServer) -> None:
         api.extra_groups[(AUTHN_GROUP, "v1")] = self.authentication
         api.extra_groups[(AUTHZ_GROUP, "v1")] = self.authorization
-        api.extra_groups[(BOOTSTRAP_GROUP, "v1")] = lambda req, info: self.node_token(api, req, info)
+        api.extra_groups[(BOOTSTRAP_GROUP, "v1")] = lambda req, info: self.bootstrap(api, req, info)
         names = {d["metadata"]["name"] for d in api.extra_discovery}
         api.extra_discovery.extend(d for d in DISCOVERY if d["metadata"]["name"] not in names)
 
@@ -280,6 +284,15 @@ class Reviews:
                                       # (the Node authorizer) and cannot be listed as rules.
                                       "incomplete": node_name_of(user) is not None}})
 
+    async def bootstrap(self, api: ApiServer, req: RawRequest, info: RequestInfo) -> RawResponse:
+        if info.resource == "nodecertificaterequests" and self.node_certificate is not None:
+            if info.name or info.subresource:
+                raise ApiException(404, "NotFound", "the server could not find the requested resource")
+            if info.verb != "create":
+                raise method_not_allowed()
+            return await self.node_certificate(api, req, await self._user(req))
+        return await self.node_token(api, req, info)
+
     async def node_token(self, api: ApiServer, req: RawRequest, info: RequestInfo) -> RawResponse:
         """Trade the join token for a token of one node: the first join of a name binds it.
         A second join under a taken name is refused (409) unless an admin asks, so holding
@@ -299,6 +312,8 @@ class Reviews:
                 {"name": node, "group": BOOTSTRAP_GROUP, "kind": "NodeTokenRequest",
                  "causes": [{"reason": "FieldValueInvalid", "field": "metadata.name",
                              "message": "a node name must be a lowercase RFC 1123 subdomain"}]})
+        if self.join_policy is not None:
+            await self.join_policy(api, node, user)
         secrets_rt = api.registry.by_key("secrets")
         assert secrets_rt is not None
         system = UserInfo(LOOPBACK_USER, [SUPERUSER_GROUP])
@@ -323,5 +338,4 @@ class Reviews:
             await api.update_object(secrets_rt, TOKEN_NAMESPACE, name, secret, user=system)
         return _json(201, {"apiVersion": f"{BOOTSTRAP_GROUP}/v1", "kind": "NodeTokenRequest",
                            "metadata": {"name": node},
-                           "status": {"token": token, "user": node_user, "groups": [NODES_GROUP],
-                                      **({"logToken": lt} if (lt := self.log_token(node)) else {})}})
+                           "status": {"token": token, "user": node_user, "groups": [NODES_GROUP]}})

@@ -109,7 +109,7 @@ def register(app: typer.Typer) -> None:
 async def _run(config, server: str | None, token: str | None, kubeconfig: Path | None, runtime_kind: str,
                gpu_options: dict, certificate_authority: str | None = None, paths: dict | None = None) -> int:
     from gpufleet.agent.agent import NodeAgent
-    from gpufleet.agent.bootstrap import node_token, saved_log_token
+    from gpufleet.agent.bootstrap import node_token
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.client import Client, HttpTransport
     from gpufleet.client.kubeconfig import KubeConfig, load_kubeconfig
@@ -131,7 +131,6 @@ async def _run(config, server: str | None, token: str | None, kubeconfig: Path |
     private_dir(config.state_dir)  # the node token lives there
     config.api_server = api_address(urls[0])
     client = connect(await node_token(connect, token or cfg.token, config.node_name, config.state_dir))
-    config.log_token = saved_log_token(config.state_dir)
     agent = NodeAgent(client, build_runtime(runtime_kind, config.state_dir,
                                             hidden_paths=(paths or {}).get("hidden_paths"),
                                             shared_paths=(paths or {}).get("shared_paths"), address=config.address),

@@ -17,6 +17,8 @@ from gpufleet.cli.commands.up import (
     HpaSyncPeriodOption,
     InsecureOption,
     LocalPathHelp,
+    MaxNodeGpusOption,
+    NodeNameAllowedOption,
     PodSecurityDefaultOption,
     SaIssuerOption,
     SaKeyFileOption,
@@ -72,6 +74,8 @@ def register(app: typer.Typer) -> None:
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
         encryption_provider_config: Path | None = EncryptionConfigOption,
+        max_node_gpus: int | None = MaxNodeGpusOption,
+        node_name_allowed: list[str] = NodeNameAllowedOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -104,6 +108,7 @@ def register(app: typer.Typer) -> None:
         cp.local_path_dir = local_path_dir
         cp.pod_security = pod_security
         cp.encryption_provider_config = encryption
+        cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

@@ -186,6 +186,10 @@ def encryption_config(path: Path | None) -> Path | None:
     except EncryptionConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--encryption-provider-config") from None
     return path
+MaxNodeGpusOption = typer.Option(None, "--max-node-gpus", min=0, help="Refuse a node that claims more "
+                                 "than this many GPUs (nvidia.com/gpu in its capacity; 422). Default: any.")
+NodeNameAllowedOption = typer.Option([], "--node-name-allowed", help="Only nodes of these names join (a name or "
+                                     "a shell pattern such as gpu-*; repeatable). Default: any name.")
 
 
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
@@ -232,6 +236,8 @@ def register(app: typer.Typer) -> None:
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
         encryption_provider_config: Path | None = EncryptionConfigOption,
+        max_node_gpus: int | None = MaxNodeGpusOption,
+        node_name_allowed: list[str] = NodeNameAllowedOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -266,6 +272,7 @@ def register(app: typer.Typer) -> None:
         cp.local_path_dir = str((local_path_dir or state_dir / "local-path").expanduser().resolve())
         cp.pod_security = pod_security
         cp.encryption_provider_config = encryption
+        cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host,
                            keep_pods=keep_pods) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
@@ -274,7 +281,7 @@ def register(app: typer.Typer) -> None:
 async def _start_local_agent(cp, state_dir: Path, options: dict):
     """An agent for this machine in the same process, talking to the API in-process."""
     from gpufleet.agent.agent import AgentConfig, NodeAgent
-    from gpufleet.agent.bootstrap import node_token, saved_log_token
+    from gpufleet.agent.bootstrap import node_token
     from gpufleet.agent.factory import build_devices, build_runtime
     from gpufleet.agent.node import hostname
     from gpufleet.cli.commands.agent import api_address
@@ -293,7 +300,7 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
                                                                     hidden_paths=[str(state_dir)], address=address),
                       build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"]),
                       AgentConfig(node_name=name, state_dir=agent_dir, address=address,
-                                  log_token=saved_log_token(agent_dir) if token else None,
+                                  secure_port=token is not None,
                                   api_server=api_address(cp.url),
                                   stop_pods_on_exit=not options.get("keep_pods", False)))
     await agent.start()
