@@ -15,7 +15,6 @@ import base64
 import datetime as dt
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from cryptography.x509.oid import NameOID
 
 from gpufleet.client import Client
 from gpufleet.client.errors import NotFound
-from gpufleet.utils.files import private_dir
+from gpufleet.utils.files import private_dir, write_private
 from gpufleet.utils.nodeauth import ProxyTokenVerifier, serving_name
 
 log = logging.getLogger(__name__)
@@ -65,14 +64,6 @@ def saved_serving(state_dir: Path, node: str) -> ServingCredentials | None:
     return ServingCredentials(node, cert, key, pub.read_bytes())
 
 
-def _write(path: Path, data: bytes, mode: int = 0o600) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 async def ensure_serving(client: Client, node: str, state_dir: Path) -> ServingCredentials | None:
     """The agent's serving credentials: kept ones, or new ones from the API server. None when
     the server serves no NodeCertificateRequest (an --insecure one): the port stays plain."""
@@ -95,9 +86,9 @@ async def ensure_serving(client: Client, node: str, state_dir: Path) -> ServingC
         return None
     status = json.loads(resp.body)["status"]
     private_dir(state_dir)
-    _write(state_dir / KEY_FILE, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+    write_private(state_dir / KEY_FILE, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                    serialization.NoEncryption()))
-    _write(state_dir / CERT_FILE, base64.b64decode(status["certificate"]), 0o644)
-    _write(state_dir / TOKEN_KEY_FILE, status["proxyTokenKey"].encode(), 0o644)
+    write_private(state_dir / CERT_FILE, base64.b64decode(status["certificate"]))
+    write_private(state_dir / TOKEN_KEY_FILE, status["proxyTokenKey"].encode())
     log.info("agent %s: serving certificate for %s saved in %s", node, status.get("serverName"), state_dir)
     return ServingCredentials(node, state_dir / CERT_FILE, state_dir / KEY_FILE, status["proxyTokenKey"].encode())
