@@ -1,0 +1,535 @@
+"""No client input breaks the API server's answer, over real HTTP.
+
+A control plane (API server, authentication and RBAC, no controllers) listens on TLS; one
+keep-alive httpx connection with the admin token sends requests Hypothesis builds from the
+whole Unicode range (control characters, line breaks, bidi overrides, lone surrogates both
+as ``\\ud800`` escapes and as raw bytes, which makes the body invalid UTF-8) in field names,
+field values, query parameters and header values (Content-Type, Accept, User-Agent,
+Impersonate-*). Writes are creates, updates and every kind of patch (merge, strategic, JSON
+patch, apply) and deletes of ConfigMaps, Deployments and Pods; reads are lists and watches
+with random ListOptions, and random paths with random methods.
+
+After every request:
+
+- no 5xx, and the connection answered and stays open (httpx would raise on a dropped one);
+- a refusal (4xx) is a Status: kind Status, apiVersion v1, status Failure, code equal to the
+  HTTP status; and nothing was stored: the store's revision did not move;
+- a write answered 2xx is stored: reading the object back gives what the answer said (a dry
+  run moves nothing);
+- a watch answered 200 streams JSON events and, with timeoutSeconds=1, ends by itself.
+
+Nothing runs but the API server, so the store's revision moves only by the requests sent.
+One control plane per test function; the examples share it (each names its target by index
+so what it draws does not depend on the state it finds). Examples: GPUFLEET_ROBUST_EXAMPLES
+(default sized to run the file in about a minute on two cores, SQLite and PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import ssl
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from gpufleet.cli.controlplane import ControlPlane
+
+EXAMPLES = int(os.environ.get("GPUFLEET_ROBUST_EXAMPLES", "40"))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    # The examples share a server: a failure seldom replays alike, so no shrinking; the
+    # assertion message carries the request.
+    phases=(Phase.explicit, Phase.generate),
+    report_multiple_bugs=False,
+    suppress_health_check=list(HealthCheck),
+)
+
+CM = "/api/v1/namespaces/default/configmaps"
+DEPLOY = "/apis/apps/v1/namespaces/default/deployments"
+PODS = "/api/v1/namespaces/default/pods"
+JSON = "application/json"
+MERGE = "application/merge-patch+json"
+STRATEGIC = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+APPLY = "application/apply-patch+yaml"
+NAMES = ("obj-0", "obj-1", "obj-2")
+
+
+def configmap(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": "web"}},
+            "data": {"a": "1"}}
+
+
+def deployment(name: str) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}},
+                                  "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}}}
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default",
+                                                          "labels": {"app": "web"}},
+            "spec": {"containers": [{"name": "main", "image": "busybox:1.36"}]}}
+
+
+KINDS: dict[str, tuple[str, Callable[[str], dict[str, Any]]]] = {
+    "configmaps": (CM, configmap), "deployments": (DEPLOY, deployment), "pods": (PODS, pod),
+}
+
+# ----------------------------------------------------------------------------- strategies
+
+# Every code point, surrogates included.
+ANY_CHAR = st.characters(exclude_categories=())
+SPECIAL = ["\u202e", "\n", "\x00", "\r\n", "\t", "\x7f", "\x85", "\u2028", "\ud800", "\udfff", "\ufeff",
+           "\U0010ffff", '"', "\\", "a,b", "caf\u00e9", "\u65e5\u672c", "", " ", "$patch", "a/b", "~1", "x" * 300]
+texts = st.one_of(st.text(ANY_CHAR, max_size=10), st.sampled_from(SPECIAL),
+                  st.lists(st.sampled_from(SPECIAL), min_size=2, max_size=4).map("".join))
+scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False), texts)
+values = st.recursive(scalars, lambda c: st.lists(c, max_size=3) | st.dictionaries(texts, c, max_size=3),
+                      max_leaves=6)
+
+
+def header_bytes(text: str) -> bytes:
+    """A header value HTTP/1.1 can carry (no NUL, CR, LF; no outer whitespace): the text's
+    UTF-8 bytes (so every character past ASCII arrives as bytes 0x80-0xff)."""
+    raw = text.encode("utf-8", "surrogatepass")
+    for b in (b"\x00", b"\r", b"\n", b"\x0b", b"\x0c"):
+        raw = raw.replace(b, b"?")
+    return raw.strip(b" \t") or b"x"
+
+
+def encode_json(value: Any, how: str) -> bytes:
+    if how == "ascii":  # surrogates as \\ud800 escapes: valid JSON text
+        return json.dumps(value, ensure_ascii=True).encode()
+    # Raw UTF-8, surrogates as their (invalid) 3-byte forms.
+    return json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+encodings = st.sampled_from(["ascii", "raw", "raw"])
+
+# Where in a manifest a random field or value goes: a path of dict keys.
+SPOTS = {
+    "configmaps": [(), ("metadata",), ("metadata", "labels"), ("metadata", "annotations"), ("data",),
+                   ("binaryData",)],
+    "deployments": [(), ("metadata",), ("metadata", "labels"), ("spec",), ("spec", "selector", "matchLabels"),
+                    ("spec", "template", "metadata", "labels"), ("spec", "template", "spec")],
+    "pods": [(), ("metadata",), ("metadata", "annotations"), ("spec",), ("spec", "nodeSelector")],
+}
+
+
+@st.composite
+def edits(draw: st.DrawFn, kind: str) -> list[tuple[tuple[str, ...], str, Any]]:
+    """One to three (spot, key, value): a random field (or a known key) set at a spot."""
+    known = ["name", "labels", "data", "replicas", "image", "containers", "resourceVersion", "$patch", "kind"]
+    return draw(st.lists(st.tuples(st.sampled_from(SPOTS[kind]),
+                                   st.one_of(texts, st.sampled_from(known)), values), min_size=1, max_size=3))
+
+
+def apply_edits(obj: dict[str, Any], changes: list[tuple[tuple[str, ...], str, Any]]) -> dict[str, Any]:
+    obj = json.loads(json.dumps(obj))
+    for spot, key, value in changes:
+        cur = obj
+        for p in spot:
+            nxt = cur.get(p)
+            if not isinstance(nxt, dict):
+                nxt = cur[p] = {}
+            cur = nxt
+        cur[key] = value
+    return obj
+
+
+def opt(s: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.one_of(st.none(), s)
+
+
+write_params = st.fixed_dictionaries({
+    "dryRun": opt(st.one_of(st.just("All"), texts)),
+    "fieldValidation": opt(st.one_of(st.sampled_from(["Strict", "Warn", "Ignore"]), texts)),
+    "fieldManager": opt(st.one_of(st.just("robust"), texts)),
+    "force": opt(st.sampled_from(["true", "false"])),
+})
+
+CONTENT_TYPES = [JSON, MERGE, STRATEGIC, JSON_PATCH, APPLY, "application/yaml", "text/plain",
+                 "application/vnd.kubernetes.protobuf", "application/json; charset=utf-8", "*/*"]
+header_texts = st.one_of(st.sampled_from(CONTENT_TYPES), texts).map(header_bytes)
+
+
+@st.composite
+def extra_headers(draw: st.DrawFn) -> dict[str, bytes]:
+    out: dict[str, bytes] = {}
+    if draw(st.booleans()):
+        out["accept"] = draw(st.one_of(st.sampled_from([JSON, "application/json;as=Table;v=v1;g=meta.k8s.io",
+                                                         "application/yaml", "*/*"]), texts).map(header_bytes))
+    if draw(st.booleans()):
+        out["user-agent"] = draw(texts.map(header_bytes))
+    if draw(st.integers(0, 5)) == 0:  # impersonation, mostly refused: keep it to some examples
+        out["impersonate-user"] = draw(st.one_of(st.just("system:admin"), texts).map(header_bytes))
+        for name in draw(st.lists(st.sampled_from(["impersonate-group", "impersonate-uid",
+                                                   "impersonate-extra-scopes", "impersonate-extra-%e2%80%ae"]),
+                                  max_size=2, unique=True)):
+            out[name] = draw(texts.map(header_bytes))
+    return out
+
+
+# ----------------------------------------------------------------------------- the harness
+
+
+@dataclass
+class Sent:
+    method: str
+    path: str
+    body: bytes = b""
+    params: list[tuple[str, str]] = field(default_factory=list)
+    headers: dict[str, bytes] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"{self.method} {self.path!r} params={self.params!r} headers={self.headers!r} body={self.body[:800]!r}"
+
+    @property
+    def dry_run(self) -> bool:
+        return any(k == "dryRun" for k, _ in self.params)
+
+
+def _pct(text: str) -> str:
+    return urllib.parse.quote(text.encode("utf-8", "surrogatepass"), safe="")
+
+
+def url(path: str, params: list[tuple[str, str]]) -> str:
+    """The path with the query percent-encoded by hand: a lone surrogate goes as the bytes of
+    its (invalid) UTF-8 form, which an HTTP client's own encoding would refuse to send."""
+    if not params:
+        return path
+    return path + "?" + "&".join(f"{_pct(k)}={_pct(v)}" for k, v in params)
+
+
+class Cluster:
+    """A ControlPlane on its own event loop in a thread; the test speaks to it over HTTPS."""
+
+    def __init__(self, store_url: str, state_dir: Path) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="robust-apiserver", daemon=True)
+        self.thread.start()
+        self.cp = ControlPlane(store_url=store_url, port=0, state_dir=state_dir, run_controllers=False,
+                               kubernetes_service=False)
+        self._call(self.cp.start())
+        ctx = ssl.create_default_context(cadata=self.cp.ca_pem.decode())
+        self.http = httpx.Client(base_url=self.cp.url, verify=ctx, timeout=30,
+                                 headers={"authorization": f"Bearer {self.cp.admin_token}"})
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(120)
+
+    def close(self) -> None:
+        self.http.close()
+        try:
+            self._call(self.cp.stop())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+    # -- reads the harness trusts
+
+    def revision(self) -> str:
+        r = self.http.get(CM, params={"limit": "1"})
+        assert r.status_code == 200, r.text
+        return r.json()["metadata"]["resourceVersion"]
+
+    def get(self, path: str) -> httpx.Response:
+        return self.http.get(path)
+
+    def ensure(self, kind: str, name: str) -> dict[str, Any]:
+        collection, make = KINDS[kind]
+        r = self.get(f"{collection}/{name}")
+        if r.status_code == 404:
+            r = self.http.post(collection, json=make(name))
+            assert r.status_code == 201, r.text
+        assert r.status_code in (200, 201), r.text
+        return r.json()
+
+    # -- the request under test
+
+    def send(self, sent: Sent) -> httpx.Response:
+        try:
+            return self.http.request(sent.method, url(sent.path, sent.params), content=sent.body or None,
+                                     headers=sent.headers)
+        except httpx.TransportError as e:
+            raise AssertionError(f"{sent!r}: the connection failed ({type(e).__name__}: {e})") from e
+
+    def check(self, sent: Sent, target: str | None = None) -> httpx.Response:
+        """Sends the request and checks the properties; ``target`` is the object's path."""
+        before = self.revision()
+        before_obj = self.get(target).content if target else None
+        r = self.send(sent)
+        where = f"{sent!r} -> {r.status_code} {r.content[:600]!r}"
+        assert r.status_code < 500, where
+        assert r.headers.get("connection", "").lower() != "close", f"{where}: the server closed the connection"
+        after = self.revision()
+        if r.status_code >= 400:
+            check_status(sent, r, where)
+            assert after == before, f"{where}: a refusal, yet the store moved from {before} to {after}"
+            if target:
+                assert self.get(target).content == before_obj, f"{where}: a refusal, yet {target} changed"
+        elif sent.method in ("POST", "PUT", "PATCH", "DELETE"):
+            if sent.dry_run:
+                assert after == before, f"{where}: a dry run, yet the store moved from {before} to {after}"
+            else:
+                check_stored(self, sent, r, where)
+        return r
+
+
+def check_status(sent: Sent, r: httpx.Response, where: str) -> None:
+    assert r.headers.get("content-type", "").startswith("application/json"), f"{where}: not JSON"
+    if sent.method == "HEAD":
+        return
+    s = r.json()
+    assert isinstance(s, dict), where
+    assert s.get("kind") == "Status" and s.get("apiVersion") == "v1", f"{where}: not a Status"
+    assert s.get("status") == "Failure", where
+    assert s.get("code") == r.status_code, f"{where}: code {s.get('code')} in a {r.status_code} answer"
+    assert isinstance(s.get("message"), str) and s["message"], where
+
+
+COLLECTIONS = {"ConfigMap": CM, "Deployment": DEPLOY, "Pod": PODS}
+
+
+def check_stored(cluster: Cluster, sent: Sent, r: httpx.Response, where: str) -> None:
+    obj = r.json()
+    assert isinstance(obj, dict), where
+    if obj.get("kind") == "Status":  # a delete that finished
+        assert obj.get("status") == "Success", where
+        meta = obj.get("details") or {}
+    else:
+        meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    collection = COLLECTIONS.get(obj.get("kind", "")) if obj.get("kind") != "Status" else None
+    if not name or (sent.method != "DELETE" and collection is None):
+        return  # a List (deletecollection), or a kind this test does not read back
+    path = f"{collection}/{urllib.parse.quote(name, safe='')}" if collection else sent.path
+    back = cluster.get(path)
+    if sent.method == "DELETE":
+        gone = back.status_code == 404
+        assert gone or back.json()["metadata"].get("deletionTimestamp"), f"{where}: deleted, yet still there"
+        return
+    assert back.status_code == 200, f"{where}: answered {r.status_code}, yet not stored ({back.status_code})"
+    assert back.json() == obj, f"{where}: stored {back.content[:600]!r}, not what the answer said"
+
+
+@pytest.fixture
+def cluster(store_url: str, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(store_url, tmp_path / "state")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+# ----------------------------------------------------------------------------- writes
+
+kinds = st.sampled_from(sorted(KINDS))
+names = st.sampled_from(NAMES)
+
+
+def _query(p: dict[str, str | None]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in p.items() if v is not None]
+
+
+def test_creates_and_updates(cluster: Cluster) -> None:
+    @SETTINGS
+    @given(kind=kinds, name=st.one_of(names, texts), changes=st.data(), how=encodings, put=st.booleans(),
+           keep_rv=st.booleans(), q=write_params, ctype=opt(header_texts), hdrs=extra_headers())
+    def run(kind: str, name: str, changes: st.DataObject, how: str, put: bool, keep_rv: bool,
+            q: dict[str, str | None], ctype: bytes | None, hdrs: dict[str, bytes]) -> None:
+        collection, make = KINDS[kind]
+        edit = changes.draw(edits(kind))
+        headers = {**hdrs, "content-type": ctype if ctype is not None else JSON.encode()}
+        if put:
+            target_name = name if name in NAMES else NAMES[sum(map(ord, name)) % len(NAMES)]
+            current = cluster.ensure(kind, target_name)
+            if not keep_rv:
+                current["metadata"].pop("resourceVersion", None)
+            body = encode_json(apply_edits(current, edit), how)
+            target = f"{collection}/{target_name}"
+            cluster.check(Sent("PUT", target, body, _query(q), headers), target)
+        else:
+            manifest = make(name)
+            body = encode_json(apply_edits(manifest, edit), how)
+            cluster.check(Sent("POST", collection, body, _query(q), headers))
+
+    run()
+
+
+@st.composite
+def json_patches(draw: st.DrawFn) -> Any:
+    pointer = st.one_of(st.sampled_from(["/metadata/labels/app", "/metadata/labels/x", "/data/a", "/spec/replicas",
+                                         "/metadata/annotations", "/spec/template/spec/containers/0/image",
+                                         "/metadata/name", "", "/-", "/metadata/resourceVersion"]),
+                        texts.map(lambda t: "/metadata/labels/" + t.replace("~", "~0").replace("/", "~1")), texts)
+    op = st.fixed_dictionaries({"op": st.sampled_from(["add", "replace", "remove", "test", "move", "copy", "x"]),
+                                "path": pointer}, optional={"value": values, "from": pointer})
+    return draw(st.one_of(st.lists(op, max_size=3), values))
+
+
+def test_patches(cluster: Cluster) -> None:
+    @SETTINGS
+    @given(kind=kinds, name=names, changes=st.data(), how=encodings,
+           ptype=st.sampled_from([MERGE, STRATEGIC, JSON_PATCH, APPLY, APPLY]), q=write_params,
+           ctype=opt(header_texts), hdrs=extra_headers(), as_yaml=st.booleans())
+    def run(kind: str, name: str, changes: st.DataObject, how: str, ptype: str, q: dict[str, str | None],
+            ctype: bytes | None, hdrs: dict[str, bytes], as_yaml: bool) -> None:
+        collection, make = KINDS[kind]
+        target = f"{collection}/{name}"
+        cluster.ensure(kind, name)
+        if ptype == JSON_PATCH:
+            body = encode_json(changes.draw(json_patches()), how)
+        elif ptype == APPLY:
+            applied = apply_edits(make(name), changes.draw(edits(kind)))
+            if as_yaml:
+                try:
+                    body = yaml.safe_dump(applied, allow_unicode=True).encode("utf-8", "surrogatepass")
+                except yaml.YAMLError:
+                    body = encode_json(applied, how)
+            else:
+                body = encode_json(applied, how)
+            if q["fieldManager"] is None and changes.draw(st.booleans()):
+                q = {**q, "fieldManager": "robust"}
+        else:
+            body = encode_json(apply_edits({}, changes.draw(edits(kind))), how)
+        headers = {**hdrs, "content-type": ctype if ctype is not None else ptype.encode()}
+        cluster.check(Sent("PATCH", target, body, _query(q), headers), target)
+
+    run()
+
+
+def test_deletes(cluster: Cluster) -> None:
+    opts = st.one_of(st.just(b""), values.map(lambda v: encode_json(v, "raw")),
+                     st.fixed_dictionaries({}, optional={
+                         "gracePeriodSeconds": st.one_of(st.integers(-5, 2**64), texts),
+                         "propagationPolicy": st.one_of(st.sampled_from(["Orphan", "Background", "Foreground"]), texts),
+                         "preconditions": st.dictionaries(st.sampled_from(["uid", "resourceVersion"]), texts),
+                         "dryRun": st.lists(texts, max_size=2),
+                     }).map(lambda v: encode_json(v, "ascii")))
+
+    @SETTINGS
+    @given(kind=kinds, name=names, body=opts, q=write_params,
+           grace=opt(st.one_of(st.integers(-3, 100).map(str), texts)), hdrs=extra_headers())
+    def run(kind: str, name: str, body: bytes, q: dict[str, str | None], grace: str | None,
+            hdrs: dict[str, bytes]) -> None:
+        collection, _ = KINDS[kind]
+        target = f"{collection}/{name}"
+        cluster.ensure(kind, name)
+        params = _query({"dryRun": q["dryRun"], "gracePeriodSeconds": grace})
+        headers = {**hdrs, "content-type": JSON.encode()} if body else hdrs
+        cluster.check(Sent("DELETE", target, body, params, headers), target)
+
+    run()
+
+
+# ----------------------------------------------------------------------------- reads
+
+list_params = st.lists(st.one_of(
+    st.tuples(st.just("labelSelector"), st.one_of(st.sampled_from(["app=web", "app in (web)", "!app", "a,b"]), texts)),
+    st.tuples(st.just("fieldSelector"), st.one_of(st.sampled_from(["metadata.name=obj-0", "metadata.namespace!=x"]),
+                                                  texts)),
+    st.tuples(st.just("limit"), st.one_of(st.integers(-2, 2**64).map(str), texts)),
+    st.tuples(st.just("continue"), texts),
+    st.tuples(st.just("resourceVersion"), st.one_of(st.integers(-2, 2**64).map(str), st.just("0"), texts)),
+    st.tuples(st.just("resourceVersionMatch"), st.one_of(st.sampled_from(["Exact", "NotOlderThan"]), texts)),
+    st.tuples(st.just("timeoutSeconds"), st.one_of(
+        st.sampled_from(["nan", "inf", "-inf", "1.5", "1e3", "99999999999999999999", "-1", "+1", " 1", "0x1"]),
+        texts)),
+    st.tuples(st.just("allowWatchBookmarks"), st.sampled_from(["true", "x"])),
+    st.tuples(st.just("sendInitialEvents"), st.sampled_from(["true", "false"])),
+    st.tuples(st.just("includeObject"), st.one_of(st.sampled_from(["None", "Object"]), texts)),
+    st.tuples(texts, texts),
+), max_size=4)
+
+
+def test_lists_and_watches(cluster: Cluster) -> None:
+    for kind in KINDS:
+        cluster.ensure(kind, NAMES[0])
+
+    @SETTINGS
+    @given(kind=kinds, query=list_params, watch=st.booleans(), hdrs=extra_headers())
+    def run(kind: str, query: list[tuple[str, str]], watch: bool, hdrs: dict[str, bytes]) -> None:
+        collection, _ = KINDS[kind]
+        params = list(query)
+        if watch:
+            params.append(("watch", "true"))
+            # The watch must end by itself: a valid timeout of one second comes last unless
+            # the drawn ones are all invalid (each then a 400).
+            if not any(k == "timeoutSeconds" for k, _ in params):
+                params.append(("timeoutSeconds", "1"))
+        sent = Sent("GET", collection, b"", params, hdrs)
+        timeouts = [v for k, v in params if k == "timeoutSeconds"]
+        ends = timeouts and timeouts[0] in ("1", "-1", "+1")
+        try:
+            with cluster.http.stream("GET", url(collection, params), headers=hdrs,
+                                     timeout=httpx.Timeout(30, read=15 if ends else 0.5)) as r:
+                where = f"{sent!r} -> {r.status_code}"
+                assert r.status_code < 500, where
+                if r.status_code >= 400:
+                    r.read()
+                    check_status(sent, r, where + f" {r.content[:300]!r}")
+                    return
+                if not watch or not any(k == "watch" and v == "true" for k, v in params):
+                    r.read()
+                    assert isinstance(r.json(), dict), where
+                    return
+                try:
+                    for line in r.iter_lines():
+                        if line.strip():
+                            ev = json.loads(line)
+                            assert ev.get("type") in ("ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"), where
+                except httpx.ReadTimeout:
+                    assert not ends, f"{where}: with timeoutSeconds={timeouts[0]} the watch did not end"
+        except httpx.TransportError as e:
+            if isinstance(e, httpx.ReadTimeout) and not ends:
+                return
+            raise AssertionError(f"{sent!r}: the connection failed ({type(e).__name__}: {e})") from e
+
+    run()
+
+
+# ----------------------------------------------------------------------------- any path, any method
+
+segments = st.one_of(st.sampled_from(["api", "apis", "v1", "apps", "namespaces", "default", "configmaps", "pods",
+                                      "obj-0", "status", "scale", "log", "watch", "proxy", "nodes", "..", "%"]),
+                     texts)
+
+
+def test_any_path_and_method(cluster: Cluster) -> None:
+    cluster.ensure("configmaps", NAMES[0])
+
+    @SETTINGS
+    @given(method=st.sampled_from(["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "FOO"]),
+           prefix=st.sampled_from(["/api/v1/namespaces/default/configmaps", "/apis/apps/v1", "/api", "", "/openapi/v3"]),
+           parts=st.lists(segments, max_size=4), q=st.lists(st.tuples(texts, texts), max_size=3),
+           body=st.one_of(st.just(b""), st.binary(max_size=40), values.map(lambda v: encode_json(v, "raw"))),
+           ctype=opt(header_texts), hdrs=extra_headers())
+    def run(method: str, prefix: str, parts: list[str], q: list[tuple[str, str]], body: bytes,
+            ctype: bytes | None, hdrs: dict[str, bytes]) -> None:
+        path = prefix + "".join("/" + _pct(p) for p in parts)
+        headers = {**hdrs, **({"content-type": ctype} if ctype is not None else {})}
+        if method in ("GET", "HEAD"):
+            # A path may name a watch (/api/v1/watch/...): it must end by itself.
+            q = [(k, v) for k, v in q if k not in ("watch", "timeoutSeconds")] + [("timeoutSeconds", "1")]
+        target = f"{CM}/{NAMES[0]}"
+        cluster.check(Sent(method, path, body, q, headers), target if prefix == CM else None)
+
+    run()
