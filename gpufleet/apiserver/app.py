@@ -18,12 +18,23 @@ from gpufleet.utils.http import Handler, RawRequest
 
 log = logging.getLogger("gpufleet.apiserver")
 
+def _text(value: str) -> str:
+    """A header value as the UTF-8 text its bytes spell, as Go's servers read it (Starlette
+    decodes them as latin-1); bytes that are not UTF-8 stay as latin-1 characters."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
+
+
 def _headers(request: Request) -> dict[str, str]:
     """Lower-cased names; a header sent several times (kubectl's Impersonate-Group for each
     --as-group) is joined with ", " as HTTP allows, so no value is lost."""
     out: dict[str, str] = {}
     for k, v in request.headers.items():
-        k = k.lower()
+        k, v = k.lower(), _text(v)
         out[k] = f"{out[k]}, {v}" if k in out else v
     return out
 

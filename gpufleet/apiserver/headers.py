@@ -47,7 +47,9 @@ def escape(value: str) -> str:
 
 
 def _quote(text: str) -> str:
-    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')) + '"'
+    """Kubernetes' quoted warning text; a tab, which a header may carry but a warning's text
+    may not (it holds no control characters), is escaped too."""
+    return '"' + escape(text.replace("\\", "\\\\").replace('"', '\\"')).replace("\t", "\\t") + '"'
 
 
 def warning_header(warnings: list[str]) -> dict[str, str]:

@@ -300,6 +300,14 @@ class ApiServer:
         return user
 
     async def _non_resource(self, req: RawRequest, path: str) -> RawResponse:
+        """Discovery and OpenAPI documents: read only, so another method on a path that names
+        one is a 405 (an unknown path stays a 404)."""
+        resp = await self._non_resource_get(req, path)
+        if req.method.upper() not in ("GET", "HEAD"):
+            raise method_not_allowed()
+        return resp
+
+    async def _non_resource_get(self, req: RawRequest, path: str) -> RawResponse:
         accept = req.headers.get("accept", "")
         if path == "/api":
             agg = discovery.negotiate_aggregated(accept)
