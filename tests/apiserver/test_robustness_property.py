@@ -18,6 +18,8 @@ After every request:
   run moves nothing);
 - a watch answered 200 streams JSON events and, with timeoutSeconds=1, ends by itself.
 
+A longer hunt: GPUFLEET_ROBUST_EXAMPLES=2000 pytest --timeout 0 tests/apiserver/test_robustness_property.py
+
 Nothing runs but the API server, so the store's revision moves only by the requests sent.
 One control plane per test function; the examples share it (each names its target by index
 so what it draws does not depend on the state it finds). Examples: GPUFLEET_ROBUST_EXAMPLES
@@ -53,7 +55,8 @@ from robust_helpers import (
     url,
 )
 
-EXAMPLES = int(os.environ.get("GPUFLEET_ROBUST_EXAMPLES", "40"))
+# Watches wait for their timeoutSeconds=1, so the list and watch test runs a quarter as many.
+EXAMPLES = int(os.environ.get("GPUFLEET_ROBUST_EXAMPLES", "120"))
 SETTINGS = settings(
     max_examples=EXAMPLES,
     deadline=None,
@@ -301,7 +304,7 @@ def test_lists_and_watches(cluster: Cluster) -> None:
     for kind in KINDS:
         cluster.ensure(kind, NAMES[0])
 
-    @SETTINGS
+    @settings(SETTINGS, max_examples=max(EXAMPLES // 4, 1))
     @given(kind=kinds, query=list_params, watch=st.booleans(), hdrs=extra_headers())
     def run(kind: str, query: list[tuple[str, str]], watch: bool, hdrs: dict[str, bytes]) -> None:
         collection, _ = KINDS[kind]
@@ -358,9 +361,13 @@ def test_any_path_and_method(cluster: Cluster) -> None:
            prefix=st.sampled_from(["/api/v1/namespaces/default/configmaps", "/apis/apps/v1", "/api", "", "/openapi/v3"]),
            parts=st.lists(segments, max_size=4), q=st.lists(st.tuples(texts, texts), max_size=3),
            body=st.one_of(st.just(b""), st.binary(max_size=40), values.map(lambda v: encode_json(v, "raw"))),
-           ctype=seldom(st.sampled_from(CONTENT_TYPES).map(str.encode), header_texts), hdrs=extra_headers())
+           ctype=seldom(st.sampled_from(CONTENT_TYPES).map(str.encode), header_texts), hdrs=extra_headers(),
+           named=st.one_of(st.none(), st.tuples(kinds, st.one_of(texts, st.sampled_from(["obj-0", "a\x00", "\x00b", "a\nb", "\x7f"])))))
     def run(method: str, prefix: str, parts: list[str], q: list[tuple[str, str]], body: bytes,
-            ctype: bytes | None, hdrs: dict[str, bytes]) -> None:
+            ctype: bytes | None, hdrs: dict[str, bytes], named: tuple[str, str] | None) -> None:
+        if named is not None:  # an object of a real collection by any name, maybe a subresource
+            prefix = KINDS[named[0]][0] + "/" + pct(named[1])
+            parts = parts[:1]
         path = prefix + "".join("/" + pct(p) for p in parts)
         headers = {**hdrs, **({"content-type": ctype} if ctype is not None else {})}
         if method in ("GET", "HEAD"):
