@@ -11,13 +11,22 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import request_response
 
+from gpufleet.apiserver.headers import safe_headers
 from gpufleet.utils.http import Handler, RawRequest
 
 log = logging.getLogger("gpufleet.apiserver")
 
-_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+def _text(value: str) -> str:
+    """A header value as the UTF-8 text its bytes spell, as Go's servers read it (Starlette
+    decodes them as latin-1); bytes that are not UTF-8 stay as latin-1 characters."""
+    if value.isascii():
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except UnicodeError:
+        return value
 
 
 def _headers(request: Request) -> dict[str, str]:
@@ -25,7 +34,7 @@ def _headers(request: Request) -> dict[str, str]:
     --as-group) is joined with ", " as HTTP allows, so no value is lost."""
     out: dict[str, str] = {}
     for k, v in request.headers.items():
-        k = k.lower()
+        k, v = k.lower(), _text(v)
         out[k] = f"{out[k]}, {v}" if k in out else v
     return out
 
@@ -34,19 +43,28 @@ def build_asgi_app(handler: Handler) -> Starlette:
     async def endpoint(request: Request) -> Response:
         raw = RawRequest(
             method=request.method,
-            path=request.url.path,
+            # The decoded path as sent: request.url.path would drop tabs and line breaks.
+            path=request.scope["path"],
             query=list(request.query_params.multi_items()),
             headers=_headers(request),
             body=await request.body(),
         )
         resp = await handler.handle(raw)
-        headers = {k: v for k, v in resp.headers.items() if k not in ("content-type", "transfer-encoding")}
-        media_type = resp.headers.get("content-type")
+        # The last line of defence: a header value that cannot be encoded would fail the
+        # response after the handler may have stored a write, so it is escaped here too.
+        sent = safe_headers(resp.headers)
+        headers = {k: v for k, v in sent.items() if k not in ("content-type", "transfer-encoding")}
+        media_type = sent.get("content-type")
         if resp.stream is not None:
             return StreamingResponse(resp.stream, status_code=resp.status, headers=headers, media_type=media_type)
         return Response(resp.body, status_code=resp.status, headers=headers, media_type=media_type)
 
-    return Starlette(routes=[Route("/{path:path}", endpoint, methods=_METHODS)])
+    # Every method and every path reach the handler, which answers each with a Status (a
+    # route's pattern would not match a path holding a line break, %0A, and a route's method
+    # list answers others with a plain-text 404 or 405): the router's default is the endpoint.
+    app = Starlette()
+    app.router.default = request_response(endpoint)
+    return app
 
 
 class HttpServer:

@@ -29,7 +29,7 @@ from gpufleet.api.selectors import (
     parse_field_selector,
     parse_label_selector,
 )
-from gpufleet.apiserver import discovery, managedfields, openapi, tables, versions
+from gpufleet.apiserver import discovery, managedfields, openapi, params, tables, versions
 from gpufleet.apiserver.admission import (
     AdmissionContext,
     MutatingPlugin,
@@ -49,6 +49,7 @@ from gpufleet.apiserver.errors import (
     not_found,
 )
 from gpufleet.apiserver.eviction import evict
+from gpufleet.apiserver.headers import safe_headers, warning_header
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_json, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
 from gpufleet.store import base as store_base
@@ -232,16 +233,19 @@ class ApiServer:
 
     async def handle(self, req: RawRequest) -> RawResponse:
         try:
-            return await self._handle(req)
+            resp = await self._handle(req)
         except ApiException as e:
-            return _json_response(e.code, e.status(), e.headers)
+            resp = _json_response(e.code, e.status(), e.headers)
         except store_base.TransformError as e:  # a stored value this server has no key for
             log.error("%s %s: %s", req.method, req.path, e)
-            return _json_response(500, internal(str(e)).status())
+            resp = _json_response(500, internal(str(e)).status())
         except Exception as e:  # a bug: answer 500 in Status shape, keep serving
             log.exception("internal error serving %s %s", req.method, req.path)
             err = internal(f"{type(e).__name__}: {e}")
-            return _json_response(500, err.status())
+            resp = _json_response(500, err.status())
+        # After a write is stored its answer must reach the client: no header may fail to encode.
+        resp.headers = safe_headers(resp.headers)
+        return resp
 
     async def _handle(self, req: RawRequest) -> RawResponse:
         path = req.path.rstrip("/") or "/"
@@ -299,6 +303,14 @@ class ApiServer:
         return user
 
     async def _non_resource(self, req: RawRequest, path: str) -> RawResponse:
+        """Discovery and OpenAPI documents: read only, so another method on a path that names
+        one is a 405 (an unknown path stays a 404)."""
+        resp = await self._non_resource_get(req, path)
+        if req.method.upper() not in ("GET", "HEAD"):
+            raise method_not_allowed()
+        return resp
+
+    async def _non_resource_get(self, req: RawRequest, path: str) -> RawResponse:
         accept = req.headers.get("accept", "")
         if path == "/api":
             agg = discovery.negotiate_aggregated(accept)
@@ -370,7 +382,9 @@ class ApiServer:
     async def _resource(self, req: RawRequest, info: RequestInfo, rt: ResourceType, user: UserInfo) -> RawResponse:
         verb, sub = info.verb, info.subresource
         ns = info.namespace if rt.namespaced else ""
-        dry_run = req.param("dryRun") == "All"
+        dry_run = False
+        if verb in ("create", "update", "patch", "delete", "deletecollection") and sub not in ("log", "proxy"):
+            dry_run = params.write_options(req, verb)["dry_run"]
         manager = req.param("fieldManager") or managedfields.manager_from_user_agent(req.headers.get("user-agent"))
         if sub == "log":
             return await self._pod_log(req, rt, ns, info.name)
@@ -438,9 +452,7 @@ class ApiServer:
 
     @staticmethod
     def _warning_headers(warnings: list[str]) -> dict[str, str]:
-        if not warnings:
-            return {}
-        return {"warning": ", ".join(f'299 - "{w.replace(chr(34), chr(92) + chr(34))}"' for w in warnings)}
+        return warning_header(warnings)
 
     @staticmethod
     def _parse_body(req: RawRequest) -> Any:
@@ -1211,6 +1223,8 @@ class ApiServer:
 
     async def _list(self, req: RawRequest, rt: ResourceType, ns: str) -> RawResponse:
         label_sel, field_sel = self._selectors(req, rt)
+        params.int64_param(req, "timeoutSeconds")
+        params.int64_param(req, "resourceVersion")
         limit_s = req.param("limit")
         try:
             limit = int(limit_s) if limit_s else None
@@ -1238,10 +1252,7 @@ class ApiServer:
             field_sel = extra if field_sel is None else parse_field_selector(
                 f"{req.param('fieldSelector')},metadata.name={name}")
         rv_param = req.param("resourceVersion")
-        try:
-            timeout = float(req.param("timeoutSeconds") or _WATCH_DEFAULT_TIMEOUT)
-        except ValueError:
-            raise bad_request("timeoutSeconds: Invalid value: must be a number of seconds") from None
+        timeout = params.watch_timeout(req, _WATCH_DEFAULT_TIMEOUT)
         bookmarks = _truthy(req.param("allowWatchBookmarks"))
         as_table = self._wants_table(req)
         initial: list[dict[str, Any]] = []
@@ -1325,6 +1336,9 @@ class ApiServer:
                         yield encode("ADDED", ev.object)
                     elif was_match:
                         yield encode("DELETED", ev.object)
+            except Exception as e:  # a bug: end the stream with an ERROR event, not a cut connection
+                log.exception("internal error in a watch of %s", rt.key)
+                yield _dumps({"type": "ERROR", "object": internal(f"{type(e).__name__}: {e}").status()}) + b"\n"
             finally:
                 await watch.close()
 

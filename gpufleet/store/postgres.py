@@ -44,6 +44,23 @@ CHANNEL = "gpufleet_events"
 # Held while creating the schema so that several servers starting at once do not race.
 _SCHEMA_LOCK = 0x67707566
 
+def _has_nul(*parts: str) -> bool:
+    """PostgreSQL's text cannot hold NUL, so no stored key does: a key with one names nothing
+    (a read finds nothing, rather than the driver raising)."""
+    return any("\x00" in p for p in parts)
+
+
+def _after_without_nul(after: tuple[str, str]) -> tuple[str, str]:
+    """A key that sorts, among keys without NUL, as ``after`` does: a stored string is after
+    ``p + "\x00" + rest`` exactly when it is after ``p`` (it cannot equal it, and NUL is the
+    smallest character)."""
+    ns, name = after
+    if "\x00" in ns:
+        # After every name in namespace p: the largest name, as no stored name reaches it.
+        return ns.split("\x00", 1)[0], "\U0010ffff" * 254
+    return ns, name.split("\x00", 1)[0]
+
+
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (
         id integer PRIMARY KEY CHECK (id = 0),
@@ -313,6 +330,8 @@ class PostgresStore(HousekeepingMixin):
         return (await self._fetchone("SELECT compacted FROM meta WHERE id = 0"))[0]
 
     async def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
+        if _has_nul(resource, namespace, name):
+            raise NotFound(f"{key_str(resource, namespace, name)} not found")
         row = await self._fetchone(
             "SELECT revision, value::text FROM objects WHERE resource = %s AND namespace = %s AND name = %s",
             (resource, namespace, name),
@@ -329,6 +348,10 @@ class PostgresStore(HousekeepingMixin):
         limit: int | None = None,
         after: tuple[str, str] | None = None,
     ) -> ListResult:
+        if _has_nul(resource, namespace or ""):
+            return ListResult(items=[], revision=await self.revision())
+        if after is not None and _has_nul(*after):
+            after = _after_without_nul(after)
         inner = "SELECT namespace, name, revision, value FROM objects WHERE resource = %s"
         args: list[Any] = [resource]
         if namespace is not None:
@@ -368,6 +391,8 @@ class PostgresStore(HousekeepingMixin):
     async def _read_replay(
         self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int
     ) -> tuple[int, Events]:
+        if _has_nul(resource or "", namespace or ""):
+            return await self._compacted(), []
         inner = f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > %s AND revision <= %s"
         args: list[Any] = [after, upto]
         if resource is not None:
@@ -410,6 +435,10 @@ class PostgresStore(HousekeepingMixin):
         set_expiry: bool,
         expected: int | None,
     ) -> tuple[int, int | None, str | None]:
+        if _has_nul(resource, namespace, name):
+            if type_ == "ADDED":
+                raise ValueError(f"{key_str(resource, namespace, name)}: a key cannot hold a NUL character")
+            raise NotFound(f"{key_str(resource, namespace, name)} not found")
         expires_at = None if ttl is None else self._clock.now() + ttl
         row = await self._fetchone(
             "SELECT * FROM gpufleet_write(%s, %s, %s, %s, %s::json, %s, %s::float8, %s::bigint)",

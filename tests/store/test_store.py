@@ -112,6 +112,28 @@ async def test_cluster_scoped_and_odd_values(store: Store) -> None:
     assert bare["metadata"] == {"resourceVersion": "2"}
 
 
+async def test_a_key_with_nul_names_nothing(store: Store) -> None:
+    """No key holds NUL (PostgreSQL's text cannot): reads of one find nothing, on both
+    backends alike, and paging from one goes on as from the key it sorts like."""
+    for name in ("a", "b", "c"):
+        await store.create("pods", "default", name, pod(name))
+    with pytest.raises(NotFound):
+        await store.get("pods", "default", "a\x00")
+    with pytest.raises(NotFound):
+        await store.get("pods", "de\x00fault", "a")
+    with pytest.raises(NotFound):
+        await store.update("pods", "default", "a\x00", pod("a"))
+    with pytest.raises(NotFound):
+        await store.delete("pods", "default", "\x00")
+    empty = await store.list("pods", "default\x00")
+    assert empty.items == [] and empty.revision == await store.revision()
+    names = [o["metadata"]["name"] for o in (await store.list("pods", "default", after=("default", "a\x00z"))).items]
+    assert names == ["b", "c"]
+    assert (await store.list("pods", None, after=("default\x00", "a"))).items == []
+    w = await store.watch("pods", "default\x00", 0)
+    await w.close()
+
+
 async def test_compare_and_swap(store: Store) -> None:
     a = await store.create("pods", "default", "a", pod("a"))
     b = await store.update("pods", "default", "a", pod("a", v=1), expected_revision=rv(a))
