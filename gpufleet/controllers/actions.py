@@ -160,12 +160,16 @@ class Outcome:
     """What ``apply`` did: the tags of the creates that succeeded, the deletes sent, and the
     first error of a create or a ``must`` delete (already raised unless ``raise_errors`` was
     False); ``answers``: the API's answer to each tagged create that was not counted in
-    expectations (the object as stored)."""
+    expectations (the object as stored); ``failed``: the deletes that failed (NotFound is
+    success); ``owner``: the owner as the last patch or status write answered it, None when
+    neither was sent."""
 
     created: list[Any] = field(default_factory=list)
     answers: dict[Any, dict[str, Any]] = field(default_factory=dict)
     deleted: list[Delete] = field(default_factory=list)
+    failed: list[Delete] = field(default_factory=list)
     error: ApiError | None = None
+    owner: dict[str, Any] | None = None
 
 
 def _kind_word(kind: Any) -> str:
@@ -203,7 +207,7 @@ async def apply(
     for p in actions.patches:
         updated = await client.patch(p.kind, p.name, p.patch, p.namespace, raw=True)
         if p.owner:
-            base = updated
+            base = outcome.owner = updated
 
     versions: dict[tuple[Any, ...], str] = {}
     for u in actions.updates:
@@ -218,7 +222,7 @@ async def apply(
     if actions.status is not None and owner is not None:
         body = base if base is not None else owner.to_dict()
         body["status"] = actions.status
-        await client.update_status(body, raw=True)
+        outcome.owner = await client.update_status(body, raw=True)
 
     errors: list[ApiError] = []
     await _deletes(client, actions.deletes, record, expectations, key, known, errors, outcome)
@@ -264,6 +268,7 @@ async def _deletes(client: Client, deletes: list[Delete], record: Any, expectati
             known.pop(d.forget, None)
 
     async def failed(d: Delete, e: ApiError) -> None:
+        outcome.failed.append(d)
         if d.failure_reason:
             await record(WARNING, d.failure_reason, f"Error deleting: {error_text(e)}")
         if d.must:
