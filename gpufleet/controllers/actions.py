@@ -189,7 +189,7 @@ async def apply(
     known: dict[Any, Any] | None = None,
     raise_errors: bool = True,
 ) -> Outcome:
-    """Carry out ``actions`` for ``owner`` (the object they are about, whose controller key
+    """Carry out ``actions`` for ``owner`` (the object they are about, a model or a wire dict, whose controller key
     is ``key``): Events, patches, updates, status, deletes, creates. Patch, update and status
     errors raise at once; the first create or ``must`` delete error is raised once every delete was tried
     and the create batches stopped (or returned in the outcome with ``raise_errors=False``)."""
@@ -220,7 +220,7 @@ async def apply(
             await record(u.event.type, u.event.reason, u.event.message)
 
     if actions.status is not None and owner is not None:
-        body = base if base is not None else owner.to_dict()
+        body = base if base is not None else (owner.to_dict() if hasattr(owner, "to_dict") else dict(owner))
         body["status"] = actions.status
         outcome.owner = await client.update_status(body, raw=True)
 
