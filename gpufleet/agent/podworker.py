@@ -28,7 +28,6 @@ from gpufleet.agent.envvars import EnvError, build_env, expand_command
 from gpufleet.agent.logfiles import container_log_path
 from gpufleet.agent.probes import Prober, make_action
 from gpufleet.agent.resources import (
-    GPU_INDICES_ANNOTATION,
     HOST_PORTS_ANNOTATION,
     GPUTable,
     PortsUnavailable,
@@ -54,6 +53,7 @@ from gpufleet.agent.runtime.base import (
     SandboxHandle,
     SandboxSpec,
 )
+from gpufleet.api.gpu import GPU_INDICES_ANNOTATION
 from gpufleet.api.quantity import cpu_millis, to_int_bytes
 from gpufleet.client import ApiError, Client, Conflict, EventRecorder, NotFound, TransportError
 from gpufleet.utils.clock import Clock, parse_rfc3339, rfc3339

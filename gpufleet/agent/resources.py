@@ -13,11 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.kubeflow import DEFAULT_PORT_NAME, rendezvous_port
 from gpufleet.api.quantity import parse_quantity
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_INDICES_ANNOTATION = "gpufleet.io/gpu-indices"
 HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"
 
 

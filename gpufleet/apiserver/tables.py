@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import storage
+from gpufleet.api.gpu import GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufleet.api.quantity import to_int_bytes
 from gpufleet.api.registry import ResourceType
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
-
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 _NODE_ROLE_PREFIX = "node-role.kubernetes.io/"
 _NODE_ROLE_LABEL = "kubernetes.io/role"

@@ -35,6 +35,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import kueue as kq
+from gpufleet.api.gpu import (
+    DEFAULT_GROUP,
+    GPU_INDICES_ANNOTATION,
+    GPU_RESOURCE,
+    GPU_TOPOLOGY_ANNOTATION,
+    GPUS_ANNOTATION,
+    SAME_GROUP,
+    parse_gpu_indices,
+    parse_gpus_annotation,
+)
 from gpufleet.api.k8s import Job, Namespace, Node, Pod, PodSpec, PriorityClass
 from gpufleet.api.quantity import parse_quantity
 from gpufleet.api.selectors import LabelSelector
@@ -57,15 +67,6 @@ from gpufleet.controllers._common import (
     timestamp,
 )
 from gpufleet.queueing import admission as adm
-from gpufleet.scheduler.gpu import (
-    DEFAULT_GROUP,
-    GPU_INDICES_ANNOTATION,
-    GPU_TOPOLOGY_ANNOTATION,
-    GPUS_ANNOTATION,
-    SAME_GROUP,
-    parse_gpu_indices,
-    parse_gpus_annotation,
-)
 from gpufleet.scheduler.snapshot import pod_requests
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
@@ -246,12 +247,12 @@ def _node_groups(node: Any) -> dict[str, int]:
         return groups
     status = getattr(node, "status", None)
     alloc = (status.allocatable if status is not None else None) or {}
-    gpus = int(parse_quantity(alloc.get(adm.GPU, "0")))
+    gpus = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
     return {DEFAULT_GROUP: gpus} if gpus else {}
 
 
 def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
-    gpus = pod_requests(pod.spec).get(adm.GPU, 0)
+    gpus = pod_requests(pod.spec).get(GPU_RESOURCE, 0)
     if not gpus:
         return {}
     annotations = objects.meta(pod, "annotations") or {}

@@ -86,6 +86,7 @@ import logging
 import zlib
 from typing import Any
 
+from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.k8s import ConfigMap, Node, Pod
 from gpufleet.api.kubeflow import (
     CREATED,
@@ -154,7 +155,6 @@ CHECKPOINT_ANNOTATION = "gpufleet.io/checkpoint-dir"
 AUTOSCALE_ANNOTATION = "gpufleet.io/elastic-autoscale"
 ELASTIC_REASON_ANNOTATION = "gpufleet.io/elastic-reason"
 CHECKPOINT_ENV = "GPUFLEET_CHECKPOINT_DIR"
-GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PODGROUP_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
 DEFAULT_CHECKPOINT_ROOT = "/var/tmp/gpufleet/checkpoints"

@@ -35,7 +35,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-GPU = "nvidia.com/gpu"
+from gpufleet.api.gpu import GPU_RESOURCE
 
 # Why a workload waits: the first word of its QuotaReserved=False message, and the column
 # `get workloads` shows.
@@ -125,7 +125,7 @@ class PodSetInfo:
 
     @property
     def gpus(self) -> int:
-        return int(self.requests.get(GPU, 0))
+        return int(self.requests.get(GPU_RESOURCE, 0))
 
 
 @dataclass(frozen=True)
@@ -401,8 +401,8 @@ def shape_message(miss: ShapeMiss, flavor: str) -> str:
     where = "one interconnect group of one node" if miss.same_group else "one node"
     free = "+".join(str(n) for n in miss.eligible_free if n) or "0"
     largest = max(miss.eligible_free, default=0)
-    return (f"pod set {miss.pod_set}: {miss.unplaced} pod(s) of {miss.gpus} {GPU} each must fit on {where}; "
-            f"free {GPU} on the {len(miss.eligible_free)} node(s) of flavor {flavor}: {free} "
+    return (f"pod set {miss.pod_set}: {miss.unplaced} pod(s) of {miss.gpus} {GPU_RESOURCE} each must fit on {where}; "
+            f"free {GPU_RESOURCE} on the {len(miss.eligible_free)} node(s) of flavor {flavor}: {free} "
             f"(at most {largest} together)")
 
 
@@ -891,7 +891,7 @@ def _borrows(cq: ClusterQueueInfo, usage: Usage, need: Mapping[FlavorResource, i
 
 def _gpu_flavor(assignment: Assignment, pod_set: str) -> str:
     flavors = assignment.get(pod_set) or {}
-    return flavors.get(GPU) or next(iter(flavors.values()), "")
+    return flavors.get(GPU_RESOURCE) or next(iter(flavors.values()), "")
 
 
 def _format_amount(resource: str, amount: int) -> str:

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpufleet.api.gpu import RACK_LABEL
 from gpufleet.scheduler.framework import FitError, Framework, ScheduleResult
-from gpufleet.scheduler.gpu import RACK_LABEL
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 
 

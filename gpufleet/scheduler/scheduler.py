@@ -43,6 +43,7 @@ from typing import Any
 
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
+from gpufleet.api.gpu import GPUS_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION
 from gpufleet.client.errors import ApiError, Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
@@ -71,7 +72,6 @@ from gpufleet.scheduler.framework import (
     Status,
 )
 from gpufleet.scheduler.gang import GangPlacement, place_gang, plan_gang_preemption
-from gpufleet.scheduler.gpu import GPUS_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION
 from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
 from gpufleet.scheduler.profile import Profile
 from gpufleet.scheduler.queue import QueueClosed, QueuedPodInfo, SchedulingQueue

@@ -17,9 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from gpufleet.api import k8s
-from gpufleet.api.podgroup import POD_GROUP_LABEL
-from gpufleet.api.quantity import cpu_millis, format_quantity, to_int_bytes
-from gpufleet.scheduler.gpu import (
+from gpufleet.api.gpu import (
     GPU_INDICES_ANNOTATION,
     GPU_MEMORY_LABEL,
     GPU_RESOURCE,
@@ -28,6 +26,8 @@ from gpufleet.scheduler.gpu import (
     parse_gpu_indices,
     parse_gpus_annotation,
 )
+from gpufleet.api.podgroup import POD_GROUP_LABEL
+from gpufleet.api.quantity import cpu_millis, format_quantity, to_int_bytes
 from gpufleet.scheduler.volumes import EMPTY as EMPTY_STORAGE
 from gpufleet.scheduler.volumes import StorageState
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sched_factories import make_node, make_pod, node_info, pod_info
 
-from gpufleet.scheduler.gpu import GPU_RESOURCE, parse_gpu_indices, parse_gpus_annotation
+from gpufleet.api.gpu import GPU_RESOURCE, parse_gpu_indices, parse_gpus_annotation
 from gpufleet.scheduler.snapshot import (
     DEFAULT_MEMORY_REQUEST,
     DEFAULT_MILLI_CPU_REQUEST,
