@@ -151,7 +151,8 @@ def _pod(obj: PodLike) -> _Pod:
 
 def _add_into(total: Amounts, more: Mapping[str, Fraction]) -> None:
     for name, amount in more.items():
-        total[name] = total.get(name, Fraction(0)) + amount
+        have = total.get(name)
+        total[name] = amount if have is None else have + amount
 
 
 def _max_into(total: Amounts, other: Mapping[str, Fraction]) -> None:
@@ -188,16 +189,29 @@ def _aggregate(pod: _Pod, which: str, non_missing: Mapping[str, Fraction] | None
     return total
 
 
+def _requests(p: _Pod, non_missing: Mapping[str, Fraction] | None) -> Amounts:
+    total = _aggregate(p, "requests", non_missing)
+    total.update(p.pod_requests)
+    _add_into(total, p.overhead)
+    return total
+
+
 def pod_requests(pod: PodLike, *, non_missing: Mapping[str, Fraction] | None = None) -> Amounts:
     """Kubernetes' ``resource.PodRequests``: the pod's effective request of each resource.
 
     ``non_missing`` counts, for each container that requests none of a resource, that much of
     it (the scheduler scores request-less pods as 100m cpu and 200Mi memory this way)."""
+    return _requests(_pod(pod), non_missing)
+
+
+def pod_requests_and_non_missing(pod: PodLike, non_missing: Mapping[str, Fraction]) -> tuple[Amounts, Amounts]:
+    """``pod_requests(pod)`` and ``pod_requests(pod, non_missing=...)`` from one reading of
+    the pod, as the scheduler needs both for every pod it caches."""
     p = _pod(pod)
-    total = _aggregate(p, "requests", non_missing)
-    total.update(p.pod_requests)
-    _add_into(total, p.overhead)
-    return total
+    exact = _requests(p, None)
+    if all(name in c.requests for c in (*p.containers, *p.init_containers) for name in non_missing):
+        return exact, exact
+    return exact, _requests(p, non_missing)
 
 
 def pod_limits(pod: PodLike) -> Amounts:
