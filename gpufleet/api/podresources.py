@@ -189,19 +189,22 @@ def _aggregate(pod: _Pod, which: str, non_missing: Mapping[str, Fraction] | None
     return total
 
 
-def _requests(p: _Pod, non_missing: Mapping[str, Fraction] | None) -> Amounts:
+def _requests(p: _Pod, non_missing: Mapping[str, Fraction] | None, overhead: bool = True) -> Amounts:
     total = _aggregate(p, "requests", non_missing)
     total.update(p.pod_requests)
-    _add_into(total, p.overhead)
+    if overhead:
+        _add_into(total, p.overhead)
     return total
 
 
-def pod_requests(pod: PodLike, *, non_missing: Mapping[str, Fraction] | None = None) -> Amounts:
+def pod_requests(pod: PodLike, *, non_missing: Mapping[str, Fraction] | None = None,
+                 exclude_overhead: bool = False) -> Amounts:
     """Kubernetes' ``resource.PodRequests``: the pod's effective request of each resource.
 
     ``non_missing`` counts, for each container that requests none of a resource, that much of
-    it (the scheduler scores request-less pods as 100m cpu and 200Mi memory this way)."""
-    return _requests(_pod(pod), non_missing)
+    it (the scheduler scores request-less pods as 100m cpu and 200Mi memory this way);
+    ``exclude_overhead`` leaves ``spec.overhead`` out (the LimitRanger's view)."""
+    return _requests(_pod(pod), non_missing, not exclude_overhead)
 
 
 def pod_requests_and_non_missing(pod: PodLike, non_missing: Mapping[str, Fraction]) -> tuple[Amounts, Amounts]:
@@ -214,13 +217,13 @@ def pod_requests_and_non_missing(pod: PodLike, non_missing: Mapping[str, Fractio
     return exact, _requests(p, non_missing)
 
 
-def pod_limits(pod: PodLike) -> Amounts:
+def pod_limits(pod: PodLike, *, exclude_overhead: bool = False) -> Amounts:
     """Kubernetes' ``resource.PodLimits``: the pod's effective limit of each resource that
     has one; overhead is added only to limits that are set and non-zero."""
     p = _pod(pod)
     total = _aggregate(p, "limits", None)
     total.update(p.pod_limits)
-    for name, amount in p.overhead.items():
+    for name, amount in () if exclude_overhead else p.overhead.items():
         if total.get(name):
             total[name] += amount
     return total
