@@ -108,7 +108,9 @@ from gpufleet.api.kubeflow import (
     replicas_of,
     run_policy,
 )
+from gpufleet.api.podresources import container_gpu_request, pod_gpu_request
 from gpufleet.api.quantity import parse_quantity
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples
 from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Controller, Requeue
@@ -211,21 +213,8 @@ def nproc_per_node(job: PyTorchJob, container: dict[str, Any]) -> str:
         return str(ep.n_proc_per_node)
     if job.spec is not None and job.spec.nproc_per_node:
         return job.spec.nproc_per_node
-    gpus = _container_gpus(container)
+    gpus = container_gpu_request(container)
     return str(gpus) if gpus > 0 else "1"
-
-
-def _container_gpus(container: dict[str, Any]) -> int:
-    res = container.get("resources") or {}
-    value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
-    try:
-        return int(parse_quantity(value)) if value is not None else 0
-    except ValueError:
-        return 0
-
-
-def pod_gpu_request(pod_spec: dict[str, Any]) -> int:
-    return sum(_container_gpus(c) for c in pod_spec.get("containers") or [])
 
 
 def checkpoint_dir(job: PyTorchJob, root: str) -> str:
@@ -1084,8 +1073,7 @@ class PyTorchJobController:
         lo, hi = elastic_bounds(job)
         workers = replicas_of(job, WORKER)
         template = replica_specs(job)[WORKER].template
-        tspec = template.spec.to_dict() if template is not None and template.spec is not None else {}
-        need = pod_gpu_request(tspec)
+        need = pod_gpu_request(template) if template is not None else 0
         job_priority = max((self._priority(p.spec) for p in current), default=0)
         mine = {objects.uid_of(p) for p in self._pods(job)}
         waiting = [p for p in self.pod_informer.list()
@@ -1094,7 +1082,7 @@ class PyTorchJobController:
         free = self._free_gpus()
         if workers > lo:
             blocked = [p for p in waiting if self._priority(p.spec) > job_priority
-                       and pod_gpu_request(p.spec.to_dict() if p.spec else {}) > max(free.values(), default=0)]
+                       and pod_gpu_request(p) > max(free.values(), default=0)]
             if blocked:
                 why = (f"pod {objects.namespace_of(blocked[0])}/{objects.name_of(blocked[0])} of higher priority "
                        f"waits for GPUs")
@@ -1116,12 +1104,12 @@ class PyTorchJobController:
         for p in self.pod_informer.list():
             node = p.spec.node_name if p.spec is not None else None
             if node and pod_phase(p) not in ("Succeeded", "Failed"):
-                used[node] = used.get(node, 0) + pod_gpu_request(p.spec.to_dict())
+                used[node] = used.get(node, 0) + pod_gpu_request(p)
         out: dict[str, int] = {}
         for node in self.node_informer.list():
             if node.spec is not None and node.spec.unschedulable:
                 continue
-            if any(t.effect in ("NoSchedule", "NoExecute") for t in (node.spec.taints if node.spec else None) or []):
+            if taint_tuples(node.spec.taints if node.spec else None, (NO_SCHEDULE, NO_EXECUTE)):
                 continue
             status = node.status
             ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions if status else None) or [])
