@@ -28,7 +28,7 @@ from gpufleet.api.gpu import (
     parse_gpus_annotation,
 )
 from gpufleet.api.podgroup import POD_GROUP_LABEL
-from gpufleet.api.quantity import cpu_millis, format_quantity, to_int_bytes
+from gpufleet.api.quantity import format_quantity, whole_amount
 from gpufleet.api.taints import PREFER_NO_SCHEDULE, taint_tuples, toleration_tuples
 from gpufleet.scheduler.volumes import EMPTY as EMPTY_STORAGE
 from gpufleet.scheduler.volumes import StorageState
@@ -55,27 +55,22 @@ _NONZERO_MEMORY = "\x00nonzero-memory"
 def _amount(resource: str, quantity: str) -> int:
     # Kubernetes compares cpu in millicores (MilliValue) and everything else in whole units
     # (Value), both rounded up; manifests repeat a few quantities, hence the memo.
-    return cpu_millis(quantity) if resource == CPU else to_int_bytes(quantity)
+    return whole_amount(resource, quantity)
 
 
 # What a container that requests no cpu/memory is scored as (the non-missing requests).
 _NON_MISSING = {CPU: Fraction(DEFAULT_MILLI_CPU_REQUEST, 1000), MEMORY: Fraction(DEFAULT_MEMORY_REQUEST)}
 
 
-def _whole(resource: str, amount: Fraction) -> int:
-    # Kubernetes rounds the pod's total up: MilliValue() for cpu, Value() for the rest.
-    scale = 1000 if resource == CPU else 1
-    return -(-amount.numerator * scale // amount.denominator)
-
-
 def pod_requests(spec: k8s.PodSpec) -> dict[str, int]:
     """A pod's effective requests as integers (cpu in millicores), by Kubernetes' rule
     (:func:`gpufleet.api.podresources.pod_requests`), with the cpu and memory it is scored
     as under two private keys (request-less containers counted as 100m and 200Mi)."""
+    # Kubernetes rounds the pod's total up, not each container.
     exact, nonzero = podresources.pod_requests_and_non_missing(spec, _NON_MISSING)
-    total = {name: _whole(name, amount) for name, amount in exact.items()}
-    total[_NONZERO_CPU] = _whole(CPU, nonzero.get(CPU, Fraction(0)))
-    total[_NONZERO_MEMORY] = _whole(MEMORY, nonzero.get(MEMORY, Fraction(0)))
+    total = {name: whole_amount(name, amount) for name, amount in exact.items()}
+    total[_NONZERO_CPU] = whole_amount(CPU, nonzero.get(CPU, Fraction(0)))
+    total[_NONZERO_MEMORY] = whole_amount(MEMORY, nonzero.get(MEMORY, Fraction(0)))
     return total
 
 
