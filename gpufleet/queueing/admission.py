@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpufleet.api.gpu import GPU_RESOURCE
+from gpufleet.api.taints import TaintTuple, TolerationTuple, tolerates_all
 
 # Why a workload waits: the first word of its QuotaReserved=False message, and the column
 # `get workloads` shows.
@@ -100,9 +101,9 @@ class ClusterQueueInfo:
 
 
 # (key, operator, value, effect), as Kubernetes' Toleration.
-Toleration = tuple[str, str, str, str]
+Toleration = TolerationTuple
 # (key, value, effect) of a node taint that keeps pods off (NoSchedule, NoExecute).
-Taint = tuple[str, str, str]
+Taint = TaintTuple
 
 
 @dataclass(frozen=True)
@@ -332,16 +333,8 @@ def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _tolerates(t: Toleration, key: str, value: str, effect: str) -> bool:
-    """Kubernetes' ToleratesTaint."""
-    t_key, operator, t_value, t_effect = t
-    if (t_effect and t_effect != effect) or (t_key and t_key != key):
-        return False
-    return operator == "Exists" or (operator in ("", "Equal") and t_value == value)
-
-
 def _allowed(node: NodeInfo, tolerations: tuple[Toleration, ...]) -> bool:
-    return all(any(_tolerates(t, *taint) for t in tolerations) for taint in node.taints)
+    return tolerates_all(node.taints, tolerations)
 
 
 def _room(groups: Mapping[str, int], same_group: bool) -> int:
