@@ -28,14 +28,11 @@ from gpufleet.agent.envvars import EnvError, build_env, expand_command
 from gpufleet.agent.logfiles import container_log_path
 from gpufleet.agent.probes import Prober, make_action
 from gpufleet.agent.resources import (
-    GPU_INDICES_ANNOTATION,
     HOST_PORTS_ANNOTATION,
     GPUTable,
     PortsUnavailable,
     PortTable,
     parse_host_ports,
-    parse_indices,
-    pod_gpus,
     port_env,
     port_requests,
     split_gpus,
@@ -54,6 +51,8 @@ from gpufleet.agent.runtime.base import (
     SandboxHandle,
     SandboxSpec,
 )
+from gpufleet.api.gpu import GPU_INDICES_ANNOTATION, format_gpu_indices, parse_gpu_indices
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.api.quantity import cpu_millis, to_int_bytes
 from gpufleet.client import ApiError, Client, Conflict, EventRecorder, NotFound, TransportError
 from gpufleet.utils.clock import Clock, parse_rfc3339, rfc3339
@@ -1057,13 +1056,13 @@ class PodWorker:
             return True
         ctx = self.ctx
         ann = (self.pod.get("metadata") or {}).get("annotations") or {}
-        need = pod_gpus(self.pod)
+        need = pod_gpu_request(self.pod)
         gpus = ctx.gpus()
         known = {g.index: g for g in gpus}
         if self.gpu_indices is None:
             text = (ann.get(GPU_INDICES_ANNOTATION) or "").strip()
             if text:
-                indices = parse_indices(text)
+                indices = list(parse_gpu_indices(text))
                 missing = [i for i in indices if i not in known]
                 if missing:
                     return self._blocked("GPUsUnavailable", f"GPU {missing[0]} does not exist on node {ctx.node_name}")
@@ -1131,7 +1130,7 @@ class PodWorker:
         if self.ports and (ann or {}).get(HOST_PORTS_ANNOTATION) is None:
             want[HOST_PORTS_ANNOTATION] = json.dumps(self.ports, separators=(",", ":"), sort_keys=True)
         if self.chose_gpus and self.gpu_indices is not None and not (ann or {}).get(GPU_INDICES_ANNOTATION):
-            want[GPU_INDICES_ANNOTATION] = ",".join(str(i) for i in sorted(self.gpu_indices))
+            want[GPU_INDICES_ANNOTATION] = format_gpu_indices(self.gpu_indices)
         if not want:
             self.metadata_synced = True
             self.chose_gpus = False

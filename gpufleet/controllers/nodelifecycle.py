@@ -40,6 +40,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpufleet.api.k8s import Lease, Node, Pod
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, tolerates
 from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Controller, Requeue
@@ -63,8 +64,6 @@ LEASE_NAMESPACE = "kube-node-lease"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 NOT_READY = "node.kubernetes.io/not-ready"
 UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
-NO_SCHEDULE = "NoSchedule"
-NO_EXECUTE = "NoExecute"
 # The taints this controller owns; it adds and removes only these.
 MANAGED_TAINTS = {
     (UNREACHABLE, NO_SCHEDULE), (UNREACHABLE, NO_EXECUTE),
@@ -115,22 +114,6 @@ class NodeHealth:
         self.state = state
         self.history.append((state, now))
         return True
-
-
-def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
-    """Kubernetes' Toleration.ToleratesTaint."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    if key and key != taint.get("key"):
-        return False
-    operator = toleration.get("operator") or "Equal"
-    if operator == "Exists":
-        return True
-    if operator == "Equal":
-        return (toleration.get("value") or "") == (taint.get("value") or "")
-    return False
 
 
 def effective_tolerations(pod: Any, default_seconds: float) -> list[dict[str, Any]]:

@@ -97,6 +97,7 @@ from gpufleet.controllers.pytorchjob.model import (
     RESIZE_ANNOTATION,
     RESTARTS_ANNOTATION,
     gang_wait_reason,
+    pod_gpu_request,
 )
 
 __all__ = [
@@ -118,4 +119,5 @@ __all__ = [
     "decide",
     "gang_wait_reason",
     "phase",
+    "pod_gpu_request",
 ]

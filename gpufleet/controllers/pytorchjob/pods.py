@@ -20,6 +20,7 @@ from gpufleet.api.kubeflow import (
     run_policy,
 )
 from gpufleet.api.quantity import parse_quantity
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples
 from gpufleet.client import objects
 from gpufleet.controllers._common import is_being_deleted, owner_reference, pod_from_template, pod_phase
 from gpufleet.controllers.pytorchjob.model import (
@@ -285,12 +286,12 @@ def free_gpus(nodes: list[Any], pods: list[Any]) -> dict[str, int]:
     for p in pods:
         node = p.spec.node_name if p.spec is not None else None
         if node and pod_phase(p) not in ("Succeeded", "Failed"):
-            used[node] = used.get(node, 0) + pod_gpu_request(p.spec.to_dict())
+            used[node] = used.get(node, 0) + pod_gpu_request(p)
     out: dict[str, int] = {}
     for node in nodes:
         if node.spec is not None and node.spec.unschedulable:
             continue
-        if any(t.effect in ("NoSchedule", "NoExecute") for t in (node.spec.taints if node.spec else None) or []):
+        if taint_tuples(node.spec.taints if node.spec else None, (NO_SCHEDULE, NO_EXECUTE)):
             continue
         status = node.status
         ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions if status else None) or [])
