@@ -38,6 +38,7 @@ def build_asgi_app(handler: Handler) -> Starlette:
             query=list(request.query_params.multi_items()),
             headers=_headers(request),
             body=await request.body(),
+            remote_addr=request.client.host if request.client else "",
         )
         resp = await handler.handle(raw)
         headers = {k: v for k, v in resp.headers.items() if k not in ("content-type", "transfer-encoding")}

@@ -12,6 +12,11 @@ from gpufleet.cli.commands.up import (
     AdmissionConfigOption,
     AdvertiseAddressOption,
     ApiAudiencesOption,
+    AuditLogMaxAgeOption,
+    AuditLogMaxBackupOption,
+    AuditLogMaxSizeOption,
+    AuditLogPathOption,
+    AuditPolicyOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
@@ -24,6 +29,7 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    audit_options,
     check_advertise_address,
     check_port_free,
     pod_security_config,
@@ -69,6 +75,11 @@ def register(app: typer.Typer) -> None:
         local_path_dir: str = typer.Option("/var/lib/gpufleet/local-path", "--local-path-dir", help=LocalPathHelp),
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
+        audit_policy_file: Path | None = AuditPolicyOption,
+        audit_log_path: str | None = AuditLogPathOption,
+        audit_log_maxsize: int = AuditLogMaxSizeOption,
+        audit_log_maxbackup: int = AuditLogMaxBackupOption,
+        audit_log_maxage: int = AuditLogMaxAgeOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -86,6 +97,8 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"cannot create {db_dir} for the database ({exc.strerror}); "
                                          "choose a directory you can write to", param_hint="--store") from None
         pod_security = pod_security_config(pod_security_default, admission_config_file)
+        audit = audit_options(audit_policy_file, audit_log_path, audit_log_maxsize, audit_log_maxbackup,
+                              audit_log_maxage)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
@@ -93,7 +106,8 @@ def register(app: typer.Typer) -> None:
                                              service_account_signing_key_file=service_account_signing_key_file,
                                              service_account_key_files=service_account_key_file,
                                              service_account_issuers=service_account_issuer,
-                                             api_audiences=api_audiences))
+                                             api_audiences=api_audiences),
+                          **audit)
         cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
