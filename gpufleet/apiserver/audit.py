@@ -317,7 +317,11 @@ class AuditLog:
         p = Path(self.path)
         now = time.time()
         stamp = time.strftime("%Y-%m-%dT%H-%M-%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}"
-        os.replace(p, p.with_name(f"{p.stem}-{stamp}{p.suffix}"))
+        target, n = p.with_name(f"{p.stem}-{stamp}{p.suffix}"), 0
+        while target.exists():  # two rotations within a millisecond
+            n += 1
+            target = p.with_name(f"{p.stem}-{stamp}-{n}{p.suffix}")
+        os.replace(p, target)
         self._open()
         backups = sorted(p.parent.glob(f"{p.stem}-*{p.suffix}"), key=lambda b: b.stat().st_mtime, reverse=True)
         for i, b in enumerate(backups):
