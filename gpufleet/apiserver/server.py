@@ -259,6 +259,9 @@ class ApiServer:
             log.exception("internal error serving %s %s", req.method, req.path)
             err = internal(f"{type(e).__name__}: {e}")
             resp = _json_response(500, err.status())
+        except BaseException:  # cancelled: the client went away
+            self.telemetry.abandoned(rec)
+            raise
         return self.telemetry.finish(rec, resp)
 
     async def _handle(self, req: RawRequest, rec: RequestRecord) -> RawResponse:

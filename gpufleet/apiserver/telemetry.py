@@ -77,6 +77,9 @@ class Telemetry:
         if rec.audit.logged and "RequestReceived" not in rec.audit.omit_stages:
             self._emit(rec, "RequestReceived", None)
 
+    def abandoned(self, rec: RequestRecord) -> None:
+        self.metrics.inflight.labels(rec.inflight_kind).dec()
+
     def finish(self, rec: RequestRecord, resp: RawResponse) -> RawResponse:
         self.metrics.inflight.labels(rec.inflight_kind).dec()
         if rec.info is None:
@@ -117,6 +120,9 @@ class Telemetry:
             if watchers is not None:
                 watchers.dec()
             self._record(rec, resp, sent)
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()  # the watch underneath ends now, not when collected
 
     def _record(self, rec: RequestRecord, resp: RawResponse, size: int) -> None:
         elapsed = time.perf_counter() - rec.started
