@@ -71,8 +71,7 @@ class ApiMetrics:
         self.inflight = Gauge(
             "apiserver_current_inflight_requests", "Number of requests being served now (not counting "
             "long-running ones) by request kind.", ["request_kind"], registry=r)
-        for kind in ("readOnly", "mutating"):
-            self.inflight.labels(kind).set(0)
+        self.inflight_of = {kind: self.inflight.labels(kind) for kind in ("readOnly", "mutating")}
         self.storage_latency = Histogram(
             "etcd_request_duration_seconds", "Store (SQLite or PostgreSQL) request latency in seconds for each "
             "operation and object type.", ["operation", "type"], buckets=_LATENCY_BUCKETS, registry=r)
@@ -82,6 +81,21 @@ class ApiMetrics:
             "apiserver_audit_error", "Counter of audit events that failed to be audited properly. Plugin "
             "identifies the plugin affected by the error.", ["plugin"], registry=r)
         ProcessCollector(registry=r)
+        self._series: dict[tuple, tuple[Any, Any, Any]] = {}
+
+    def series(self, labels: dict[str, str], code: int) -> tuple[Any, Any, Any]:
+        """The request counter, latency and (GET, LIST) response size series of one label set,
+        looked up once."""
+        key = (labels["verb"], labels["dry_run"], labels["group"], labels["version"], labels["resource"],
+               labels["subresource"], labels["scope"], code)
+        found = self._series.get(key)
+        if found is None:
+            base = (*key[:7], COMPONENT)
+            sized = (key[0], *key[2:7], COMPONENT) if key[0] in ("GET", "LIST") else None
+            found = (self.requests.labels(*base, str(code)), self.latency.labels(*base),
+                     self.response_sizes.labels(*sized) if sized else None)
+            self._series[key] = found
+        return found
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text format, version 0.0.4 (what kube-apiserver serves)."""

@@ -7,17 +7,16 @@ The first rule of the policy that matches decides; a request no rule matches is 
 Metadata holds who, what, when, from where and the answer's status, never a body, so a
 Secret's data is in the log only at Request or RequestResponse level.
 
-Lines are written by a thread of their own, behind a bounded queue: a request never waits on
-the disk. When the queue is full (the disk stalled) the event is dropped and counted in
+Lines are written by a thread of their own, in batches, from a bounded buffer: a request never
+waits on the disk. When the buffer is full (the disk stalled) the event is dropped and counted in
 ``apiserver_audit_error_total{plugin="log"}``, as kube-apiserver's batching backend does.
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
 import logging
 import os
-import queue
 import sys
 import threading
 import time
@@ -243,15 +242,20 @@ class LogOptions:
 
 
 class AuditLog:
-    """Appends lines to ``path`` (``-``: standard output) from a thread of its own."""
+    """Appends lines to ``path`` (``-``: standard output) from a thread of its own. The request
+    side only appends to a buffer; the thread takes what gathered, at most every
+    ``LINGER`` seconds, and writes it in one go."""
 
     QUEUE_SIZE = 10000
+    LINGER = 0.01
 
     def __init__(self, path: str, options: LogOptions | None = None, on_drop: Any = None) -> None:
         self.path = path
         self.options = options or LogOptions()
         self.on_drop = on_drop
-        self._queue: queue.Queue[bytes | None] = queue.Queue(self.QUEUE_SIZE)
+        self._pending: collections.deque[bytes] = collections.deque()
+        self._wake = threading.Event()
+        self._closing = False
         self._fd: int | None = None
         self._size = 0
         self._open()
@@ -270,44 +274,56 @@ class AuditLog:
 
     def write(self, line: bytes) -> bool:
         """Queue one line (without its newline); False when it had to be dropped."""
-        try:
-            self._queue.put_nowait(line)
-            return True
-        except queue.Full:
+        if len(self._pending) >= self.QUEUE_SIZE or self._closing:
             if self.on_drop is not None:
                 self.on_drop()
             return False
+        self._pending.append(line)
+        if not self._wake.is_set():
+            self._wake.set()
+        return True
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            self._wake.wait()
+            if not self._closing:
+                time.sleep(self.LINGER)  # let a batch gather: one wake-up and one write for many lines
+            self._wake.clear()
+            batch = []
+            while self._pending:
+                batch.append(self._pending.popleft())
+            if batch:
+                self._write(batch)
+            if self._closing and not self._pending:
                 return
-            batch = [item]
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < 512:
-                    nxt = self._queue.get_nowait()
-                    if nxt is None:
-                        self._write(batch)
-                        return
-                    batch.append(nxt)
-            self._write(batch)
 
     def _write(self, lines: list[bytes]) -> None:
+        limit = self.options.max_size_mb * 1024 * 1024 if self.path != "-" else 0
         try:
+            chunk: list[bytes] = []
+            size = 0
             for line in lines:
                 data = line + b"\n"
-                limit = self.options.max_size_mb * 1024 * 1024
-                if limit and self.path != "-" and self._size and self._size + len(data) > limit:
+                if limit and self._size + size and self._size + size + len(data) > limit:
+                    self._flush(chunk)
+                    chunk, size = [], 0
                     self._rotate()
-                assert self._fd is not None
-                os.write(self._fd, data)
-                self._size += len(data)
+                chunk.append(data)
+                size += len(data)
+            self._flush(chunk)
         except OSError as e:
             log.error("audit log %s: %s", self.path, e)
             if self.on_drop is not None:
                 for _ in lines:
                     self.on_drop()
+
+    def _flush(self, chunk: list[bytes]) -> None:
+        data = b"".join(chunk)
+        assert self._fd is not None
+        while data:
+            n = os.write(self._fd, data)
+            self._size += n
+            data = data[n:]
 
     def _rotate(self) -> None:
         """As kube-apiserver's (lumberjack): ``audit.log`` becomes
@@ -333,7 +349,8 @@ class AuditLog:
     def close(self) -> None:
         if not self._thread.is_alive():
             return
-        self._queue.put(None)
+        self._closing = True
+        self._wake.set()
         self._thread.join(timeout=10)
         if self._fd is not None and self.path != "-":
             os.close(self._fd)

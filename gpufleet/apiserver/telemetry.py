@@ -37,7 +37,7 @@ class RequestRecord:
     req: RawRequest
     received: float  # the server clock's time, for the audit timestamps
     started: float = field(default_factory=time.perf_counter)
-    audit_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    audit_id: str = ""  # made when the first event of the request is
     info: RequestInfo | None = None
     user: UserInfo | None = None
     # "allow" / "forbid" once an authorizer has decided.
@@ -65,7 +65,7 @@ class Telemetry:
     def begin(self, req: RawRequest) -> RequestRecord:
         rec = RequestRecord(req, self.api.clock.now())
         rec.inflight_kind = apimetrics.request_kind(req.method.lower())
-        self.metrics.inflight.labels(rec.inflight_kind).inc()
+        self.metrics.inflight_of[rec.inflight_kind].inc()
         return rec
 
     def authenticated(self, rec: RequestRecord, info: RequestInfo, user: UserInfo) -> None:
@@ -78,10 +78,10 @@ class Telemetry:
             self._emit(rec, "RequestReceived", None)
 
     def abandoned(self, rec: RequestRecord) -> None:
-        self.metrics.inflight.labels(rec.inflight_kind).dec()
+        self.metrics.inflight_of[rec.inflight_kind].dec()
 
     def finish(self, rec: RequestRecord, resp: RawResponse) -> RawResponse:
-        self.metrics.inflight.labels(rec.inflight_kind).dec()
+        self.metrics.inflight_of[rec.inflight_kind].dec()
         if rec.info is None:
             req = rec.req
             rec.info = parse_request(req.method.upper(), req.path.rstrip("/") or "/", False)
@@ -127,14 +127,11 @@ class Telemetry:
     def _record(self, rec: RequestRecord, resp: RawResponse, size: int) -> None:
         elapsed = time.perf_counter() - rec.started
         labels = self._labels(rec, resp.status)
-        m = self.metrics
-        base = (labels["verb"], labels["dry_run"], labels["group"], labels["version"], labels["resource"],
-                labels["subresource"], labels["scope"], apimetrics.COMPONENT)
-        m.requests.labels(*base, str(resp.status)).inc()
-        m.latency.labels(*base).observe(elapsed)
-        if labels["verb"] in ("GET", "LIST"):
-            m.response_sizes.labels(labels["verb"], labels["group"], labels["version"], labels["resource"],
-                                    labels["subresource"], labels["scope"], apimetrics.COMPONENT).observe(size)
+        counter, latency, sizes = self.metrics.series(labels, resp.status)
+        counter.inc()
+        latency.observe(elapsed)
+        if sizes is not None:
+            sizes.observe(size)
         if rec.audit.logged and "ResponseComplete" not in rec.audit.omit_stages:
             self._emit(rec, "ResponseComplete", resp)
 
@@ -147,10 +144,8 @@ class Telemetry:
         out = {"verb": apimetrics.reported_verb(info, rec.req.headers.get("content-type", "")),
                "dry_run": dry_run if dry_run == "All" else "", "scope": apimetrics.scope(info)}
         if info.is_resource_request:
-            known = ((info.group, info.version) in self.api.extra_groups
-                     or self.api.registry.by_resource(info.group, info.version, info.resource) is not None)
-            if known:
-                rt = self.api.registry.by_resource(info.group, info.version, info.resource)
+            rt = self.api.registry.by_resource(info.group, info.version, info.resource)
+            if rt is not None or (info.group, info.version) in self.api.extra_groups:
                 sub = info.subresource
                 if sub and rt is not None and sub not in rt.subresources:
                     sub = "other"
@@ -171,6 +166,8 @@ class Telemetry:
 
     def _emit(self, rec: RequestRecord, stage: str, resp: RawResponse | None) -> None:
         assert self.auditor is not None
+        if not rec.audit_id:
+            rec.audit_id = str(uuid.uuid4())
         try:
             line = orjson.dumps(self._event(rec, stage, resp))
         except TypeError:
