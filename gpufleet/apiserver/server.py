@@ -82,7 +82,7 @@ def _truthy(v: str | None) -> bool:
     return v is not None and v.lower() in ("true", "1", "yes")
 
 
-def method_is_read(method: str) -> bool:
+def _is_read(method: str) -> bool:
     return method.upper() in ("GET", "HEAD")
 
 
@@ -370,7 +370,7 @@ class ApiServer:
                         return _json_response(200, {"kind": "APIResourceList", "apiVersion": "v1",
                                                     "groupVersion": f"{parts[1]}/{parts[2]}",
                                                     "resources": resources})
-        if path == "/metrics" and method_is_read(req.method):
+        if path == "/metrics" and _is_read(req.method):
             body, content_type = self.telemetry.metrics.render()
             return RawResponse(200, {"content-type": content_type}, body)
         if path == "/openapi/v3":

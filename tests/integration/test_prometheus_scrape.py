@@ -69,7 +69,8 @@ async def wait_for(what: str, check: Any, within: float = 90.0) -> Any:
     deadline = loop.time() + within
     last: Any = None
     while loop.time() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
+        # Until Prometheus is ready its API answers 503 in plain text.
+        with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
             ok, last = await check()
             if ok:
                 return last
