@@ -48,6 +48,7 @@ def build_asgi_app(handler: Handler) -> Starlette:
             query=list(request.query_params.multi_items()),
             headers=_headers(request),
             body=await request.body(),
+            remote_addr=request.client.host if request.client else "",
         )
         resp = await handler.handle(raw)
         # The last line of defence: a header value that cannot be encoded would fail the

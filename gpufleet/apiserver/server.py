@@ -38,6 +38,7 @@ from gpufleet.apiserver.admission import (
     standard_plugins,
 )
 from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
+from gpufleet.apiserver.apimetrics import InstrumentedStore
 from gpufleet.apiserver.errors import (
     ApiException,
     already_exists,
@@ -52,6 +53,7 @@ from gpufleet.apiserver.eviction import evict
 from gpufleet.apiserver.headers import safe_headers, warning_header
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_json, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
+from gpufleet.apiserver.telemetry import RequestRecord, Telemetry
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
 from gpufleet.utils.http import RawRequest, RawResponse
@@ -79,6 +81,18 @@ Authorizer = Callable[[UserInfo, RequestInfo], Awaitable[bool]]
 
 def _truthy(v: str | None) -> bool:
     return v is not None and v.lower() in ("true", "1", "yes")
+
+
+def _is_read(method: str) -> bool:
+    return method.upper() in ("GET", "HEAD")
+
+
+async def _decided(rec: RequestRecord, verdict: Awaitable[bool]) -> bool:
+    """The authorizer's verdict, noted for the audit log (a refusal it raises is one too)."""
+    rec.decision = "forbid"
+    allowed = await verdict
+    rec.decision = "allow" if allowed else "forbid"
+    return allowed
 
 
 def _dumps(obj: Any) -> bytes:
@@ -194,7 +208,10 @@ class ApiServer:
     ) -> None:
         """``pod_security``: the PodSecurity plugin's configuration in the standard chain
         (default: enforce baseline in every namespace but kube-system)."""
-        self.store = store
+        # Metrics (/metrics) and, once enabled, audit logging of every request; store calls
+        # are timed through the wrapper.
+        self.telemetry = Telemetry(self)
+        self.store = InstrumentedStore(store, self.telemetry.metrics)
         self.registry = registry
         self.clock = clock
         self.event_ttl = event_ttl
@@ -232,8 +249,11 @@ class ApiServer:
     # ------------------------------------------------------------------ dispatch
 
     async def handle(self, req: RawRequest) -> RawResponse:
+        """Every request passes here once: its metrics and audit events are recorded around
+        the dispatch (telemetry.py), nowhere else."""
+        rec = self.telemetry.begin(req)
         try:
-            resp = await self._handle(req)
+            resp = await self._handle(req, rec)
         except ApiException as e:
             resp = _json_response(e.code, e.status(), e.headers)
         except store_base.TransformError as e:  # a stored value this server has no key for
@@ -243,11 +263,14 @@ class ApiServer:
             log.exception("internal error serving %s %s", req.method, req.path)
             err = internal(f"{type(e).__name__}: {e}")
             resp = _json_response(500, err.status())
+        except BaseException:  # cancelled: the client went away
+            self.telemetry.abandoned(rec)
+            raise
         # After a write is stored its answer must reach the client: no header may fail to encode.
         resp.headers = safe_headers(resp.headers)
-        return resp
+        return self.telemetry.finish(rec, resp)
 
-    async def _handle(self, req: RawRequest) -> RawResponse:
+    async def _handle(self, req: RawRequest, rec: RequestRecord) -> RawResponse:
         path = req.path.rstrip("/") or "/"
         method = req.method.upper()
         if path in ("/healthz", "/readyz", "/livez"):
@@ -258,8 +281,10 @@ class ApiServer:
         info = parse_request(method, path, is_watch, req.param("fieldSelector") or "",
                              req.param("labelSelector") or "")
         user = await self._authenticate(req)
+        self.telemetry.authenticated(rec, info, user)
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
-            if not await self.authorizer(user, info):
+            allowed = await _decided(rec, self.authorizer(user, info))
+            if not allowed:
                 what = f'{info.resource}{"/" + info.subresource if info.subresource else ""}'
                 scope = f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"
                 group = f' in API group "{info.group}"' if info.is_resource_request else ""
@@ -359,6 +384,9 @@ class ApiServer:
                         return _json_response(200, {"kind": "APIResourceList", "apiVersion": "v1",
                                                     "groupVersion": f"{parts[1]}/{parts[2]}",
                                                     "resources": resources})
+        if path == "/metrics" and _is_read(req.method):
+            body, content_type = self.telemetry.metrics.render()
+            return RawResponse(200, {"content-type": content_type}, body)
         if path == "/openapi/v3":
             return _json_response(200, openapi.openapi_v3_index(self.registry))
         if parts[:2] == ["openapi", "v3"] and len(parts) >= 4:

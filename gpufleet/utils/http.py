@@ -21,6 +21,8 @@ class RawRequest:
     # Header names in lower case.
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    # The peer's address, as the HTTP server saw it ("" in-process): the audit log's sourceIPs.
+    remote_addr: str = ""
 
     def param(self, name: str, default: str | None = None) -> str | None:
         for k, v in self.query:

@@ -13,6 +13,11 @@ from gpufleet.cli.commands.up import (
     AdvertiseAddressOption,
     ApiAudiencesOption,
     EncryptionConfigOption,
+    AuditLogMaxAgeOption,
+    AuditLogMaxBackupOption,
+    AuditLogMaxSizeOption,
+    AuditLogPathOption,
+    AuditPolicyOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
@@ -27,6 +32,7 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    audit_options,
     check_advertise_address,
     check_port_free,
     encryption_config,
@@ -76,6 +82,11 @@ def register(app: typer.Typer) -> None:
         encryption_provider_config: Path | None = EncryptionConfigOption,
         max_node_gpus: int | None = MaxNodeGpusOption,
         node_name_allowed: list[str] = NodeNameAllowedOption,
+        audit_policy_file: Path | None = AuditPolicyOption,
+        audit_log_path: str | None = AuditLogPathOption,
+        audit_log_maxsize: int = AuditLogMaxSizeOption,
+        audit_log_maxbackup: int = AuditLogMaxBackupOption,
+        audit_log_maxage: int = AuditLogMaxAgeOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -94,6 +105,8 @@ def register(app: typer.Typer) -> None:
                                          "choose a directory you can write to", param_hint="--store") from None
         pod_security = pod_security_config(pod_security_default, admission_config_file)
         encryption = encryption_config(encryption_provider_config)
+        audit = audit_options(audit_policy_file, audit_log_path, audit_log_maxsize, audit_log_maxbackup,
+                              audit_log_maxage)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
@@ -101,7 +114,8 @@ def register(app: typer.Typer) -> None:
                                              service_account_signing_key_file=service_account_signing_key_file,
                                              service_account_key_files=service_account_key_file,
                                              service_account_issuers=service_account_issuer,
-                                             api_audiences=api_audiences))
+                                             api_audiences=api_audiences),
+                          **audit)
         cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
