@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from apiserver_helpers import PODS, Api
+
 from gpufleet.apiserver.admission.limitrange import violations
 
 LIMITS = "/api/v1/namespaces/default/limitranges"
