@@ -83,6 +83,7 @@ The package: ``model`` (names, labels, the facts read from a job and its pods), 
 with the table of phase transitions), ``controller`` (events, snapshot, apply).
 """
 
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.controllers.pytorchjob.controller import PyTorchJobController
 from gpufleet.controllers.pytorchjob.decide import TRANSITIONS, Memory, Observed, Settings, decide, phase
 from gpufleet.controllers.pytorchjob.model import (
@@ -97,7 +98,6 @@ from gpufleet.controllers.pytorchjob.model import (
     RESIZE_ANNOTATION,
     RESTARTS_ANNOTATION,
     gang_wait_reason,
-    pod_gpu_request,
 )
 
 __all__ = [

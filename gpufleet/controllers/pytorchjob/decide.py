@@ -31,6 +31,7 @@ from gpufleet.api.kubeflow import (
     replicas_of,
     run_policy,
 )
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.client import objects
 from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.controllers._common import find_condition, is_being_deleted, pod_phase, status_dict, timestamp
@@ -56,7 +57,6 @@ from gpufleet.controllers.pytorchjob.model import (
     leader,
     pod_attempt,
     pod_gang_size,
-    pod_gpu_request,
     pod_member,
     pod_name,
     rendezvous_name,

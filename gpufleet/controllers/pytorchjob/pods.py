@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.kubeflow import (
     DEFAULT_CONTAINER_NAME,
     DEFAULT_PORT_NAME,
@@ -19,6 +20,7 @@ from gpufleet.api.kubeflow import (
     replicas_of,
     run_policy,
 )
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.api.quantity import parse_quantity
 from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples
 from gpufleet.client import objects
@@ -29,7 +31,6 @@ from gpufleet.controllers.pytorchjob.model import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_ENV,
     GANG_SIZE_ANNOTATION,
-    GPU_RESOURCE,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
     KIND,
@@ -47,7 +48,6 @@ from gpufleet.controllers.pytorchjob.model import (
     node_rank,
     nproc_per_node,
     pod_attempt,
-    pod_gpu_request,
     pod_member,
     pod_name,
     rendezvous_name,
