@@ -13,6 +13,8 @@ from typing import Any
 
 from gpufleet.apiserver.admission_podsecurity import PodSecurityConfig
 from gpufleet.apiserver.app import HttpServer
+from gpufleet.apiserver.flowcontrol import FlowControl, FlowControlConfig
+from gpufleet.apiserver.limits import DEFAULT_MAX_REQUEST_BODY_BYTES
 from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.client.api import Client
@@ -89,6 +91,12 @@ class ControlPlane:
     # The PodSecurity admission plugin's configuration (None: enforce baseline in every
     # namespace but kube-system).
     pod_security: PodSecurityConfig | None = None
+    # Request limits (kube-apiserver's flags of the same names; 0: no limit): the largest
+    # body, and the requests worked on at once, read-only and mutating (see
+    # apiserver/flowcontrol.py for how the seats are shared).
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_requests_inflight: int = 400
+    max_mutating_requests_inflight: int = 200
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -142,6 +150,10 @@ class ControlPlane:
         self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider,
                              pod_security=self.pod_security)
         self.node_proxy.install(self.api)
+        self.api.limits.max_request_body_bytes = self.max_request_body_bytes
+        self.api.flow = FlowControl(FlowControlConfig(
+            max_requests_inflight=self.max_requests_inflight,
+            max_mutating_requests_inflight=self.max_mutating_requests_inflight))
         # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
         from gpufleet.queueing.serverside import install as install_queues
 

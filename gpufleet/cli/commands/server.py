@@ -16,6 +16,9 @@ from gpufleet.cli.commands.up import (
     HpaSyncPeriodOption,
     InsecureOption,
     LocalPathHelp,
+    MaxInflightOption,
+    MaxMutatingInflightOption,
+    MaxRequestBodyOption,
     PodSecurityDefaultOption,
     SaIssuerOption,
     SaKeyFileOption,
@@ -24,6 +27,7 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    apply_limits,
     check_advertise_address,
     check_port_free,
     pod_security_config,
@@ -69,6 +73,9 @@ def register(app: typer.Typer) -> None:
         local_path_dir: str = typer.Option("/var/lib/gpufleet/local-path", "--local-path-dir", help=LocalPathHelp),
         pod_security_default: str | None = PodSecurityDefaultOption,
         admission_config_file: Path | None = AdmissionConfigOption,
+        max_request_body_bytes: int = MaxRequestBodyOption,
+        max_requests_inflight: int = MaxInflightOption,
+        max_mutating_requests_inflight: int = MaxMutatingInflightOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -99,6 +106,7 @@ def register(app: typer.Typer) -> None:
         cp.hpa_sync_period = hpa_sync_period
         cp.local_path_dir = local_path_dir
         cp.pod_security = pod_security
+        apply_limits(cp, max_request_body_bytes, max_requests_inflight, max_mutating_requests_inflight)
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 
