@@ -69,7 +69,9 @@ class _Body:
         declared = self.request.headers.get("content-length", "")
         if declared.isdigit():
             return int(declared) > bound
-        return "chunked" in self.request.headers.get("transfer-encoding", "").lower()
+        # A chunked body's size is unknown: a stranger's is cut off, an authenticated
+        # sender's drained (uvicorn's keep-alive timeout still ends an endless one).
+        return not authenticated and "chunked" in self.request.headers.get("transfer-encoding", "").lower()
 
 
 def build_asgi_app(handler: Handler) -> Starlette:
