@@ -7,7 +7,9 @@ behaviour whether it runs inside `gpufleet up` or across the network.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import ipaddress
 import json
 import logging
@@ -50,13 +52,15 @@ from gpufleet.apiserver.errors import (
     not_found,
 )
 from gpufleet.apiserver.eviction import evict
+from gpufleet.apiserver.flowcontrol import FlowControl
 from gpufleet.apiserver.headers import safe_headers, warning_header
+from gpufleet.apiserver.limits import RequestLimits, body_too_large, check_object_size, off_loop, serving
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_json, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
 from gpufleet.apiserver.telemetry import RequestRecord, Telemetry
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
-from gpufleet.utils.http import RawRequest, RawResponse
+from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, RawRequest, RawResponse
 
 log = logging.getLogger("gpufleet.apiserver")
 
@@ -71,6 +75,8 @@ _STATUS_ON_CREATE = {"Node", "Event", "Lease"}
 _NO_GENERATION = {"Pod", "Namespace", "Node", "Service", "ResourceQuota", "PersistentVolume",
                   "PersistentVolumeClaim"}
 _WATCH_DEFAULT_TIMEOUT = 1800.0
+# Lists longer than this are encoded off the event loop.
+_OFF_LOOP_ITEMS = 500
 
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
 # Serves nodes/{name}/proxy/...: (node name, the path after /proxy, the request).
@@ -229,6 +235,9 @@ class ApiServer:
         # Read-only groups served by other parts (e.g. metrics.k8s.io): name -> handler
         self.extra_groups: dict[tuple[str, str], Callable[[RawRequest, RequestInfo], Awaitable[RawResponse]]] = {}
         self.extra_discovery: list[dict] = []
+        # Body and object sizes (limits.py) and the seats requests take (flowcontrol.py).
+        self.limits = RequestLimits()
+        self.flow = FlowControl()
 
     @property
     def handler(self) -> ApiServer:
@@ -280,8 +289,30 @@ class ApiServer:
         is_watch = _truthy(req.param("watch"))
         info = parse_request(method, path, is_watch, req.param("fieldSelector") or "",
                              req.param("labelSelector") or "")
+        limit = self.limits.max_request_body_bytes
+        declared = req.declared_length()
+        if limit and declared is not None and declared > limit:
+            # Refused from the headers alone, nothing of it read, whoever sends it; who that is
+            # decides only whether the rest is drained or the connection cut (app.py).
+            with contextlib.suppress(ApiException):
+                await self._authenticate(req)
+                req.authenticated = True
+            raise body_too_large(limit)
         user = await self._authenticate(req)
         self.telemetry.authenticated(rec, info, user)
+        req.authenticated = True
+        async with self.flow.seat(user, info):
+            try:
+                body = await req.read_body(limit)
+            except BodyTooLarge as e:
+                raise body_too_large(e.limit) from None
+            except BodyIncomplete:
+                raise bad_request("the request body ended before its end: the client went away") from None
+            with serving(len(body), self.limits.off_loop_bytes):
+                return await self._serve(req, rec, info, user, path, method)
+
+    async def _serve(self, req: RawRequest, rec: RequestRecord, info: RequestInfo, user: UserInfo, path: str,
+                     method: str) -> RawResponse:
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
             allowed = await _decided(rec, self.authorizer(user, info))
             if not allowed:
@@ -421,7 +452,7 @@ class ApiServer:
         if sub in ("binding", "eviction"):
             if verb != "create":
                 raise method_not_allowed()
-            body = self._parse_body(req)
+            body = await self._parse_body(req)
             if sub == "binding":
                 return _json_response(201, await self.bind_pod(rt, ns, info.name, body, user))
             return _json_response(201, await self.evict_pod(rt, ns, info.name, body, user))
@@ -432,7 +463,7 @@ class ApiServer:
                 raise ApiException(404, "NotFound", "the server could not find the requested resource")
             if verb != "create":
                 raise method_not_allowed()
-            obj, warnings = await self.token_issuer.create(self, rt, ns, info.name, self._parse_body(req), user,
+            obj, warnings = await self.token_issuer.create(self, rt, ns, info.name, await self._parse_body(req), user,
                                                            dry_run)
             return _json_response(201, obj, self._warning_headers(warnings))
         if verb == "get":
@@ -445,14 +476,14 @@ class ApiServer:
         if verb == "create":
             if sub:
                 raise method_not_allowed()
-            body = self._parse_body(req)
+            body = await self._parse_body(req)
             obj, warnings = await self.create_object(
                 rt, ns, body, field_validation=req.param("fieldValidation"), user=user, dry_run=dry_run,
                 manager=manager,
             )
             return _json_response(201, obj, self._warning_headers(warnings))
         if verb == "update":
-            body = self._parse_body(req)
+            body = await self._parse_body(req)
             obj, warnings = await self.update_object(
                 rt, ns, info.name, body, subresource=sub, field_validation=req.param("fieldValidation"),
                 user=user, dry_run=dry_run, manager=manager,
@@ -483,20 +514,18 @@ class ApiServer:
         return warning_header(warnings)
 
     @staticmethod
-    def _parse_body(req: RawRequest) -> Any:
+    async def _parse_body(req: RawRequest) -> Any:
         ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
         if not req.body:
             raise bad_request("the request body is empty: send the object as JSON")
         if ctype == "application/vnd.kubernetes.protobuf":
             from gpufleet.apiserver.protobuf import decode_k8s_protobuf
 
-            return decode_k8s_protobuf(req.body, REGISTRY)
+            return await off_loop(decode_k8s_protobuf, req.body, REGISTRY)
         if "protobuf" in ctype or ctype in _PATCH_TYPES:
             raise ApiException(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
         try:
-            if "yaml" in ctype:
-                return decode_yaml(req.body)
-            return decode_json(req.body)
+            return await off_loop(decode_yaml if "yaml" in ctype else decode_json, req.body)
         except PatchError as e:
             raise bad_request(f"the body of the request could not be decoded as {ctype or 'JSON'}: {e}") from None
 
@@ -779,15 +808,16 @@ class ApiServer:
         if rt.kind == "Service" and not rt.group:
             await self._allocate_cluster_ip(obj)
         obj = self._track_fields(rt, None, obj, manager, managed, "")
-        model, warnings = self._decode(rt, obj, name, field_validation)
-        obj = self._finish(rt, model, name, None)
+        model, warnings = await off_loop(self._decode, rt, obj, name, field_validation)
+        obj = await off_loop(self._finish, rt, model, name, None)
         warnings += await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
         if self.mutating:
-            obj = self._finish(rt, self._decode(rt, obj, name, "Ignore")[0], name, None)
+            obj = await off_loop(lambda: self._finish(rt, self._decode(rt, obj, name, "Ignore")[0], name, None))
         warnings += await self._admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=False)
         if dry_run:
             return obj, warnings
         ttl = self.event_ttl if rt.kind == "Event" and not rt.group else None
+        await off_loop(check_object_size, rt.kind, name, obj, self.limits.max_object_bytes)
         try:
             stored = await self.store.create(rt.key, ns, name, obj, ttl=ttl)
         except store_base.AlreadyExists:
@@ -852,9 +882,9 @@ class ApiServer:
             for key in ("clusterIP", "clusterIPs"):
                 if not new["spec"].get(key) and old_spec.get(key):
                     new["spec"][key] = old_spec[key]
-        model, warnings = self._decode(rt, new, name, field_validation)
-        old_model = rt.model.model_validate(current)
-        new = self._finish(rt, model, name, old_model)
+        model, warnings = await off_loop(self._decode, rt, new, name, field_validation)
+        old_model = await off_loop(rt.model.model_validate, current)
+        new = await off_loop(self._finish, rt, model, name, old_model)
         op = "UPDATE"
         warnings += await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
         warnings += await self._admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)
@@ -879,6 +909,7 @@ class ApiServer:
                 raise conflict(rt, name) from None
             except store_base.NotFound:
                 raise not_found(rt, name) from None
+        await off_loop(check_object_size, rt.kind, name, new, self.limits.max_object_bytes)
         try:
             return await self.store.update(rt.key, ns, name, new, expected_revision=expected_rev), warnings
         except store_base.Conflict:
@@ -963,7 +994,7 @@ class ApiServer:
                 continue
             base = self._scale_view(rt, current) if sub == "scale" else current
             try:
-                patched = apply_patch(base, req.body, ctype, rt.kind)
+                patched = await off_loop(apply_patch, base, req.body, ctype, rt.kind)
             except PatchError as e:
                 if e.status_code == 400:
                     raise bad_request(str(e)) from None
@@ -1000,7 +1031,7 @@ class ApiServer:
         if not manager:
             raise bad_request("PATCH: fieldManager is required for apply requests (e.g. ?fieldManager=my-tool)")
         try:
-            applied = decode_yaml(req.body)
+            applied = await off_loop(decode_yaml, req.body)
         except PatchError as e:
             raise bad_request(f"the apply patch could not be decoded: {e}") from None
         if not isinstance(applied, dict):
@@ -1012,8 +1043,8 @@ class ApiServer:
         if current is None:
             applied.setdefault("metadata", {}).setdefault("name", name)
         try:
-            new = managedfields.apply(
-                current, applied, manager=manager, kind=rt.kind, api_version=rt.api_version,
+            new = await off_loop(
+                managedfields.apply, current, applied, manager=manager, kind=rt.kind, api_version=rt.api_version,
                 force=_truthy(req.param("force")), now=rfc3339(self.clock.now()), subresource=sub,
                 ignore_status="status" in rt.subresources and sub != "status",
             )
@@ -1263,15 +1294,21 @@ class ApiServer:
         if limit is not None and limit <= 0:
             limit = None  # Kubernetes: a non-positive limit means no limit
         items, rev, token = await self.list_objects(rt, ns, label_sel, field_sel, limit, req.param("continue"))
+        # A long list is rendered in a worker thread: the loop keeps answering others meanwhile.
+        large = len(items) > _OFF_LOOP_ITEMS
         if self._wants_table(req):
-            return _json_response(200, tables.to_table(
-                rt, items, resource_version=str(rev), continue_token=token, now=self.clock.now(),
-                include_object=self._include_object(req)))
+            include = self._include_object(req)
+
+            def table() -> bytes:
+                return _dumps(tables.to_table(rt, items, resource_version=str(rev), continue_token=token,
+                                              now=self.clock.now(), include_object=include))
+            body = await asyncio.to_thread(table) if large else table()
+            return RawResponse(200, {"content-type": JSON}, body)
         meta: dict[str, Any] = {"resourceVersion": str(rev)}
         if token:
             meta["continue"] = token
-        return _json_response(200, {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta,
-                                     "items": items})
+        doc = {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta, "items": items}
+        return RawResponse(200, {"content-type": JSON}, await asyncio.to_thread(_dumps, doc) if large else _dumps(doc))
 
     async def _watch(self, req: RawRequest, rt: ResourceType, ns: str, name: str) -> RawResponse:
         label_sel, field_sel = self._selectors(req, rt)
@@ -1431,7 +1468,7 @@ class ApiServer:
         if info.verb == "get":
             return _json_response(200, self._scale_view(rt, current))
         if info.verb == "update":
-            body = self._parse_body(req)
+            body = await self._parse_body(req)
             if not isinstance(body, dict):
                 raise bad_request("the request body must be a Scale object")
             return _json_response(200, await self._apply_scale(rt, ns, info.name, body, current, user,

@@ -13,6 +13,8 @@ from typing import Any
 
 from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
 from gpufleet.apiserver.app import HttpServer
+from gpufleet.apiserver.flowcontrol import FlowControl, FlowControlConfig
+from gpufleet.apiserver.limits import DEFAULT_MAX_REQUEST_BODY_BYTES
 from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.client.api import Client
@@ -102,6 +104,12 @@ class ControlPlane:
     audit_policy: Any = None
     audit_log_path: str | None = None
     audit_log_options: Any = None
+    # Request limits (kube-apiserver's flags of the same names; 0: no limit): the largest
+    # body, and the requests worked on at once, read-only and mutating (see
+    # apiserver/flowcontrol.py for how the seats are shared).
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_requests_inflight: int = 400
+    max_mutating_requests_inflight: int = 200
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -168,6 +176,10 @@ class ControlPlane:
 
             self.api.telemetry.enable_audit(Auditor(self.audit_policy,
                                                     AuditLog(self.audit_log_path, self.audit_log_options)))
+        self.api.limits.max_request_body_bytes = self.max_request_body_bytes
+        self.api.flow = FlowControl(FlowControlConfig(
+            max_requests_inflight=self.max_requests_inflight,
+            max_mutating_requests_inflight=self.max_mutating_requests_inflight))
         # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
         from gpufleet.apiserver.admission.queues import install as install_queues
 

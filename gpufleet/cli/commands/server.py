@@ -22,7 +22,10 @@ from gpufleet.cli.commands.up import (
     HpaSyncPeriodOption,
     InsecureOption,
     LocalPathHelp,
+    MaxInflightOption,
+    MaxMutatingInflightOption,
     MaxNodeGpusOption,
+    MaxRequestBodyOption,
     NodeNameAllowedOption,
     PodSecurityDefaultOption,
     SaIssuerOption,
@@ -32,6 +35,7 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    apply_limits,
     audit_options,
     check_advertise_address,
     check_port_free,
@@ -87,6 +91,9 @@ def register(app: typer.Typer) -> None:
         audit_log_maxsize: int = AuditLogMaxSizeOption,
         audit_log_maxbackup: int = AuditLogMaxBackupOption,
         audit_log_maxage: int = AuditLogMaxAgeOption,
+        max_request_body_bytes: int = MaxRequestBodyOption,
+        max_requests_inflight: int = MaxInflightOption,
+        max_mutating_requests_inflight: int = MaxMutatingInflightOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -123,6 +130,7 @@ def register(app: typer.Typer) -> None:
         cp.pod_security = pod_security
         cp.encryption_provider_config = encryption
         cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
+        apply_limits(cp, max_request_body_bytes, max_requests_inflight, max_mutating_requests_inflight)
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

@@ -231,6 +231,24 @@ def audit_options(policy_file: Path | None, log_path: str | None, max_size: int 
 
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
+MaxRequestBodyOption = typer.Option(3 * 1024 * 1024, "--max-request-body-bytes", min=0, help="The largest request "
+                                    "body accepted; a larger one gets 413 RequestEntityTooLarge before it is read "
+                                    "(0: no limit).")
+MaxInflightOption = typer.Option(400, "--max-requests-inflight", min=0, help="Read-only requests worked on at "
+                                 "once; past it 429 TooManyRequests with Retry-After (0: no limit). A quarter of "
+                                 "the seats is kept for nodes and the control plane, one user holds at most a "
+                                 "quarter of the rest; system:masters is never limited.")
+MaxMutatingInflightOption = typer.Option(200, "--max-mutating-requests-inflight", min=0, help="The same for "
+                                         "mutating requests (create, update, patch, delete).")
+
+
+def apply_limits(cp, max_request_body_bytes: int, max_requests_inflight: int,
+                 max_mutating_requests_inflight: int) -> None:
+    cp.max_request_body_bytes = max_request_body_bytes
+    cp.max_requests_inflight = max_requests_inflight
+    cp.max_mutating_requests_inflight = max_mutating_requests_inflight
+
+
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
                                    "each HorizontalPodAutoscaler.")
 LocalPathHelp = ("Where the StorageClass local-path, made at the first start, keeps each volume on its node "
@@ -280,6 +298,9 @@ def register(app: typer.Typer) -> None:
         audit_log_maxsize: int = AuditLogMaxSizeOption,
         audit_log_maxbackup: int = AuditLogMaxBackupOption,
         audit_log_maxage: int = AuditLogMaxAgeOption,
+        max_request_body_bytes: int = MaxRequestBodyOption,
+        max_requests_inflight: int = MaxInflightOption,
+        max_mutating_requests_inflight: int = MaxMutatingInflightOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -318,6 +339,7 @@ def register(app: typer.Typer) -> None:
         cp.pod_security = pod_security
         cp.encryption_provider_config = encryption
         cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
+        apply_limits(cp, max_request_body_bytes, max_requests_inflight, max_mutating_requests_inflight)
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host,
                            keep_pods=keep_pods) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
