@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpufleet.agent import podspec
+from gpufleet.agent import podspec, podsync
 from gpufleet.agent.backoff import go_duration
 from gpufleet.agent.envvars import EnvError, build_env, expand_command
 from gpufleet.agent.logfiles import container_log_path
@@ -142,7 +142,7 @@ class ContainerActs:
             st = await ctx.runtime.state(handle)
             if st.started_at:
                 started_at = st.started_at
-        rec.state = {"running": {"startedAt": rfc3339(started_at)}}
+        rec.state = podsync.transition(rec.state, "started", startedAt=rfc3339(started_at))
         self._event(NORMAL, "Created", f"Created container: {rec.name}")
         self._event(NORMAL, "Started", f"Started container {rec.name}")
         self._spawn(self._wait_exit(rec, handle), rec)
@@ -219,7 +219,7 @@ class ContainerActs:
         return True
 
     def _start_failed(self, rec: ContainerRecord, reason: str, message: str, event: bool = True) -> None:
-        rec.state = {"waiting": {"reason": reason, "message": message}}
+        rec.state = podsync.transition(rec.state, "start-failed", reason, message)
         if event:
             self._event(WARNING, "Failed", f"Error: {message}")
         delay = rec.backoff.next_delay(0.0) or rec.backoff.initial
@@ -241,23 +241,16 @@ class ContainerActs:
             return
         now = self.ctx.clock.now()
         code = final.exit_code if final.exit_code is not None else -1
-        reason = final.reason or ("Completed" if code == 0 else "Error")
+        reason = podsync.exit_reason(code, final.reason)
         started = (rec.state.get("running") or {}).get("startedAt") or rfc3339(final.started_at or now)
-        term: dict[str, Any] = {
-            "exitCode": code,
-            "reason": reason,
-            "startedAt": started,
-            "finishedAt": rfc3339(final.finished_at or now),
-            "containerID": rec.container_id,
-        }
-        if final.message:
-            term["message"] = final.message
+        rec.state = podsync.transition(rec.state, "exited", reason, final.message or None, exitCode=code,
+                                       startedAt=started, finishedAt=rfc3339(final.finished_at or now),
+                                       containerID=rec.container_id)
         rec.running = False
         rec.stopping = False
         rec.ready = False
         rec.started = False
-        rec.last_exit = term
-        rec.state = {"terminated": term}
+        rec.last_exit = rec.state["terminated"]
         rec.exited_mono = self.ctx.clock.monotonic()
         rec.not_before = None
         current = asyncio.current_task()
@@ -271,25 +264,21 @@ class ContainerActs:
     # -- probes -------------------------------------------------------------------------
 
     def _start_probes(self, rec: ContainerRecord, handle: ContainerHandle) -> None:
-        if rec.init:
+        kinds = podsync.probes_to_run(rec.spec, rec.init)
+        if "startup" in kinds:
+            self._spawn(self._probe(rec, handle, "startup", rec.spec["startupProbe"]), rec)
+        elif rec.init:
             rec.started = True
-            return
-        startup = rec.spec.get("startupProbe")
-        if startup:
-            self._spawn(self._probe(rec, handle, "startup", startup), rec)
         else:
             rec.started = True
             self._start_health_probes(rec, handle)
 
     def _start_health_probes(self, rec: ContainerRecord, handle: ContainerHandle) -> None:
-        readiness = rec.spec.get("readinessProbe")
-        liveness = rec.spec.get("livenessProbe")
-        if readiness:
-            self._spawn(self._probe(rec, handle, "readiness", readiness), rec)
-        else:
+        kinds = podsync.health_probes(rec.spec)
+        if "readiness" not in kinds:
             rec.ready = True
-        if liveness:
-            self._spawn(self._probe(rec, handle, "liveness", liveness), rec)
+        for kind in kinds:
+            self._spawn(self._probe(rec, handle, kind, rec.spec[f"{kind}Probe"]), rec)
 
     async def _probe(self, rec: ContainerRecord, handle: ContainerHandle, kind: str, probe: dict[str, Any]) -> None:
         ctx = self.ctx
@@ -323,7 +312,9 @@ class ContainerActs:
                 rec.started = True
                 self._start_health_probes(rec, handle)
             elif not ok:
-                self._spawn(self._kill_for_restart(rec, handle, kind, probe))
+                kill = podsync.probe_failed(rec.name, kind, probe, self._spec_grace())
+                if kill is not None:
+                    self._spawn(self._kill_for_restart(rec, handle, kill))
             self.wake()
 
         prober = Prober(kind, probe, action, ctx.clock, on_flip, on_failure, ctx.probe_period_scale)
@@ -344,16 +335,12 @@ class ContainerActs:
                 return ports.get(req.key, number)
         return number
 
-    async def _kill_for_restart(self, rec: ContainerRecord, handle: ContainerHandle, kind: str,
-                                probe: Mapping[str, Any]) -> None:
+    async def _kill_for_restart(self, rec: ContainerRecord, handle: ContainerHandle, kill: podsync.Kill) -> None:
         if rec.stopping or rec.handle is not handle or not rec.running:
             return
         rec.stopping = True
-        self._event(NORMAL, "Killing", f"Container {rec.name} failed {kind} probe, will be restarted")
-        grace = probe.get("terminationGracePeriodSeconds")
-        if grace is None:
-            grace = self._spec_grace()
-        await self._stop(rec, handle, float(grace))
+        self._event(kill.event.type, kill.event.reason, kill.event.message)
+        await self._stop(rec, handle, kill.grace)
 
     async def _stop(self, rec: ContainerRecord, handle: ContainerHandle, grace: float) -> None:
         rec.stopping = True

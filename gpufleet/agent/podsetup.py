@@ -8,7 +8,7 @@ import json
 import logging
 from typing import Any
 
-from gpufleet.agent import podspec
+from gpufleet.agent import podspec, podsync
 from gpufleet.agent.podcontext import WARNING, ContainerRecord, WorkerContext
 from gpufleet.agent.resources import (
     GPU_INDICES_ANNOTATION,
@@ -68,15 +68,17 @@ class PodSetup:
         self.volume_error = (reason, message)
         for rec in self.records:
             if not rec.ran and not rec.running:
-                rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
-                                         else "ContainerCreating"}}
+                rec.state = self._unblocked(rec)
         return False
+
+    def _unblocked(self, rec: ContainerRecord) -> dict[str, Any]:
+        reason = podsync.initial_state(rec.init, self._has_init())["waiting"]["reason"]
+        return podsync.transition(rec.state, "unblocked", reason)
 
     def _unblock(self, reasons: tuple[str, ...]) -> None:
         for rec in self.records:
             if (rec.state.get("waiting") or {}).get("reason") in reasons:
-                rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
-                                         else "ContainerCreating"}}
+                rec.state = self._unblocked(rec)
 
     def uses_host_network(self) -> bool:
         return bool((self.pod.get("spec") or {}).get("hostNetwork")) or self.ctx.host_network
@@ -210,8 +212,7 @@ class PodSetup:
             self.blocked = None
             for rec in self.records:
                 if (rec.state.get("waiting") or {}).get("reason") in ("GPUsUnavailable", "PortsUnavailable"):
-                    rec.state = {"waiting": {"reason": "PodInitializing" if rec.init or self._has_init()
-                                             else "ContainerCreating"}}
+                    rec.state = self._unblocked(rec)
         return True
 
     def _blocked(self, reason: str, message: str) -> bool:
@@ -220,7 +221,7 @@ class PodSetup:
         self.blocked = (reason, message)
         for rec in self.records:
             if not rec.ran:
-                rec.state = {"waiting": {"reason": reason, "message": message}}
+                rec.state = podsync.transition(rec.state, "blocked", reason, message)
         return False
 
     async def _sync_metadata(self) -> None:

@@ -16,8 +16,8 @@ import logging
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from gpufleet.agent import podstatus
-from gpufleet.agent.backoff import RestartBackoff, go_duration
+from gpufleet.agent import podstatus, podsync
+from gpufleet.agent.backoff import RestartBackoff
 from gpufleet.agent.podcontainers import ContainerActs, prepare_checkpoint_dir
 from gpufleet.agent.podcontext import NORMAL, WARNING, ContainerRecord, ObjectGetter, WorkerContext
 from gpufleet.agent.podreport import RUNTIME_LIMITATION, StatusReport
@@ -32,7 +32,7 @@ from gpufleet.agent.runtime.base import (
     SandboxHandle,
 )
 from gpufleet.client import ApiError, Conflict, NotFound, TransportError
-from gpufleet.utils.clock import parse_rfc3339, rfc3339
+from gpufleet.utils.clock import rfc3339
 
 __all__ = ["NORMAL", "RUNTIME_LIMITATION", "WARNING", "ContainerRecord", "ObjectGetter", "PodWorker",
            "WorkerContext", "prepare_checkpoint_dir"]
@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 
 # How often an idle worker re-checks its pod anyway (status retries, deadlines).
 _RESYNC = 10.0
-_RETRY_RESOURCES = 2.0
 
 
 
@@ -91,7 +90,7 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
     def _record(self, spec: dict[str, Any], init: bool) -> ContainerRecord:
         rec = ContainerRecord(spec=spec, init=init, backoff=RestartBackoff(
             self.ctx.backoff_initial, self.ctx.backoff_cap, self.ctx.backoff_reset))
-        rec.state = {"waiting": {"reason": "PodInitializing" if init or self._has_init() else "ContainerCreating"}}
+        rec.state = podsync.initial_state(init, self._has_init())
         return rec
 
     def _has_init(self) -> bool:
@@ -163,7 +162,7 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             while True:
                 self._wake.clear()
                 if self.removed:
-                    await self._kill_all(self._grace(), "the pod was removed from the node")
+                    await self._sync()
                     return
                 try:
                     wake_at = await self._pass()
@@ -178,11 +177,7 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             self._cleanup()
 
     async def _pass(self) -> float | None:
-        if (self.pod.get("metadata") or {}).get("deletionTimestamp"):
-            wake_at = await self._terminate()
-        else:
-            wake_at = await self._sync()
-        return _earliest(wake_at, await self._write_status())
+        return _earliest(await self._sync(), await self._write_status())
 
     async def _sleep(self, deadline: float | None) -> None:
         now = self.ctx.clock.monotonic()
@@ -268,11 +263,11 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
                 rec.last_state = cs.get("lastState") or {}
             elif "running" in state:
                 rec.ran = True
-                rec.last_exit = {"exitCode": 137, "reason": "ContainerStatusUnknown",
-                                 "message": "The container could not be located when the agent restarted",
-                                 "startedAt": state["running"].get("startedAt"),
-                                 "finishedAt": rfc3339(self.ctx.clock.now())}
-                rec.state = {"terminated": rec.last_exit}
+                rec.state = podsync.transition(
+                    state, "lost", podsync.STATUS_UNKNOWN,
+                    "The container could not be located when the agent restarted", exitCode=137,
+                    startedAt=state["running"].get("startedAt"), finishedAt=rfc3339(self.ctx.clock.now()))
+                rec.last_exit = rec.state["terminated"]
             elif last is not None:
                 rec.ran = True
                 rec.last_exit = last
@@ -344,70 +339,86 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
                 self._spawn(self._wait_exit(rec, rec.handle), rec)
                 self._start_probes(rec, rec.handle)
 
-    # -- the normal pass ----------------------------------------------------------------
+    # -- the pass: decide, then act ----------------------------------------------------------
 
-    def _policy(self) -> str:
-        return (self.pod.get("spec") or {}).get("restartPolicy") or "Always"
-
-    def _should_restart(self, rec: ContainerRecord) -> bool:
-        if rec.init:
-            code = (rec.last_exit or {}).get("exitCode", 0)
-            return code != 0 and self._policy() != "Never"
-        policy = self._policy()
-        if policy == "Always":
-            return True
-        if policy == "OnFailure":
-            return (rec.last_exit or {}).get("exitCode", 0) != 0
-        return False
+    def view(self) -> podsync.PodView:
+        """What the decision reads: the pod's spec and each container's record."""
+        spec = self.pod.get("spec") or {}
+        meta = self.pod.get("metadata") or {}
+        return podsync.PodView(
+            name=self.name, namespace=self.namespace, uid=self.uid,
+            restart_policy=spec.get("restartPolicy") or "Always",
+            containers=tuple(podsync.ContainerView(
+                name=r.name, init=r.init, image=r.spec.get("image") or "", state=r.state,
+                last_state=r.last_state, ran=r.ran, running=r.running, stopping=r.stopping,
+                last_exit=r.last_exit, pull_error=r.pull_error, started_mono=r.started_mono,
+                exited_mono=r.exited_mono, not_before=r.not_before, current_delay=r.current_delay,
+                backoff=r.backoff.current) for r in self.records),
+            backoff=podsync.BackoffPolicy(self.ctx.backoff_initial, self.ctx.backoff_cap, self.ctx.backoff_reset),
+            grace=self._grace(), active_deadline_seconds=spec.get("activeDeadlineSeconds"),
+            start_time=self.start_time, terminal=self.terminal, removed=self.removed,
+            deleting=bool(meta.get("deletionTimestamp")), deleted=self.deleted, killed=self.killed)
 
     async def _sync(self) -> float | None:
-        if self.terminal:
-            self._release()
-            return None
-        now = self.ctx.clock.monotonic()
-        if self._active_deadline_passed():
-            self.deadline_exceeded = True
-            await self._kill_all(self._grace(), "the pod's active deadline passed")
-            self._finish("Failed")
-            return None
+        clock = self.ctx.clock
+        return await self._apply(podsync.decide(self.view(), clock.now(), clock.monotonic()))
+
+    async def _apply(self, actions: podsync.PodActions) -> float | None:
+        """Carry the decision out, step by step; the time to look again."""
+        wake_at = actions.requeue_at
+        for step in actions.steps:
+            if isinstance(step, podsync.Release):
+                self._release()
+            elif isinstance(step, podsync.KillAll):
+                await self._kill_all(step.grace, step.why)
+            elif isinstance(step, podsync.StopSandbox):
+                if self.sandbox is not None:
+                    with contextlib.suppress(Exception):
+                        await self.ctx.runtime.stop_sandbox(self.sandbox)
+            elif isinstance(step, podsync.Finish):
+                if step.deadline_exceeded:
+                    self.deadline_exceeded = True
+                phase = step.phase or self.terminal or podstatus.terminal_phase(self._statuses(init=False))
+                self._finish(phase)
+            elif isinstance(step, podsync.WriteFinalStatus):
+                await self._write_status(final=True)
+            elif isinstance(step, podsync.DeletePod):
+                if not await self._delete_pod():
+                    return self.ctx.clock.monotonic() + 1.0
+            elif isinstance(step, podsync.Prepare):
+                if not await self._prepare():
+                    return step.retry_at
+            elif isinstance(step, podsync.Arm):
+                rec = self._rec(step.container)
+                rec.current_delay, rec.not_before, rec.backoff.current = step.delay, step.not_before, step.backoff
+            elif isinstance(step, podsync.Wait):
+                rec = self._rec(step.container)
+                for ev in step.events:
+                    self._event(ev.type, ev.reason, ev.message)
+                if step.state is not None:
+                    rec.state = step.state
+                if step.last_state is not None:
+                    rec.last_state = step.last_state
+            elif isinstance(step, podsync.Start):
+                rec = self._rec(step.container)
+                rec.not_before = None
+                await self._start(rec)
+                wake_at = _earliest(wake_at, rec.not_before)
+        return wake_at
+
+    def _rec(self, name: str) -> ContainerRecord:
+        rec = self.record_for(name)
+        assert rec is not None, name
+        return rec
+
+    async def _prepare(self) -> bool:
+        """GPUs and ports, the pod's annotations, its start time, volumes and sandbox."""
         if not await self._acquire():
-            return now + _RETRY_RESOURCES
+            return False
         await self._sync_metadata()
         if self.start_time is None:
             self.start_time = rfc3339(self.ctx.clock.now())
-        if not await self._setup_volumes() or not await self._ensure_sandbox():
-            return now + _RETRY_RESOURCES
-
-        for rec in self.records:
-            if not rec.init:
-                break
-            if rec.running or rec.stopping:
-                return None
-            if rec.ran and (rec.last_exit or {}).get("exitCode", 0) == 0 and "terminated" in rec.state:
-                continue
-            if rec.ran and not self._should_restart(rec):
-                self._finish("Failed")
-                return None
-            return await self._start_when_due(rec, now)
-
-        deadlines: list[float] = []
-        for rec in self.records:
-            if rec.init or rec.running or rec.stopping:
-                continue
-            if rec.ran and not self._should_restart(rec):
-                continue
-            when = await self._start_when_due(rec, now)
-            if when is not None:
-                deadlines.append(when)
-
-        phase = self._phase()
-        if phase in ("Succeeded", "Failed"):
-            self._finish(phase)
-            return None
-        deadline = self._active_deadline_in()
-        if deadline is not None:
-            deadlines.append(now + deadline)
-        return min(deadlines) if deadlines else None
+        return await self._setup_volumes() and await self._ensure_sandbox()
 
     def _finish(self, phase: str) -> None:
         self.terminal = phase
@@ -420,56 +431,6 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
         if self.sandbox is not None and not self.killed:
             # A finished pod keeps its status and logs, not its network namespace.
             self._spawn(self.ctx.runtime.stop_sandbox(self.sandbox))
-
-    def _active_deadline_in(self) -> float | None:
-        """Seconds until spec.activeDeadlineSeconds runs out (None without one)."""
-        deadline = (self.pod.get("spec") or {}).get("activeDeadlineSeconds")
-        if not deadline or not self.start_time:
-            return None
-        try:
-            started = parse_rfc3339(self.start_time)
-        except ValueError:
-            return None
-        return started + float(deadline) - self.ctx.clock.now()
-
-    def _active_deadline_passed(self) -> bool:
-        left = self._active_deadline_in()
-        return left is not None and left <= 0
-
-    async def _start_when_due(self, rec: ContainerRecord, now: float) -> float | None:
-        """Start the container now, or say when it may be (CrashLoopBackOff until then)."""
-        if rec.not_before is None:
-            delay = 0.0
-            if rec.ran:
-                ran_for = max(rec.exited_mono - rec.started_mono, 0.0)
-                delay = rec.backoff.next_delay(ran_for)
-            rec.current_delay = delay
-            rec.not_before = (rec.exited_mono if rec.ran else now) + delay
-        if now < rec.not_before:
-            waiting = rec.state.get("waiting") or {}
-            if rec.pull_error and waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff"):
-                if waiting.get("reason") == "ErrImagePull":
-                    image = rec.spec.get("image") or ""
-                    self._event(NORMAL, "BackOff", f'Back-off pulling image "{image}"')
-                    self._event(WARNING, "Failed", "Error: ImagePullBackOff")
-                    rec.state = {"waiting": {"reason": "ImagePullBackOff",
-                                             "message": f'Back-off pulling image "{image}": ErrImagePull: '
-                                                        f'{waiting.get("message", "")}'}}
-                return rec.not_before
-            if rec.ran and rec.last_exit is not None:
-                reason = "CrashLoopBackOff"
-                message = (f"back-off {go_duration(rec.current_delay)} restarting failed container={rec.name} "
-                           f"pod={self.name}_{self.namespace}({self.uid})")
-                if (rec.state.get("waiting") or {}).get("reason") != reason:
-                    self._event(WARNING, "BackOff",
-                                f"Back-off restarting failed container {rec.name} in pod "
-                                f"{self.name}_{self.namespace}({self.uid})")
-                rec.state = {"waiting": {"reason": reason, "message": message}}
-                rec.last_state = {"terminated": rec.last_exit}
-            return rec.not_before
-        rec.not_before = None
-        await self._start(rec)
-        return rec.not_before
 
     # -- termination --------------------------------------------------------------------
 
@@ -491,20 +452,9 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             await asyncio.gather(*(self._stop(rec, h, grace) for rec, h in live))
         self.killed = True
 
-    async def _terminate(self) -> float | None:
-        """Graceful deletion: stop every container within the pod's grace period, report the
-        final status, then delete the pod object for good (grace 0, only this uid)."""
-        if self.deleted:
-            return None
-        if not self.killed:
-            await self._kill_all(self._grace(), "the pod is being deleted")
-            if self.sandbox is not None:
-                with contextlib.suppress(Exception):
-                    await self.ctx.runtime.stop_sandbox(self.sandbox)
-            if self.terminal is None:
-                self.terminal = podstatus.terminal_phase(self._statuses(init=False))
-            self._finish(self.terminal)
-            await self._write_status(final=True)
+    async def _delete_pod(self) -> bool:
+        """Delete the pod object for good (grace 0, only this uid) once its containers
+        stopped and its final status was written; False to retry."""
         try:
             await self.ctx.client.delete("pods", self.name, self.namespace, grace_period_seconds=0,
                                          preconditions_uid=self.uid, raw=True)
@@ -512,9 +462,9 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             pass
         except (TransportError, ApiError) as exc:
             log.warning("%s: deleting the pod failed (%s); retrying", self.key, exc)
-            return self.ctx.clock.monotonic() + 1.0
+            return False
         self.deleted = True
-        return None
+        return True
 
     # -- events -------------------------------------------------------------------------
 
