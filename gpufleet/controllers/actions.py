@@ -97,14 +97,16 @@ class Delete:
 
 @dataclass(frozen=True)
 class Patch:
-    """A merge patch. ``owner``: it patches the object the actions are about, whose answer is
-    then the base the status is written on (so the status write does not conflict with it)."""
+    """A merge patch (of ``subresource``, e.g. "status", when set). ``owner``: it patches the
+    object the actions are about, whose answer is then the base the status is written on (so
+    the status write does not conflict with it)."""
 
     kind: Any
     name: str
     namespace: str | None
     patch: dict[str, Any]
     owner: bool = False
+    subresource: str | None = None
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,8 @@ async def apply(
 
     base: dict[str, Any] | None = None
     for p in actions.patches:
-        updated = await client.patch(p.kind, p.name, p.patch, p.namespace, raw=True)
+        extra = {"subresource": p.subresource} if p.subresource else {}
+        updated = await client.patch(p.kind, p.name, p.patch, p.namespace, raw=True, **extra)
         if p.owner:
             base = outcome.owner = updated
 
