@@ -21,8 +21,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpufleet.store._rows import Codec, Events
-from gpufleet.store.base import Expired, WatchEvent
+from gpufleet.store._rows import Codec, Events, list_page
+from gpufleet.store.base import Expired, ListResult, WatchEvent
 from gpufleet.utils.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -424,6 +424,24 @@ class StoreBase(HousekeepingMixin):
         """Write one event of ``type_`` (ADDED, MODIFIED, DELETED; ``text`` None for a delete)
         and publish it; returns its revision and the stored text of the object it leaves."""
         raise NotImplementedError
+
+    async def _list_rows(
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[int, list[Any]]:  # pragma: no cover - provided by the backend
+        """The revision read at and the rows (namespace, name, revision, value) of
+        objects_query, in one snapshot."""
+        raise NotImplementedError
+
+    async def list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+    ) -> ListResult:
+        rev, rows = await self._list_rows(resource, namespace, after, limit)
+        return list_page(self._codec, resource, rows, rev, limit)
 
     def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
         """Whether the object at ``revision`` was stored with another encryption key than

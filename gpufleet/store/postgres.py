@@ -35,11 +35,9 @@ from gpufleet.store._rows import (
     event_from_row,
     events_query,
     key_str,
-    list_page,
     not_found,
     objects_query,
 )
-from gpufleet.store.base import ListResult
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -328,16 +326,11 @@ class PostgresStore(StoreBase):
             raise not_found(resource, namespace, name)
         return self._codec.decode(resource, namespace, name, row[1], row[0])
 
-    async def list(
-        self,
-        resource: str,
-        namespace: str | None = None,
-        *,
-        limit: int | None = None,
-        after: tuple[str, str] | None = None,
-    ) -> ListResult:
+    async def _list_rows(
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[int, list[Any]]:
         if _has_nul(resource, namespace or ""):
-            return ListResult(items=[], revision=await self.revision())
+            return await self.revision(), []
         if after is not None and _has_nul(*after):
             after = _after_without_nul(after)
         inner, args = objects_query("%s", resource, namespace, after, limit)
@@ -349,7 +342,7 @@ class PostgresStore(StoreBase):
             " ORDER BY o.namespace, o.name",
             args,
         )
-        return list_page(self._codec, resource, [r[1:] for r in rows if r[1] is not None], rows[0][0], limit)
+        return rows[0][0], [r[1:] for r in rows if r[1] is not None]
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = await self._fetchall(

@@ -35,11 +35,10 @@ from gpufleet.store._rows import (
     conflict,
     event_from_row,
     events_query,
-    list_page,
     not_found,
     objects_query,
 )
-from gpufleet.store.base import ListResult, WatchEvent
+from gpufleet.store.base import WatchEvent
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.files import private_file, tighten
 
@@ -238,22 +237,16 @@ class SQLiteStore(StoreBase):
             raise not_found(resource, namespace, name)
         return self._codec.decode(resource, namespace, name, row[1], row[0])
 
-    async def list(
-        self,
-        resource: str,
-        namespace: str | None = None,
-        *,
-        limit: int | None = None,
-        after: tuple[str, str] | None = None,
-    ) -> ListResult:
+    async def _list_rows(
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[int, list[Any]]:
         sql, args = objects_query("?", resource, namespace, after, limit)
 
         def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
             rev = db.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
             return rev, db.execute(sql, args).fetchall()
 
-        rev, rows = self._read_txn(read)
-        return list_page(self._codec, resource, rows, rev, limit)
+        return self._read_txn(read)
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = self._conn.execute(
