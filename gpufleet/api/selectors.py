@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from gpufleet.api.validation.names import is_label_value, is_qualified_name
+
 
 class SelectorError(ValueError):
     """An invalid label or field selector; the message names the offending part."""
@@ -36,70 +38,10 @@ class SelectorError(ValueError):
 
 # --------------------------------------------------------------------------- validation
 
-_QUALIFIED_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_QUALIFIED_NAME_RE = re.compile(_QUALIFIED_NAME_FMT)
-_QUALIFIED_NAME_MSG = (
-    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-    "alphanumeric character (e.g. 'MyName', or 'my.name', or '123-abc', regex used for "
-    f"validation is '{_QUALIFIED_NAME_FMT}')"
-)
-_DNS1123_SUBDOMAIN_FMT = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_DNS1123_SUBDOMAIN_RE = re.compile(_DNS1123_SUBDOMAIN_FMT)
-_LABEL_VALUE_FMT = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
-_LABEL_VALUE_RE = re.compile(_LABEL_VALUE_FMT)
-
-
-def qualified_name_errors(name: str) -> list[str]:
-    """Why ``name`` is not a valid label key (``[prefix/]name``); empty when it is valid.
-
-    The rules and texts of Kubernetes' ``validation.IsQualifiedName``: an optional DNS
-    subdomain prefix of at most 253 characters, then a name of at most 63 characters.
-    """
-    errors: list[str] = []
-    parts = name.split("/")
-    if len(parts) == 1:
-        local = parts[0]
-    elif len(parts) == 2:
-        prefix, local = parts
-        if not prefix:
-            errors.append("prefix part must be non-empty")
-        else:
-            if len(prefix) > 253:
-                errors.append("prefix part must be no more than 253 characters")
-            if not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix):
-                errors.append(
-                    "prefix part a lowercase RFC 1123 subdomain must consist of lower case "
-                    "alphanumeric characters, '-' or '.', and must start and end with an "
-                    "alphanumeric character (e.g. 'example.com', regex used for validation is "
-                    f"'{_DNS1123_SUBDOMAIN_FMT}')"
-                )
-    else:
-        return [
-            f"a qualified name {_QUALIFIED_NAME_MSG} with an optional DNS subdomain prefix "
-            "and '/' (e.g. 'example.com/MyName')"
-        ]
-    if not local:
-        errors.append("name part must be non-empty")
-    elif len(local) > 63:
-        errors.append("name part must be no more than 63 characters")
-    if not _QUALIFIED_NAME_RE.fullmatch(local):
-        errors.append(f"name part {_QUALIFIED_NAME_MSG}")
-    return errors
-
-
-def label_value_errors(value: str) -> list[str]:
-    """Why ``value`` is not a valid label value; empty when it is valid (Kubernetes'
-    ``validation.IsValidLabelValue``: at most 63 characters, may be empty)."""
-    errors: list[str] = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _LABEL_VALUE_RE.fullmatch(value):
-        errors.append(
-            "a valid label must be an empty string or consist of alphanumeric characters, '-', "
-            "'_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue', "
-            f"or 'my_value', or '12345', regex used for validation is '{_LABEL_VALUE_FMT}')"
-        )
-    return errors
+# Label keys and values follow apimachinery's ``IsQualifiedName`` and ``IsValidLabelValue``,
+# with their texts: the same functions the object validators use.
+qualified_name_errors = is_qualified_name
+label_value_errors = is_label_value
 
 
 def _quote(value: Any) -> str:
