@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpufleet.api.validation.errors import go_quote
+
 # ---------------------------------------------------------------------------- results
 
 
@@ -68,27 +70,6 @@ def _plural(singular: str, plural: str, count: int) -> str:
 
 def _containers_phrase(names: list[str]) -> str:
     return f"{_plural('container', 'containers', len(names))} {_join_quote(names)}"
-
-
-_GO_ESCAPES = {"\a": r"\a", "\b": r"\b", "\f": r"\f", "\n": r"\n", "\r": r"\r", "\t": r"\t", "\v": r"\v",
-               "\\": "\\\\", '"': '\\"'}
-
-
-def _go_quote(s: str) -> str:
-    """Go's %q of a string (how Kubernetes prints annotation values in these messages)."""
-    out = []
-    for ch in s:
-        if ch in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[ch])
-        elif ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x80:
-            out.append(f"\\x{ord(ch):02x}")
-        elif ord(ch) <= 0xFFFF:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(f"\\U{ord(ch):08x}")
-    return '"' + "".join(out) + '"'
 
 
 def _is_true(value: Any) -> bool:
@@ -220,7 +201,7 @@ def _app_armor_profile(meta: Obj, spec: Obj) -> CheckResult | None:
     if bad:
         setters.append(_containers_phrase(bad))
     annotations = sorted(
-        f"{k}={_go_quote(str(v))}" for k, v in _d(meta.get("annotations")).items()
+        f"{k}={go_quote(str(v))}" for k, v in _d(meta.get("annotations")).items()
         if str(k).startswith(_APPARMOR_ANNOTATION_PREFIX)
         and not (not v or v == "runtime/default" or str(v).startswith("localhost/")))
     listed = sorted(values) + annotations
@@ -311,7 +292,7 @@ def _seccomp_baseline_1_0(meta: Obj, spec: Obj) -> CheckResult | None:
     keys = [_SECCOMP_POD_ANNOTATION] + [_SECCOMP_CONTAINER_ANNOTATION_PREFIX + _name(c) for c in _containers(spec)]
     for key in keys:
         if key in annotations and not _seccomp_annotation_ok(annotations[key]):
-            bad.add(f"{key}={_go_quote(str(annotations[key]))}")
+            bad.add(f"{key}={go_quote(str(annotations[key]))}")
     if not bad:
         return None
     return CheckResult("seccompProfile", f"forbidden {_plural('annotation', 'annotations', len(bad))} "

@@ -91,7 +91,7 @@ def invalid(path: str, value: Any, detail: str) -> FieldError:
 
 
 def not_supported(path: str, value: Any, valid: Iterable[str]) -> FieldError:
-    detail = ", ".join(_go_quote(v) for v in valid)
+    detail = ", ".join(go_quote(v) for v in valid)
     return FieldError(NOT_SUPPORTED, path, value, f"supported values: {detail}" if detail else "")
 
 
@@ -120,7 +120,8 @@ def not_found(path: str, value: Any, detail: str = "") -> FieldError:
 _GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\v": "\\v"}
 
 
-def _go_quote(s: str) -> str:
+def go_quote(s: str) -> str:
+    """Go's %q of a string, as Kubernetes quotes values in its messages."""
     out = ['"']
     for ch in s:
         if ch == '"':
@@ -153,7 +154,7 @@ def go_value(v: Any) -> str:
     if isinstance(v, Unquoted):
         return str(v)
     if isinstance(v, str):
-        return _go_quote(v)
+        return go_quote(v)
     if isinstance(v, int | float):
         return _go_number(v)
     if isinstance(v, datetime):
@@ -163,8 +164,8 @@ def go_value(v: Any) -> str:
         # Kubernetes prints structs with Go syntax; JSON says the same to our readers.
         return json.dumps(v.model_dump(by_alias=True, exclude_none=True, mode="json"), separators=(",", ":"))
     if isinstance(v, Mapping) and all(isinstance(k, str) and isinstance(x, str) for k, x in v.items()):
-        items = ", ".join(f"{_go_quote(k)}:{_go_quote(v[k])}" for k in sorted(v))
+        items = ", ".join(f"{go_quote(k)}:{go_quote(v[k])}" for k in sorted(v))
         return "map[string]string{" + items + "}"
     if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
-        return "[]string{" + ", ".join(_go_quote(x) for x in v) + "}"
+        return "[]string{" + ", ".join(go_quote(x) for x in v) + "}"
     return json.dumps(v, separators=(",", ":"), sort_keys=True, default=str)

@@ -16,7 +16,7 @@ from gpufleet.api.validation.core import (
     validate_label_selector,
     validate_object_meta,
 )
-from gpufleet.api.validation.errors import Unquoted, _go_quote, forbidden, invalid, not_supported, required
+from gpufleet.api.validation.errors import Unquoted, forbidden, go_quote, invalid, not_supported, required
 from gpufleet.api.validation.names import _PERCENT_RE, is_valid_percent
 from gpufleet.api.validation.pods import validate_pod_template
 
@@ -72,7 +72,7 @@ def _validate_template_for_controller(
         errs.append(
             required(
                 f"{path}.spec.restartPolicy",
-                "valid values: " + ", ".join(_go_quote(p) for p in restart_policies),
+                "valid values: " + ", ".join(go_quote(p) for p in restart_policies),
             )
         )
     elif restart not in (None, "") and restart not in restart_policies:
