@@ -59,6 +59,17 @@ def inclusive_range_error(lo: int, hi: int) -> str:
     return f"must be between {lo} and {hi}, inclusive"
 
 
+def _format_errors(value: str, max_len: int | None, pattern: re.Pattern[str], msg: str, fmt: str,
+                   *examples: str) -> list[str]:
+    """apimachinery's usual pair of checks: at most ``max_len`` characters, then the format."""
+    errs = []
+    if max_len is not None and len(value) > max_len:
+        errs.append(max_len_error(max_len))
+    if not pattern.fullmatch(value):
+        errs.append(regex_error(msg, fmt, *examples))
+    return errs
+
+
 def is_dns1123_label(value: str) -> list[str]:
     errs = []
     if len(value) > DNS1123_LABEL_MAX:
@@ -80,36 +91,28 @@ def is_dns1123_label(value: str) -> list[str]:
 
 
 def is_dns1123_subdomain(value: str) -> list[str]:
-    errs = []
-    if len(value) > DNS1123_SUBDOMAIN_MAX:
-        errs.append(max_len_error(DNS1123_SUBDOMAIN_MAX))
-    if not _DNS1123_SUBDOMAIN_RE.fullmatch(value):
-        errs.append(
-            regex_error(
-                "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
-                "and must start and end with an alphanumeric character",
-                DNS1123_SUBDOMAIN_FMT,
-                "example.com",
-            )
-        )
-    return errs
+    return _format_errors(
+        value,
+        DNS1123_SUBDOMAIN_MAX,
+        _DNS1123_SUBDOMAIN_RE,
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', "
+        "and must start and end with an alphanumeric character",
+        DNS1123_SUBDOMAIN_FMT,
+        "example.com",
+    )
 
 
 def is_dns1035_label(value: str) -> list[str]:
-    errs = []
-    if len(value) > DNS1123_LABEL_MAX:
-        errs.append(max_len_error(DNS1123_LABEL_MAX))
-    if not _DNS1035_LABEL_RE.fullmatch(value):
-        errs.append(
-            regex_error(
-                "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
-                "start with an alphabetic character, and end with an alphanumeric character",
-                DNS1035_LABEL_FMT,
-                "my-name",
-                "abc-123",
-            )
-        )
-    return errs
+    return _format_errors(
+        value,
+        DNS1123_LABEL_MAX,
+        _DNS1035_LABEL_RE,
+        "a DNS-1035 label must consist of lower case alphanumeric characters or '-', "
+        "start with an alphabetic character, and end with an alphanumeric character",
+        DNS1035_LABEL_FMT,
+        "my-name",
+        "abc-123",
+    )
 
 
 _QUALIFIED_NAME_MSG = "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
@@ -146,54 +149,46 @@ def is_qualified_name(value: str) -> list[str]:
 
 
 def is_label_value(value: str) -> list[str]:
-    errs = []
-    if len(value) > LABEL_VALUE_MAX:
-        errs.append(max_len_error(LABEL_VALUE_MAX))
-    if not _LABEL_VALUE_RE.fullmatch(value):
-        errs.append(
-            regex_error(
-                "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
-                "and must start and end with an alphanumeric character",
-                LABEL_VALUE_FMT,
-                "MyValue",
-                "my_value",
-                "12345",
-            )
-        )
-    return errs
+    return _format_errors(
+        value,
+        LABEL_VALUE_MAX,
+        _LABEL_VALUE_RE,
+        "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', "
+        "and must start and end with an alphanumeric character",
+        LABEL_VALUE_FMT,
+        "MyValue",
+        "my_value",
+        "12345",
+    )
 
 
 def is_env_var_name(value: str) -> list[str]:
-    errs = []
-    if not _ENV_VAR_NAME_RE.fullmatch(value):
-        errs.append(
-            regex_error(
-                "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', "
-                "or '.', and must not start with a digit",
-                ENV_VAR_NAME_FMT,
-                "my.env-name",
-                "MY_ENV.NAME",
-                "MyEnvName1",
-            )
-        )
+    errs = _format_errors(
+        value,
+        None,
+        _ENV_VAR_NAME_RE,
+        "a valid environment variable name must consist of alphabetic characters, digits, '_', '-', "
+        "or '.', and must not start with a digit",
+        ENV_VAR_NAME_FMT,
+        "my.env-name",
+        "MY_ENV.NAME",
+        "MyEnvName1",
+    )
     errs.extend(_ch_dir_prefix(value))
     return errs
 
 
 def is_config_map_key(value: str) -> list[str]:
-    errs = []
-    if len(value) > DNS1123_SUBDOMAIN_MAX:
-        errs.append(max_len_error(DNS1123_SUBDOMAIN_MAX))
-    if not _CONFIG_MAP_KEY_RE.fullmatch(value):
-        errs.append(
-            regex_error(
-                "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
-                CONFIG_MAP_KEY_FMT,
-                "key.name",
-                "KEY_NAME",
-                "key-name",
-            )
-        )
+    errs = _format_errors(
+        value,
+        DNS1123_SUBDOMAIN_MAX,
+        _CONFIG_MAP_KEY_RE,
+        "a valid config key must consist of alphanumeric characters, '-', '_' or '.'",
+        CONFIG_MAP_KEY_FMT,
+        "key.name",
+        "KEY_NAME",
+        "key-name",
+    )
     errs.extend(_ch_dir_prefix(value))
     return errs
 
