@@ -1,6 +1,6 @@
 """What admission reads (ClusterQueues with their quotas, flavors, nodes, workloads with their
 pod sets) and what it answers (a Wait, a Preemption, the CycleResult), with the reason words
-the answers use. Plain frozen data, built by controllers/kueue.py from the API objects."""
+the answers use. Plain frozen data, built by controllers/kueue/cycle.py from the API objects."""
 
 from __future__ import annotations
 
