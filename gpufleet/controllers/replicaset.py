@@ -31,7 +31,6 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, NotFound
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import (
     BURST_REPLICAS,
@@ -56,7 +55,6 @@ from gpufleet.controllers._common import (
 )
 from gpufleet.controllers.actions import Actions, Create, Delete, Instant
 from gpufleet.controllers.base import OwnerController
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -157,16 +155,11 @@ class ReplicaSetController(OwnerController):
     owner_model = ReplicaSet
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         burst_replicas: int = BURST_REPLICAS,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.burst_replicas = burst_replicas
         self.rs_informer = self.owners
         self.pod_informer = informers.informer(Pod)

@@ -13,7 +13,6 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import AlreadyExists, ApiError, NotFound
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import (
     CONTROLLER_UID_INDEX,
@@ -35,7 +34,6 @@ from gpufleet.controllers.deployment.decide import (
     selects_all,
 )
 from gpufleet.controllers.deployment.model import API_VERSION, KIND, _is_rolling
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +43,8 @@ class DeploymentController(OwnerController):
     kind = KIND
     owner_model = Deployment
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-    ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
         self.d_informer = self.owners
         self.rs_informer = informers.informer(ReplicaSet)
         self.pod_informer = informers.informer(Pod)

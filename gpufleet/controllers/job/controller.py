@@ -12,7 +12,6 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Controller, Requeue
 from gpufleet.client.errors import ApiError, NotFound
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import (
@@ -44,7 +43,6 @@ from gpufleet.controllers.job.model import (
     job_selector,
     resource_version,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +53,12 @@ class JobController(OwnerController):
     owner_model = Job
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         pod_failure_backoff: float = 1.0,
         pod_failure_backoff_max: float = 60.0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.settings = Settings(pod_failure_backoff, pod_failure_backoff_max)
         # Job key -> uids of pods whose finalizer this controller removed but whose update
         # the informer has not shown yet; they must not be counted again meanwhile.
@@ -79,7 +72,7 @@ class JobController(OwnerController):
         index_by_controller(self.pod_informer)
         self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
         # Pods holding the tracking finalizer whose Job is gone must still be let go.
-        self.orphan_queue = WorkQueue(f"{self.name}-orphan-pods", clock=clock)
+        self.orphan_queue = WorkQueue(f"{self.name}-orphan-pods", clock=self.clock)
         self.orphans = Controller(f"{self.name}-orphan-pods", self._release_orphan, self.orphan_queue, workers=1)
 
     async def start(self) -> None:

@@ -12,7 +12,6 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, Conflict, NotFound
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller, pod_phase
 from gpufleet.controllers.actions import Actions, Outcome
@@ -26,7 +25,6 @@ from gpufleet.controllers.pytorchjob.model import (
     leader,
     pod_name,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -37,19 +35,14 @@ class PyTorchJobController(OwnerController):
     owner_model = PyTorchJob
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         restart_backoff: float = 1.0,
         restart_backoff_max: float = 60.0,
         checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT,
         elastic_resize_interval: float = 30.0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.settings = Settings(restart_backoff, restart_backoff_max, checkpoint_root, elastic_resize_interval)
         # Job key -> what the controller remembers of it between syncs.
         self.memory: dict[str, Memory] = {}
