@@ -44,6 +44,7 @@ from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound, 
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
+from gpufleet.controllers._common import annotations_of, volume_claim_key
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,6 @@ def provisioned_volume(pvc: dict[str, Any], sc: dict[str, Any], node: str) -> di
         },
         "spec": pv_spec,
     }
-
-
-def _annotations(obj: dict[str, Any]) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
 
 
 class LocalPathProvisioner:
@@ -168,9 +165,9 @@ class LocalPathProvisioner:
 
     def _volume(self, pv: Any) -> None:
         self.queue.add((VOLUME, objects.name_of(pv)))
-        ref = pv.spec.claim_ref if pv.spec is not None else None
-        if ref is not None and ref.name:
-            self.queue.add((CLAIM, f"{ref.namespace or ''}/{ref.name}"))
+        claim = volume_claim_key(pv)
+        if claim:
+            self.queue.add((CLAIM, claim))
 
     def _class(self, sc: Any) -> None:
         for pvc in self.claims.list():
@@ -210,7 +207,7 @@ class LocalPathProvisioner:
         if volume_name:
             await self._expand(pvc, sc, volume_name)
             return
-        annotations = _annotations(pvc)
+        annotations = annotations_of(pvc)
         handed = annotations.get(storage.ANN_STORAGE_PROVISIONER) or annotations.get(storage.ANN_BETA_STORAGE_PROVISIONER)
         if handed != sc["provisioner"]:
             return  # the PV controller has not asked for a volume (it may bind an existing one)
@@ -220,7 +217,7 @@ class LocalPathProvisioner:
 
     async def _provision(self, pvc: dict[str, Any], sc: dict[str, Any]) -> None:
         spec = pvc.get("spec") or {}
-        node = _annotations(pvc).get(storage.ANN_SELECTED_NODE)
+        node = annotations_of(pvc).get(storage.ANN_SELECTED_NODE)
         if not storage.waits_for_first_consumer(sc):
             await self._failed(pvc, f"local-path volumes live on one node: storage class \"{sc['metadata']['name']}\" "
                                     "needs volumeBindingMode WaitForFirstConsumer so the scheduler picks the node")
@@ -256,7 +253,7 @@ class LocalPathProvisioner:
 
     async def _give_back_node(self, pvc: dict[str, Any], node: str) -> None:
         body = objects.to_dict(pvc)
-        annotations = _annotations(pvc)
+        annotations = annotations_of(pvc)
         if annotations.get(storage.ANN_SELECTED_NODE) != node:
             return
         annotations.pop(storage.ANN_SELECTED_NODE)
