@@ -229,19 +229,12 @@ class Framework:
         num_nodes = len(snapshot)
         diagnosis = Diagnosis()
 
-        for p in self.pre_filter:
-            status = p.pre_filter(state, pod_info, snapshot)
-            code = status.code
-            if not code:
-                continue
-            if code is Code.SKIP:
-                state.skip_filter.add(p.name)
-                continue
-            status.plugin = p.name
-            if code is Code.ERROR:
+        status = self.run_pre_filter(state, pod_info, snapshot)
+        if status.code:
+            if status.code is Code.ERROR:
                 raise SchedulingError(status)
             diagnosis.pre_filter_msg = status.message
-            diagnosis.unschedulable_plugins.add(p.name)
+            diagnosis.unschedulable_plugins.add(status.plugin)
             diagnosis.node_statuses = {n.name: status for n in snapshot.node_infos}
             return self._fit_error(state, pod_info, snapshot, diagnosis)
 
