@@ -1,5 +1,8 @@
 """The wiring every controller repeats.
 
+``ControllerBase``: the client, clock, Event recorder and worker count every controller is
+given; ``QueueController`` adds one work queue and its workers, started and stopped.
+
 ``KeyedController``: a controller keyed by its own object (a Service's Endpoints, a budget,
 a quota, a Namespace, a Node): the object's informer feeding a work queue of its keys,
 start/stop, the time a decision is made at, and ``act`` applying a decision. ``sync(key,
@@ -32,13 +35,12 @@ from gpufleet.controllers.actions import Actions, Instant, Outcome, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
 
-class KeyedController:
-    """Base for a controller of ``model`` objects keyed by their own key. ``informer_options``:
-    passed to the informer (a namespace, a field selector)."""
+class ControllerBase:
+    """What every controller is given: the client, the clock, an Event recorder (its source
+    ``component``, "<name>-controller" when empty) and its number of workers. A subclass
+    with options of its own takes them as keywords and passes the rest on (``**kwargs``)."""
 
     name: ClassVar[str] = ""
-    model: ClassVar[Any] = None
-    informer_options: ClassVar[dict[str, Any]] = {}
     component: ClassVar[str] = ""  # the Events' source; "<name>-controller" when empty
 
     def __init__(
@@ -53,10 +55,20 @@ class KeyedController:
         self.client = client
         self.clock = clock
         self.recorder = recorder or EventRecorder(client, self.component or f"{self.name}-controller", clock=clock)
-        self.informer: Informer = informers.informer(self.model, **self.informer_options)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.informer)
+        self.workers = workers
+
+    def now(self) -> Instant:
+        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
+
+
+class QueueController(ControllerBase):
+    """A controller with one work queue (named ``name``) whose workers call ``reconcile(key)``;
+    the subclass decides what its keys are and what enqueues them."""
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.queue = WorkQueue(self.name, clock=self.clock)
+        self.controller = Controller(self.name, self.reconcile, self.queue, workers=self.workers)
 
     async def start(self) -> None:
         await self.controller.start()
@@ -64,8 +76,21 @@ class KeyedController:
     async def stop(self) -> None:
         await self.controller.stop()
 
-    def now(self) -> Instant:
-        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
+    async def reconcile(self, key: Any) -> Requeue | None:
+        raise NotImplementedError
+
+
+class KeyedController(QueueController):
+    """Base for a controller of ``model`` objects keyed by their own key. ``informer_options``:
+    passed to the informer (a namespace, a field selector)."""
+
+    model: ClassVar[Any] = None
+    informer_options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.informer: Informer = informers.informer(self.model, **self.informer_options)
+        self.controller.watch(self.informer)
 
     async def reconcile(self, key: Any) -> Requeue | None:
         return await self.sync(str(key), self.informer.get(str(key)))
@@ -88,19 +113,11 @@ class OwnerController(KeyedController):
     kind: ClassVar[str] = ""
     owner_model: ClassVar[Any] = None
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-    ) -> None:
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         self.model = self.owner_model  # the owner is the object of the key
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.owners: Informer = self.informer
-        self.expectations = Expectations(clock)
+        self.expectations = Expectations(self.clock)
         # What apply remembers of objects it created (memo keys), so a sync does not rewrite them.
         self.known: dict[Any, Any] = {}
 

@@ -39,13 +39,12 @@ from gpufleet.api import storage
 from gpufleet.api.k8s import Node, PersistentVolume, PersistentVolumeClaim, StorageClass
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound, TransportError
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import annotations_of, volume_claim_key
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.base import QueueController
 
 log = logging.getLogger(__name__)
 
@@ -105,29 +104,21 @@ def provisioned_volume(pvc: dict[str, Any], sc: dict[str, Any], node: str) -> di
     }
 
 
-class LocalPathProvisioner:
+class LocalPathProvisioner(QueueController):
     name = "localpath"
+    component = COMPONENT
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         node_path: str = storage.DEFAULT_NODE_PATH,
+        **kwargs: Any,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, COMPONENT, clock=clock)
+        super().__init__(client, informers, **kwargs)
         self.node_path = node_path
         self.claims = informers.informer(PersistentVolumeClaim)
         self.volumes = informers.informer(PersistentVolume)
         self.classes = informers.informer(StorageClass)
         self.nodes = informers.informer(Node)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
         self.claims.add_event_handler(self._claim, lambda old, new: self._claim(new))
         self.volumes.add_event_handler(self._volume, lambda old, new: self._volume(new))
         self.classes.add_event_handler(self._class, lambda old, new: self._class(new))
@@ -138,10 +129,7 @@ class LocalPathProvisioner:
         except (ApiError, TransportError) as exc:
             # Provisioning for the classes that exist must not wait for this one.
             log.warning("could not create the StorageClass %s: %s", storage.LOCAL_PATH_CLASS, exc)
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
+        await super().start()
 
     async def ensure_default_class(self) -> None:
         """Create the class ``local-path`` if absent; the default only if no class is."""

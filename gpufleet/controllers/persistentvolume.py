@@ -39,13 +39,13 @@ from gpufleet.api import storage
 from gpufleet.api.k8s import Node, PersistentVolume, PersistentVolumeClaim, Pod, StorageClass
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import Conflict, NotFound
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import annotations_of, volume_claim_key
-from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+from gpufleet.controllers.base import QueueController
+from gpufleet.utils.clock import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -76,22 +76,16 @@ def pod_claim_keys(pod: Any) -> list[str]:
     return out
 
 
-class PersistentVolumeController:
+class PersistentVolumeController(QueueController):
     name = "persistentvolume"
+    component = COMPONENT
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         pending_resync: float = PENDING_RESYNC,
+        **kwargs: Any,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, COMPONENT, clock=clock)
+        super().__init__(client, informers, **kwargs)
         self.pending_resync = pending_resync
         self.claims = informers.informer(PersistentVolumeClaim)
         self.volumes = informers.informer(PersistentVolume)
@@ -100,8 +94,6 @@ class PersistentVolumeController:
         self.nodes = informers.informer(Node)
         self.pods.add_indexer(POD_CLAIMS_INDEX, pod_claim_keys)
         self.volumes.add_indexer(VOLUME_CLAIM_INDEX, volume_claim_key)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
         self.claims.add_event_handler(self._claim_changed, lambda old, new: self._claim_changed(new),
                                       self._claim_deleted)
         self.volumes.add_event_handler(self._volume_changed, lambda old, new: self._volume_changed(new),
@@ -110,12 +102,6 @@ class PersistentVolumeController:
         self.pods.add_event_handler(self._pod_changed, self._pod_updated, self._pod_changed)
         # Wire forms of the cached models, by key, while their resourceVersion holds.
         self._wire_cache: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     # -- informer callbacks: keys only ----------------------------------------------------------
 

@@ -35,7 +35,6 @@ from gpufleet.api.k8s import Namespace, Node, Pod, PriorityClass
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import (
@@ -43,6 +42,7 @@ from gpufleet.controllers._common import (
     index_by_controller,
     is_being_deleted,
 )
+from gpufleet.controllers.base import ControllerBase
 from gpufleet.controllers.kueue.cycle import AdmissionCycle
 from gpufleet.controllers.kueue.jobs import JobSync
 from gpufleet.controllers.kueue.kinds import (
@@ -54,7 +54,6 @@ from gpufleet.controllers.kueue.kinds import (
     _rv,
     _wire,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -62,22 +61,16 @@ log = logging.getLogger(__name__)
 # -- the controller -----------------------------------------------------------------------------------
 
 
-class KueueController(JobSync, AdmissionCycle):
+class KueueController(JobSync, AdmissionCycle, ControllerBase):
     name = "kueue"
+    component = "kueue-admission"
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         fair_sharing: bool = False,
+        **kwargs: Any,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, "kueue-admission", clock=clock)
+        super().__init__(client, informers, **kwargs)
         self.fair_sharing = fair_sharing
         self.kinds: dict[str, JobKind] = {"Job": BATCH_JOB}
         pytorch = _pytorch_kind()
@@ -95,15 +88,15 @@ class KueueController(JobSync, AdmissionCycle):
         self.namespaces = informers.informer(Namespace)
         self.priority_classes = informers.informer(PriorityClass)
 
-        self.job_queue = WorkQueue(f"{self.name}-jobs", clock=clock)
-        self.jobs = Controller(f"{self.name}-jobs", self.reconcile_job, self.job_queue, workers=workers)
+        self.job_queue = WorkQueue(f"{self.name}-jobs", clock=self.clock)
+        self.jobs = Controller(f"{self.name}-jobs", self.reconcile_job, self.job_queue, workers=self.workers)
         for kind_name, informer in self.job_informers.items():
             informer.add_event_handler(*self._job_handlers(kind_name))
         self.workloads.add_event_handler(self._workload_event, lambda old, new: self._workload_event(new),
                                          self._workload_event)
         self.pods.add_event_handler(self._pod_event, self._pod_updated, self._pod_event)
         # One admission cycle at a time: it decides from the whole picture.
-        self.cycle_queue = WorkQueue(f"{self.name}-cycle", clock=clock)
+        self.cycle_queue = WorkQueue(f"{self.name}-cycle", clock=self.clock)
         self.cycles = Controller(f"{self.name}-cycle", self.run_cycle, self.cycle_queue, workers=1)
         for informer in (self.cluster_queues, self.local_queues, self.flavors, self.nodes, self.namespaces,
                          self.priority_classes):
