@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.scheduler.cycle import (
@@ -89,6 +89,14 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+
+async def _answer(step: Callable[..., Awaitable[Status]], *args: Any) -> Status:
+    """A binding plugin's answer; an exception it raises is an ERROR status."""
+    try:
+        return await step(*args)
+    except Exception as exc:
+        return Status.from_error(exc)
 
 
 def _has(plugin: Any, protocol: type) -> bool:
@@ -571,10 +579,7 @@ class Framework:
 
     async def run_pre_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
         for p in self.pre_bind:
-            try:
-                status = await p.pre_bind(state, pod_info, node_name)
-            except Exception as exc:
-                status = Status.from_error(exc)
+            status = await _answer(p.pre_bind, state, pod_info, node_name)
             if not status.is_success:
                 status.plugin = p.name
                 return status
@@ -582,10 +587,7 @@ class Framework:
 
     async def run_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
         for p in self.binders:
-            try:
-                status = await p.bind(state, pod_info, node_name)
-            except Exception as exc:
-                status = Status.from_error(exc)
+            status = await _answer(p.bind, state, pod_info, node_name)
             if status.code is Code.SKIP:
                 continue
             if not status.is_success:
