@@ -20,6 +20,7 @@ it with the controller's client, recorder and expectations.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -27,12 +28,15 @@ from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.errors import ApiError, NotFound
 from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, Informer, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import Expectations, resolve_controller
 from gpufleet.controllers.actions import Actions, Instant, Outcome, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+
+log = logging.getLogger(__name__)
 
 
 class ControllerBase:
@@ -151,6 +155,15 @@ class OwnerController(KeyedController):
             self.forget(key)
             return None
         return await self.sync(key, obj)
+
+    def retry_later(self, key: str, error: ApiError, what: str = "") -> Requeue | None:
+        """What a sync answers when the API refused a write: nothing more to do on NotFound
+        (the owner, or what was written, is gone); for another error (mostly a Conflict with a
+        write the cache has not shown yet) it is logged and the owner looked at again."""
+        if isinstance(error, NotFound):
+            return None
+        log.info("%s %s: %s%s", self.name, key, what, error)
+        return Requeue()
 
     def forget(self, key: str) -> None:
         """Drop what the controller remembers about the owner ``key``, which is gone."""

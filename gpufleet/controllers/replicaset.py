@@ -30,7 +30,7 @@ from gpufleet.api.k8s import Pod, ReplicaSet
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import ApiError, NotFound
+from gpufleet.client.errors import ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import (
     BURST_REPLICAS,
@@ -236,12 +236,9 @@ class ReplicaSetController(OwnerController):
         status = decide_status(rs, pods, manage_error, self.now())
         try:
             await self.act(key, rs, status)
-        except NotFound:
-            return None
         except ApiError as e:
             # A Conflict: the cache is behind a write; the event that follows requeues us.
-            log.info("replicaset %s: status not written: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e, "status not written: ")
 
         if manage_error is not None:
             log.info("replicaset %s: %s", key, error_text(manage_error))

@@ -12,7 +12,7 @@ from gpufleet.api.k8s import Deployment, Pod, ReplicaSet
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import AlreadyExists, ApiError, NotFound
+from gpufleet.client.errors import AlreadyExists, ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import (
     CONTROLLER_UID_INDEX,
@@ -103,12 +103,8 @@ class DeploymentController(OwnerController):
                 obs = await self._create_new_replica_set(key, d, obs, first, now)
             actions = decide(obs, now)
             await self.act(key, d, actions)
-        except NotFound:
-            return None
         except ApiError as e:
-            # Mostly a Conflict with a write that the cache has not shown yet: look again.
-            log.info("deployment %s: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e)
         return self.requeue(actions)
 
     async def observe(self, d: Any) -> Observed:

@@ -137,11 +137,8 @@ class JobController(OwnerController):
             return None  # the watch event of that write will bring us back
         try:
             return await self._sync(key, job)
-        except NotFound:
-            return None
         except ApiError as e:
-            log.info("job %s: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e)
 
     async def _claim_pods(self, job: Any) -> list[Any]:
         def drop_finalizer(body: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ from gpufleet.api.kubeflow import PyTorchJob
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import ApiError, Conflict, NotFound
+from gpufleet.client.errors import ApiError, Conflict
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller, pod_phase
 from gpufleet.controllers.actions import Actions, Outcome
@@ -126,13 +126,10 @@ class PyTorchJobController(OwnerController):
             self._remember(key, actions, outcome)
             if outcome.error is not None:
                 raise outcome.error
-        except NotFound:
-            return None
         except Conflict:
             return Requeue()
         except ApiError as e:
-            log.info("pytorchjob %s: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e)
         return self.requeue(actions)
 
     def _remember(self, key: str, actions: Actions, outcome: Outcome) -> None:
