@@ -41,11 +41,14 @@ log = logging.getLogger(__name__)
 
 class ControllerBase:
     """What every controller is given: the client, the clock, an Event recorder (its source
-    ``component``, "<name>-controller" when empty) and its number of workers. A subclass
-    with options of its own takes them as keywords and passes the rest on (``**kwargs``)."""
+    ``component``, "<name>-controller" when empty) and its number of workers. Its own options
+    are the fields of ``settings_type`` (a dataclass, with their defaults), built into
+    ``self.settings`` from the keywords; or a subclass takes them as keywords and passes the
+    rest on (``**kwargs``)."""
 
     name: ClassVar[str] = ""
     component: ClassVar[str] = ""  # the Events' source; "<name>-controller" when empty
+    settings_type: ClassVar[Any] = None
 
     def __init__(
         self,
@@ -55,7 +58,12 @@ class ControllerBase:
         clock: Clock = REAL_CLOCK,
         recorder: EventRecorder | None = None,
         workers: int = 2,
+        **options: Any,
     ) -> None:
+        if self.settings_type is not None:
+            self.settings = self.settings_type(**options)
+        elif options:
+            raise TypeError(f"{type(self).__name__} got unexpected options: {', '.join(sorted(options))}")
         self.client = client
         self.clock = clock
         self.recorder = recorder or EventRecorder(client, self.component or f"{self.name}-controller", clock=clock)

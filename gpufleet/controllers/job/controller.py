@@ -51,15 +51,10 @@ class JobController(OwnerController):
     name = "job"
     kind = KIND
     owner_model = Job
+    settings_type = Settings  # pod_failure_backoff, pod_failure_backoff_max
 
-    def __init__(
-        self, client: Client, informers: SharedInformerFactory, *,
-        pod_failure_backoff: float = 1.0,
-        pod_failure_backoff_max: float = 60.0,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
-        self.settings = Settings(pod_failure_backoff, pod_failure_backoff_max)
         # Job key -> uids of pods whose finalizer this controller removed but whose update
         # the informer has not shown yet; they must not be counted again meanwhile.
         self._finalizers_removed: dict[str, set[str]] = {}

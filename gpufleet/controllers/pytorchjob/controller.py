@@ -18,7 +18,6 @@ from gpufleet.controllers.actions import Actions, Outcome
 from gpufleet.controllers.base import OwnerController
 from gpufleet.controllers.pytorchjob.decide import Memory, Observed, Settings, decide
 from gpufleet.controllers.pytorchjob.model import (
-    DEFAULT_CHECKPOINT_ROOT,
     KIND,
     autoscale_enabled,
     is_finished,
@@ -33,17 +32,11 @@ class PyTorchJobController(OwnerController):
     name = "pytorchjob"
     kind = KIND
     owner_model = PyTorchJob
+    # restart_backoff, restart_backoff_max, checkpoint_root, elastic_resize_interval
+    settings_type = Settings
 
-    def __init__(
-        self, client: Client, informers: SharedInformerFactory, *,
-        restart_backoff: float = 1.0,
-        restart_backoff_max: float = 60.0,
-        checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT,
-        elastic_resize_interval: float = 30.0,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
-        self.settings = Settings(restart_backoff, restart_backoff_max, checkpoint_root, elastic_resize_interval)
         # Job key -> what the controller remembers of it between syncs.
         self.memory: dict[str, Memory] = {}
         # Uids of pods this controller deleted itself (scale-down, restarts, cleanup).
