@@ -146,6 +146,24 @@ class OwnerController(KeyedController):
             self.queue.add(key)
         return key
 
+    def enqueue_old_owner(self, old: Any, new: Any) -> bool:
+        """A child updated: when its controller reference changed, the owner it left is
+        enqueued. Whether the reference changed."""
+        old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
+        changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
+        if changed and old_ref is not None:
+            self.enqueue_owner(old)
+        return changed
+
+    def child_deleted(self, child: Any) -> str | None:
+        """A child is gone: its deletion is observed (if this controller deleted it) and its
+        owner synced. The owner's key, None when it has none cached."""
+        key = self.owner_key(child)
+        if key:
+            self.expectations.deletion_observed(key, objects.object_key(child))
+            self.queue.add(key)
+        return key
+
     def enqueue_matching(self, child: Any, selector_of: Callable[[Any], LabelSelector]) -> None:
         """Enqueue every owner in the child's namespace whose selector matches its labels (an
         orphan may be adopted by any of them)."""

@@ -165,7 +165,7 @@ class ReplicaSetController(OwnerController):
         self.pod_informer = informers.informer(Pod)
         index_by_controller(self.rs_informer)
         index_by_controller(self.pod_informer)
-        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
+        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self.child_deleted)
 
     # -- pod events -----------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class ReplicaSetController(OwnerController):
 
     def _pod_added(self, pod: Any) -> None:
         if is_being_deleted(pod):
-            self._pod_deleted(pod)
+            self.child_deleted(pod)
             return
         if objects.controller_ref(pod) is not None:
             key = self.owner_key(pod)
@@ -189,15 +189,12 @@ class ReplicaSetController(OwnerController):
             return
         labels_changed = objects.labels_of(old) != objects.labels_of(new)
         if is_being_deleted(new):
-            self._pod_deleted(new)
+            self.child_deleted(new)
             if labels_changed:
-                self._pod_deleted(old)
+                self.child_deleted(old)
             return
-        old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
-        ref_changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
-        if ref_changed and old_ref is not None:
-            self.enqueue_owner(old)
-        if new_ref is not None:
+        ref_changed = self.enqueue_old_owner(old, new)
+        if objects.controller_ref(new) is not None:
             key = self.enqueue_owner(new)
             if key:
                 rs = self.rs_informer.get(key)
@@ -208,12 +205,6 @@ class ReplicaSetController(OwnerController):
             return
         if labels_changed or ref_changed:
             self._enqueue_matching(new)
-
-    def _pod_deleted(self, pod: Any) -> None:
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.deletion_observed(key, objects.object_key(pod))
-            self.queue.add(key)
 
     # -- sync -----------------------------------------------------------------------------
 

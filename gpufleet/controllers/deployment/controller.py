@@ -67,11 +67,8 @@ class DeploymentController(OwnerController):
     def _rs_updated(self, old: Any, new: Any) -> None:
         if objects.resource_version_of(old) == objects.resource_version_of(new):
             return
-        old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
-        ref_changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
-        if ref_changed and old_ref is not None:
-            self.enqueue_owner(old)
-        if new_ref is not None:
+        ref_changed = self.enqueue_old_owner(old, new)
+        if objects.controller_ref(new) is not None:
             self.enqueue_owner(new)
             return
         if ref_changed or objects.labels_of(old) != objects.labels_of(new):

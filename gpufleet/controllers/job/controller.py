@@ -65,7 +65,7 @@ class JobController(OwnerController):
         self.job_informer = self.owners
         self.pod_informer = informers.informer(Pod)
         index_by_controller(self.pod_informer)
-        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
+        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self.child_deleted)
         # Pods holding the tracking finalizer whose Job is gone must still be let go.
         self.orphan_queue = WorkQueue(f"{self.name}-orphan-pods", clock=self.clock)
         self.orphans = Controller(f"{self.name}-orphan-pods", self._release_orphan, self.orphan_queue, workers=1)
@@ -106,12 +106,6 @@ class JobController(OwnerController):
             self.queue.add(old_key)
         if objects.controller_ref(new) is None and objects.labels_of(old) != objects.labels_of(new):
             self._enqueue_matching(new)
-
-    def _pod_deleted(self, pod: Any) -> None:
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.deletion_observed(key, objects.object_key(pod))
-            self.queue.add(key)
 
     def _enqueue_matching(self, pod: Any) -> None:
         self.enqueue_matching(pod, lambda job: selector_from(job_selector(job)))

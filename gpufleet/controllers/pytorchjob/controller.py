@@ -66,11 +66,7 @@ class PyTorchJobController(OwnerController):
 
     def _pod_deleted(self, pod: Any) -> None:
         self._deleting.discard(objects.uid_of(pod))
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.deletion_observed(key, objects.object_key(pod))
-            self.queue.add(key)
-        else:
+        if not self.child_deleted(pod):
             self._enqueue_autoscaled()
 
     def _node_changed(self, node: Any) -> None:
