@@ -86,6 +86,19 @@ def selector_from(spec_selector: Any) -> LabelSelector:
     return LabelSelector.from_dict(data)
 
 
+def annotations_of(obj: dict[str, Any]) -> dict[str, str]:
+    """A copy of a wire object's annotations."""
+    return dict((obj.get("metadata") or {}).get("annotations") or {})
+
+
+def volume_claim_key(pv: Any) -> str | None:
+    """The key (namespace/name) of the claim a PersistentVolume's claimRef names, or None."""
+    ref = pv.spec.claim_ref if pv.spec is not None else None
+    if ref is None or not ref.name:
+        return None
+    return f"{ref.namespace or ''}/{ref.name}"
+
+
 def owner_reference(owner: Any, api_version: str, kind: str) -> dict[str, Any]:
     return {
         "apiVersion": api_version,

@@ -1,5 +1,8 @@
 """The wiring every controller repeats.
 
+``ControllerBase``: the client, clock, Event recorder and worker count every controller is
+given; ``QueueController`` adds one work queue and its workers, started and stopped.
+
 ``KeyedController``: a controller keyed by its own object (a Service's Endpoints, a budget,
 a quota, a Namespace, a Node): the object's informer feeding a work queue of its keys,
 start/stop, the time a decision is made at, and ``act`` applying a decision. ``sync(key,
@@ -17,6 +20,7 @@ it with the controller's client, recorder and expectations.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -24,6 +28,7 @@ from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.errors import ApiError, NotFound
 from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, Informer, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
@@ -31,15 +36,19 @@ from gpufleet.controllers._common import Expectations, resolve_controller
 from gpufleet.controllers.actions import Actions, Instant, Outcome, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
+log = logging.getLogger(__name__)
 
-class KeyedController:
-    """Base for a controller of ``model`` objects keyed by their own key. ``informer_options``:
-    passed to the informer (a namespace, a field selector)."""
+
+class ControllerBase:
+    """What every controller is given: the client, the clock, an Event recorder (its source
+    ``component``, "<name>-controller" when empty) and its number of workers. Its own options
+    are the fields of ``settings_type`` (a dataclass, with their defaults), built into
+    ``self.settings`` from the keywords; or a subclass takes them as keywords and passes the
+    rest on (``**kwargs``)."""
 
     name: ClassVar[str] = ""
-    model: ClassVar[Any] = None
-    informer_options: ClassVar[dict[str, Any]] = {}
     component: ClassVar[str] = ""  # the Events' source; "<name>-controller" when empty
+    settings_type: ClassVar[Any] = None
 
     def __init__(
         self,
@@ -49,14 +58,29 @@ class KeyedController:
         clock: Clock = REAL_CLOCK,
         recorder: EventRecorder | None = None,
         workers: int = 2,
+        **options: Any,
     ) -> None:
+        if self.settings_type is not None:
+            self.settings = self.settings_type(**options)
+        elif options:
+            raise TypeError(f"{type(self).__name__} got unexpected options: {', '.join(sorted(options))}")
         self.client = client
         self.clock = clock
         self.recorder = recorder or EventRecorder(client, self.component or f"{self.name}-controller", clock=clock)
-        self.informer: Informer = informers.informer(self.model, **self.informer_options)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.informer)
+        self.workers = workers
+
+    def now(self) -> Instant:
+        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
+
+
+class QueueController(ControllerBase):
+    """A controller with one work queue (named ``name``) whose workers call ``reconcile(key)``;
+    the subclass decides what its keys are and what enqueues them."""
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.queue = WorkQueue(self.name, clock=self.clock)
+        self.controller = Controller(self.name, self.reconcile, self.queue, workers=self.workers)
 
     async def start(self) -> None:
         await self.controller.start()
@@ -64,8 +88,21 @@ class KeyedController:
     async def stop(self) -> None:
         await self.controller.stop()
 
-    def now(self) -> Instant:
-        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
+    async def reconcile(self, key: Any) -> Requeue | None:
+        raise NotImplementedError
+
+
+class KeyedController(QueueController):
+    """Base for a controller of ``model`` objects keyed by their own key. ``informer_options``:
+    passed to the informer (a namespace, a field selector)."""
+
+    model: ClassVar[Any] = None
+    informer_options: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.informer: Informer = informers.informer(self.model, **self.informer_options)
+        self.controller.watch(self.informer)
 
     async def reconcile(self, key: Any) -> Requeue | None:
         return await self.sync(str(key), self.informer.get(str(key)))
@@ -88,19 +125,11 @@ class OwnerController(KeyedController):
     kind: ClassVar[str] = ""
     owner_model: ClassVar[Any] = None
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-    ) -> None:
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         self.model = self.owner_model  # the owner is the object of the key
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.owners: Informer = self.informer
-        self.expectations = Expectations(clock)
+        self.expectations = Expectations(self.clock)
         # What apply remembers of objects it created (memo keys), so a sync does not rewrite them.
         self.known: dict[Any, Any] = {}
 
@@ -114,6 +143,24 @@ class OwnerController(KeyedController):
     def enqueue_owner(self, child: Any) -> str | None:
         key = self.owner_key(child)
         if key:
+            self.queue.add(key)
+        return key
+
+    def enqueue_old_owner(self, old: Any, new: Any) -> bool:
+        """A child updated: when its controller reference changed, the owner it left is
+        enqueued. Whether the reference changed."""
+        old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
+        changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
+        if changed and old_ref is not None:
+            self.enqueue_owner(old)
+        return changed
+
+    def child_deleted(self, child: Any) -> str | None:
+        """A child is gone: its deletion is observed (if this controller deleted it) and its
+        owner synced. The owner's key, None when it has none cached."""
+        key = self.owner_key(child)
+        if key:
+            self.expectations.deletion_observed(key, objects.object_key(child))
             self.queue.add(key)
         return key
 
@@ -134,6 +181,15 @@ class OwnerController(KeyedController):
             self.forget(key)
             return None
         return await self.sync(key, obj)
+
+    def retry_later(self, key: str, error: ApiError, what: str = "") -> Requeue | None:
+        """What a sync answers when the API refused a write: nothing more to do on NotFound
+        (the owner, or what was written, is gone); for another error (mostly a Conflict with a
+        write the cache has not shown yet) it is logged and the owner looked at again."""
+        if isinstance(error, NotFound):
+            return None
+        log.info("%s %s: %s%s", self.name, key, what, error)
+        return Requeue()
 
     def forget(self, key: str) -> None:
         """Drop what the controller remembers about the owner ``key``, which is gone."""

@@ -29,14 +29,14 @@ from typing import Any
 from gpufleet.api.k8s import Pod, PodDisruptionBudget
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import Conflict, NotFound
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import is_being_deleted, pod_is_ready, selector_from, timestamp
-from gpufleet.controllers.actions import Actions, apply
-from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+from gpufleet.controllers.actions import Actions
+from gpufleet.controllers.base import KeyedController
+from gpufleet.utils.clock import rfc3339
 
 # How long an eviction's entry in disruptedPods keeps its pod out of currentHealthy.
 DELETION_TIMEOUT = 120.0
@@ -143,33 +143,16 @@ def decide_budget(pdb: Any, pods: list[Any], expected: int | None, error: str | 
     return actions
 
 
-class DisruptionController:
+class DisruptionController(KeyedController):
     name = "disruption"
+    model = PodDisruptionBudget
+    component = "controllermanager"
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-    ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, "controllermanager", clock=clock)
-        self.pdb_informer = informers.informer(PodDisruptionBudget)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.pdb_informer = self.informer
         self.pod_informer = informers.informer(Pod)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.pdb_informer)
         self.pod_informer.add_event_handler(self._pod_event, self._pod_changed, self._pod_event)
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     def _pod_event(self, pod: Any) -> None:
         labels = objects.labels_of(pod)
@@ -218,8 +201,7 @@ class DisruptionController:
                 total += int(replicas or 0)
         return total
 
-    async def reconcile(self, key: Any) -> Requeue | None:
-        cached = self.pdb_informer.get(str(key))
+    async def sync(self, key: str, cached: Any | None) -> Requeue | None:
         if cached is None:
             return None
         spec = cached.to_dict().get("spec") or {}
@@ -234,9 +216,9 @@ class DisruptionController:
                 error = str(e)
         actions = decide_budget(cached, pods, expected, error, self.clock.now())
         try:
-            await apply(self.client, actions, owner=cached, recorder=self.recorder)
+            await self.act(key, cached, actions)
         except Conflict:
             return Requeue(after=0.0)
         except NotFound:
             return None
-        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None
+        return self.requeue(actions)

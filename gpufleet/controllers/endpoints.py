@@ -37,13 +37,12 @@ from gpufleet.api.k8s import Endpoints, Pod, Service
 from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import AlreadyExists, ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import is_being_deleted, pod_is_ready, pod_is_terminal
-from gpufleet.controllers.actions import Actions, Create, Delete, Update, apply
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.actions import Actions, Create, Delete, Update
+from gpufleet.controllers.base import KeyedController
 
 log = logging.getLogger(__name__)
 
@@ -205,33 +204,20 @@ def decide_endpoints(key: str, svc: Any | None, pods: list[Any], current: Any | 
     return Actions(updates=[Update(data)], reason="Update")
 
 
-class EndpointsController:
-    name = "endpoints"
+class EndpointsController(KeyedController):
+    """Keyed by Service: each Service's Endpoints list its Ready (and not-ready) pods."""
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        workers: int = 2,
-    ) -> None:
-        self.client = client
-        self.clock = clock
-        self.svc_informer = informers.informer(Service)
+    name = "endpoints"
+    model = Service
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.svc_informer = self.informer
         self.pod_informer = informers.informer(Pod)
         self.ep_informer = informers.informer(Endpoints)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.svc_informer)
         self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_added)
         self.ep_informer.add_event_handler(on_update=self._ep_changed, on_delete=self._ep_deleted)
 
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     def _services_for(self, pod: Any) -> list[str]:
         labels = objects.labels_of(pod)
@@ -261,19 +247,18 @@ class EndpointsController:
         if self.svc_informer.get(objects.object_key(ep)) is not None:
             self.queue.add(objects.object_key(ep))
 
-    async def reconcile(self, key: str) -> Requeue | None:
+    async def sync(self, key: str, svc: Any | None) -> Requeue | None:
         ns, _, _ = key.partition("/")
-        svc = self.svc_informer.get(key)
         selector = _service_selector(svc) if svc is not None else None
         pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns)
                 if selector is not None and selector.matches(objects.labels_of(p))]
         try:
             try:
-                await apply(self.client, decide_endpoints(key, svc, pods, self.ep_informer.get(key)))
+                await self.act(key, None, decide_endpoints(key, svc, pods, self.ep_informer.get(key)))
             except AlreadyExists:
                 # The cache had not shown it yet: decide again on the stored one.
                 current = await self.client.get(Endpoints, objects.name_of(svc), ns)
-                await apply(self.client, decide_endpoints(key, svc, pods, current))
+                await self.act(key, None, decide_endpoints(key, svc, pods, current))
         except ApiError as e:
             log.info("endpoints %s: %s", key, e)
             return Requeue()

@@ -37,13 +37,12 @@ from typing import Any
 from gpufleet.api.registry import ResourceType
 from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, NotFound
 from gpufleet.client.informer import Informer, SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import edit_owner_references
 from gpufleet.controllers.actions import Actions, Delete, apply
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.base import QueueController
 
 log = logging.getLogger(__name__)
 
@@ -127,20 +126,12 @@ def decide_dependent(obj: Any, owners: Sequence[tuple[str, str | None]], has_dep
     return Collection("OwnersGone", delete=policy)
 
 
-class GarbageCollector:
+class GarbageCollector(QueueController):
     name = "garbagecollector"
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        workers: int = 2,
-        ignored: frozenset[str] = IGNORED_KINDS,
-    ) -> None:
-        self.client = client
-        self.clock = clock
+    def __init__(self, client: Client, informers: SharedInformerFactory, *,
+                 ignored: frozenset[str] = IGNORED_KINDS, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
         self.monitors: dict[str, Informer] = {}
         self._types: dict[str, ResourceType] = {}
         # uid -> (resource key, object key)
@@ -159,14 +150,6 @@ class GarbageCollector:
                 functools.partial(self._updated, rt.key),
                 functools.partial(self._deleted, rt.key),
             )
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     # -- the graph ----------------------------------------------------------------------------
 

@@ -49,11 +49,9 @@ import httpx
 from gpufleet.api.k8s import HorizontalPodAutoscaler, Pod
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, Conflict, NotFound, TransportError
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers import hpa_algorithm as algo
 from gpufleet.controllers._common import (
     find_condition,
@@ -64,6 +62,7 @@ from gpufleet.controllers._common import (
     timestamp,
 )
 from gpufleet.controllers.actions import apply
+from gpufleet.controllers.base import QueueController
 from gpufleet.controllers.hpa_decide import (
     HpaObserved,
     MetricsError,
@@ -247,29 +246,23 @@ def pod_info(pod: Any) -> algo.PodInfo:
     )
 
 
-class HorizontalPodAutoscalerController:
+class HorizontalPodAutoscalerController(QueueController):
     name = "horizontalpodautoscaler"
+    component = "horizontal-pod-autoscaler"
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         sync_period: float = 15.0,
         metrics: MetricsSource | None = None,
         gateway_url: str | None = None,
         cpu_initialization_period: float = algo.CPU_INITIALIZATION_PERIOD,
         initial_readiness_delay: float = algo.INITIAL_READINESS_DELAY,
+        **kwargs: Any,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, "horizontal-pod-autoscaler", clock=clock)
+        super().__init__(client, informers, **kwargs)
         self.sync_period = sync_period
         self._own_metrics = metrics is None
-        self.metrics: MetricsSource = metrics or ClusterMetrics(client, gateway_url=gateway_url, clock=clock)
+        self.metrics: MetricsSource = metrics or ClusterMetrics(client, gateway_url=gateway_url, clock=self.clock)
         # When a pod's cpu samples are trusted (Kubernetes' --horizontal-pod-autoscaler-cpu-
         # initialization-period and -initial-readiness-delay).
         self._readiness = {"cpu_initialization_period": cpu_initialization_period,
@@ -277,15 +270,10 @@ class HorizontalPodAutoscalerController:
         self.history: dict[str, algo.History] = {}
         self.hpa_informer = informers.informer(HorizontalPodAutoscaler)
         self.pod_informer = informers.informer(Pod)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
         self.hpa_informer.add_event_handler(self._hpa_added, self._hpa_updated, self._hpa_deleted)
 
-    async def start(self) -> None:
-        await self.controller.start()
-
     async def stop(self) -> None:
-        await self.controller.stop()
+        await super().stop()
         if self._own_metrics and isinstance(self.metrics, ClusterMetrics):
             await self.metrics.close()
 

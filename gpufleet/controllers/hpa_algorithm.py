@@ -322,37 +322,35 @@ def _change_in_period(period: int, events: Iterable[ScaleEvent], now: float) -> 
     return sum(e.change for e in events if e.time > cutoff)
 
 
-def scale_up_limit(current: int, history: History, rules: Rules, now: float) -> int:
-    if rules.select_policy == "Disabled":
-        return current
-    pick = min if rules.select_policy == "Min" else max
-    result: int | None = None
-    for p in rules.policies:
-        start = (current - _change_in_period(p.period_seconds, history.up_events, now)
-                 + _change_in_period(p.period_seconds, history.down_events, now))
-        if p.type == "Pods":
-            proposed = start + p.value
-        else:
-            proposed = math.ceil(start * (1 + p.value / 100))
-        result = proposed if result is None else pick(result, proposed)
-    return current if result is None else result
-
-
-def scale_down_limit(current: int, history: History, rules: Rules, now: float) -> int:
+def _policy_limit(current: int, history: History, rules: Rules, now: float, up: bool) -> int:
+    """The replica count the rules' policies allow (Kubernetes' calculateScaleUpLimitWithScalingRules
+    and calculateScaleDownLimitWithBehaviors): each policy's change from the count at the start
+    of its period, the biggest change (``Max``) or the smallest (``Min``) of them."""
     if rules.select_policy == "Disabled":
         return current
     # For scaling down the biggest change is the lowest count.
-    pick = max if rules.select_policy == "Min" else min
+    biggest = max if up else min
+    pick = (min if biggest is max else max) if rules.select_policy == "Min" else biggest
     result: int | None = None
     for p in rules.policies:
         start = (current - _change_in_period(p.period_seconds, history.up_events, now)
                  + _change_in_period(p.period_seconds, history.down_events, now))
         if p.type == "Pods":
-            proposed = start - p.value
+            proposed = start + p.value if up else start - p.value
+        elif up:
+            proposed = math.ceil(start * (1 + p.value / 100))
         else:
             proposed = int(start * (1 - p.value / 100))
         result = proposed if result is None else pick(result, proposed)
     return current if result is None else result
+
+
+def scale_up_limit(current: int, history: History, rules: Rules, now: float) -> int:
+    return _policy_limit(current, history, rules, now, up=True)
+
+
+def scale_down_limit(current: int, history: History, rules: Rules, now: float) -> int:
+    return _policy_limit(current, history, rules, now, up=False)
 
 
 def limit_by_rate(

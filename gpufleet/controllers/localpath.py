@@ -39,12 +39,12 @@ from gpufleet.api import storage
 from gpufleet.api.k8s import Node, PersistentVolume, PersistentVolumeClaim, StorageClass
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound, TransportError
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers._common import annotations_of, volume_claim_key
+from gpufleet.controllers.base import QueueController
 
 log = logging.getLogger(__name__)
 
@@ -104,33 +104,21 @@ def provisioned_volume(pvc: dict[str, Any], sc: dict[str, Any], node: str) -> di
     }
 
 
-def _annotations(obj: dict[str, Any]) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-
-class LocalPathProvisioner:
+class LocalPathProvisioner(QueueController):
     name = "localpath"
+    component = COMPONENT
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         node_path: str = storage.DEFAULT_NODE_PATH,
+        **kwargs: Any,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, COMPONENT, clock=clock)
+        super().__init__(client, informers, **kwargs)
         self.node_path = node_path
         self.claims = informers.informer(PersistentVolumeClaim)
         self.volumes = informers.informer(PersistentVolume)
         self.classes = informers.informer(StorageClass)
         self.nodes = informers.informer(Node)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
         self.claims.add_event_handler(self._claim, lambda old, new: self._claim(new))
         self.volumes.add_event_handler(self._volume, lambda old, new: self._volume(new))
         self.classes.add_event_handler(self._class, lambda old, new: self._class(new))
@@ -141,10 +129,7 @@ class LocalPathProvisioner:
         except (ApiError, TransportError) as exc:
             # Provisioning for the classes that exist must not wait for this one.
             log.warning("could not create the StorageClass %s: %s", storage.LOCAL_PATH_CLASS, exc)
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
+        await super().start()
 
     async def ensure_default_class(self) -> None:
         """Create the class ``local-path`` if absent; the default only if no class is."""
@@ -168,9 +153,9 @@ class LocalPathProvisioner:
 
     def _volume(self, pv: Any) -> None:
         self.queue.add((VOLUME, objects.name_of(pv)))
-        ref = pv.spec.claim_ref if pv.spec is not None else None
-        if ref is not None and ref.name:
-            self.queue.add((CLAIM, f"{ref.namespace or ''}/{ref.name}"))
+        claim = volume_claim_key(pv)
+        if claim:
+            self.queue.add((CLAIM, claim))
 
     def _class(self, sc: Any) -> None:
         for pvc in self.claims.list():
@@ -210,7 +195,7 @@ class LocalPathProvisioner:
         if volume_name:
             await self._expand(pvc, sc, volume_name)
             return
-        annotations = _annotations(pvc)
+        annotations = annotations_of(pvc)
         handed = annotations.get(storage.ANN_STORAGE_PROVISIONER) or annotations.get(storage.ANN_BETA_STORAGE_PROVISIONER)
         if handed != sc["provisioner"]:
             return  # the PV controller has not asked for a volume (it may bind an existing one)
@@ -220,7 +205,7 @@ class LocalPathProvisioner:
 
     async def _provision(self, pvc: dict[str, Any], sc: dict[str, Any]) -> None:
         spec = pvc.get("spec") or {}
-        node = _annotations(pvc).get(storage.ANN_SELECTED_NODE)
+        node = annotations_of(pvc).get(storage.ANN_SELECTED_NODE)
         if not storage.waits_for_first_consumer(sc):
             await self._failed(pvc, f"local-path volumes live on one node: storage class \"{sc['metadata']['name']}\" "
                                     "needs volumeBindingMode WaitForFirstConsumer so the scheduler picks the node")
@@ -256,7 +241,7 @@ class LocalPathProvisioner:
 
     async def _give_back_node(self, pvc: dict[str, Any], node: str) -> None:
         body = objects.to_dict(pvc)
-        annotations = _annotations(pvc)
+        annotations = annotations_of(pvc)
         if annotations.get(storage.ANN_SELECTED_NODE) != node:
             return
         annotations.pop(storage.ANN_SELECTED_NODE)

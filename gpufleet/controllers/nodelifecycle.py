@@ -55,7 +55,7 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, NotFound
-from gpufleet.client.events import NORMAL, EventRecorder
+from gpufleet.client.events import NORMAL
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import (
     NODE_NAME_INDEX,
@@ -66,7 +66,6 @@ from gpufleet.controllers._common import (
 )
 from gpufleet.controllers.actions import Actions, Delete, Event, Instant, apply
 from gpufleet.controllers.base import KeyedController
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -351,17 +350,12 @@ class NodeLifecycleController(KeyedController):
     component = "node-controller"
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         node_monitor_grace_period: float = 8.0,
         default_eviction_seconds: float = 2.0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.grace = node_monitor_grace_period
         self.default_eviction_seconds = default_eviction_seconds
         self.health: dict[str, NodeHealth] = {}

@@ -39,12 +39,13 @@ from gpufleet.api import storage
 from gpufleet.api.k8s import Node, PersistentVolume, PersistentVolumeClaim, Pod, StorageClass
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import Conflict, NotFound
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
-from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+from gpufleet.controllers._common import annotations_of, volume_claim_key
+from gpufleet.controllers.base import QueueController
+from gpufleet.utils.clock import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -75,33 +76,16 @@ def pod_claim_keys(pod: Any) -> list[str]:
     return out
 
 
-def _volume_claim_key(pv: Any) -> str | None:
-    ref = pv.spec.claim_ref if pv.spec is not None else None
-    if ref is None or not ref.name:
-        return None
-    return f"{ref.namespace or ''}/{ref.name}"
-
-
-def _annotations(obj: dict[str, Any]) -> dict[str, str]:
-    return dict((obj.get("metadata") or {}).get("annotations") or {})
-
-
-class PersistentVolumeController:
+class PersistentVolumeController(QueueController):
     name = "persistentvolume"
+    component = COMPONENT
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         pending_resync: float = PENDING_RESYNC,
+        **kwargs: Any,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, COMPONENT, clock=clock)
+        super().__init__(client, informers, **kwargs)
         self.pending_resync = pending_resync
         self.claims = informers.informer(PersistentVolumeClaim)
         self.volumes = informers.informer(PersistentVolume)
@@ -109,9 +93,7 @@ class PersistentVolumeController:
         self.pods = informers.informer(Pod)
         self.nodes = informers.informer(Node)
         self.pods.add_indexer(POD_CLAIMS_INDEX, pod_claim_keys)
-        self.volumes.add_indexer(VOLUME_CLAIM_INDEX, _volume_claim_key)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
+        self.volumes.add_indexer(VOLUME_CLAIM_INDEX, volume_claim_key)
         self.claims.add_event_handler(self._claim_changed, lambda old, new: self._claim_changed(new),
                                       self._claim_deleted)
         self.volumes.add_event_handler(self._volume_changed, lambda old, new: self._volume_changed(new),
@@ -120,12 +102,6 @@ class PersistentVolumeController:
         self.pods.add_event_handler(self._pod_changed, self._pod_updated, self._pod_changed)
         # Wire forms of the cached models, by key, while their resourceVersion holds.
         self._wire_cache: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     # -- informer callbacks: keys only ----------------------------------------------------------
 
@@ -156,7 +132,7 @@ class PersistentVolumeController:
 
     def _volume_changed(self, pv: Any) -> None:
         self._enqueue_volume(objects.name_of(pv))
-        claim = _volume_claim_key(pv)
+        claim = volume_claim_key(pv)
         if claim:
             self._enqueue_claim(claim)
         if pv.status is not None and pv.status.phase == storage.VOLUME_AVAILABLE:
@@ -165,7 +141,7 @@ class PersistentVolumeController:
 
     def _volume_deleted(self, pv: Any) -> None:
         self._wire_cache.pop((VOLUME, objects.name_of(pv)), None)
-        claim = _volume_claim_key(pv)
+        claim = volume_claim_key(pv)
         if claim:
             self._enqueue_claim(claim)
 
@@ -240,7 +216,7 @@ class PersistentVolumeController:
         if storage.being_deleted(pvc):
             await self._release_claim_protection(pvc)
             return None
-        if storage.ANN_BIND_COMPLETED in _annotations(pvc):
+        if storage.ANN_BIND_COMPLETED in annotations_of(pvc):
             await self._sync_bound_claim(pvc)
             return None
         await self._sync_unbound_claim(pvc)
@@ -257,7 +233,7 @@ class PersistentVolumeController:
             return
         sc = self._class(storage.claim_class(pvc))
         delayed = storage.waits_for_first_consumer(sc)
-        selected = _annotations(pvc).get(storage.ANN_SELECTED_NODE)
+        selected = annotations_of(pvc).get(storage.ANN_SELECTED_NODE)
         node = (selected, self._node_labels(selected)) if delayed and selected else None
         volume = storage.find_matching_volume(pvc, self._all_volumes(), delay_binding=delayed and not selected,
                                               node=node, prebound_anywhere=True)
@@ -363,7 +339,7 @@ class PersistentVolumeController:
             await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
             return
         provisioner = sc["provisioner"]
-        annotations = _annotations(pvc)
+        annotations = annotations_of(pvc)
         if (annotations.get(storage.ANN_STORAGE_PROVISIONER), annotations.get(storage.ANN_BETA_STORAGE_PROVISIONER)) \
                 != (provisioner, provisioner):
             body = _copy(pvc)
@@ -425,7 +401,7 @@ class PersistentVolumeController:
         body = _copy(pv)
         body["spec"]["claimRef"] = {k: v for k, v in wanted.items() if v}
         if not ref:
-            body["metadata"]["annotations"] = {**_annotations(pv), storage.ANN_BOUND_BY_CONTROLLER: YES}
+            body["metadata"]["annotations"] = {**annotations_of(pv), storage.ANN_BOUND_BY_CONTROLLER: YES}
         try:
             return await self.client.update(body, raw=True)
         except NotFound:
@@ -433,7 +409,7 @@ class PersistentVolumeController:
 
     async def _bind_claim_to_volume(self, pvc: dict[str, Any], pv: dict[str, Any]) -> dict[str, Any] | None:
         name = pv["metadata"]["name"]
-        annotations = _annotations(pvc)
+        annotations = annotations_of(pvc)
         spec = pvc.get("spec") or {}
         if spec.get("volumeName") == name and annotations.get(storage.ANN_BIND_COMPLETED) == YES:
             return pvc
@@ -528,7 +504,7 @@ class PersistentVolumeController:
                 if pv is None:
                     return None
             await self._reclaim(pv)
-        elif _annotations(pv).get(storage.ANN_BOUND_BY_CONTROLLER):
+        elif annotations_of(pv).get(storage.ANN_BOUND_BY_CONTROLLER):
             await self._unbind_volume(pv)
         return None
 
@@ -551,7 +527,7 @@ class PersistentVolumeController:
     async def _unbind_volume(self, pv: dict[str, Any]) -> None:
         body = _copy(pv)
         body["spec"].pop("claimRef", None)
-        annotations = _annotations(pv)
+        annotations = annotations_of(pv)
         annotations.pop(storage.ANN_BOUND_BY_CONTROLLER, None)
         body["metadata"]["annotations"] = annotations
         try:

@@ -30,8 +30,7 @@ from gpufleet.api.k8s import Pod, ReplicaSet
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import ApiError, NotFound
-from gpufleet.client.events import EventRecorder
+from gpufleet.client.errors import ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import (
     BURST_REPLICAS,
@@ -56,7 +55,6 @@ from gpufleet.controllers._common import (
 )
 from gpufleet.controllers.actions import Actions, Create, Delete, Instant
 from gpufleet.controllers.base import OwnerController
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -157,22 +155,17 @@ class ReplicaSetController(OwnerController):
     owner_model = ReplicaSet
 
     def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
+        self, client: Client, informers: SharedInformerFactory, *,
         burst_replicas: int = BURST_REPLICAS,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        super().__init__(client, informers, **kwargs)
         self.burst_replicas = burst_replicas
         self.rs_informer = self.owners
         self.pod_informer = informers.informer(Pod)
         index_by_controller(self.rs_informer)
         index_by_controller(self.pod_informer)
-        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
+        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self.child_deleted)
 
     # -- pod events -----------------------------------------------------------------------
 
@@ -181,7 +174,7 @@ class ReplicaSetController(OwnerController):
 
     def _pod_added(self, pod: Any) -> None:
         if is_being_deleted(pod):
-            self._pod_deleted(pod)
+            self.child_deleted(pod)
             return
         if objects.controller_ref(pod) is not None:
             key = self.owner_key(pod)
@@ -196,15 +189,12 @@ class ReplicaSetController(OwnerController):
             return
         labels_changed = objects.labels_of(old) != objects.labels_of(new)
         if is_being_deleted(new):
-            self._pod_deleted(new)
+            self.child_deleted(new)
             if labels_changed:
-                self._pod_deleted(old)
+                self.child_deleted(old)
             return
-        old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
-        ref_changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
-        if ref_changed and old_ref is not None:
-            self.enqueue_owner(old)
-        if new_ref is not None:
+        ref_changed = self.enqueue_old_owner(old, new)
+        if objects.controller_ref(new) is not None:
             key = self.enqueue_owner(new)
             if key:
                 rs = self.rs_informer.get(key)
@@ -215,12 +205,6 @@ class ReplicaSetController(OwnerController):
             return
         if labels_changed or ref_changed:
             self._enqueue_matching(new)
-
-    def _pod_deleted(self, pod: Any) -> None:
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.deletion_observed(key, objects.object_key(pod))
-            self.queue.add(key)
 
     # -- sync -----------------------------------------------------------------------------
 
@@ -243,12 +227,9 @@ class ReplicaSetController(OwnerController):
         status = decide_status(rs, pods, manage_error, self.now())
         try:
             await self.act(key, rs, status)
-        except NotFound:
-            return None
         except ApiError as e:
             # A Conflict: the cache is behind a write; the event that follows requeues us.
-            log.info("replicaset %s: status not written: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e, "status not written: ")
 
         if manage_error is not None:
             log.info("replicaset %s: %s", key, error_text(manage_error))

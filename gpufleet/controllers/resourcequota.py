@@ -30,12 +30,11 @@ from gpufleet.api import quota as q
 from gpufleet.api.k8s import Pod, ResourceQuota
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
-from gpufleet.controllers.actions import Actions, apply
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.actions import Actions
+from gpufleet.controllers.base import KeyedController
 
 log = logging.getLogger(__name__)
 
@@ -70,35 +69,25 @@ def decide_quota(rq: dict[str, Any], computed: dict[str, Any], quiet_for: float,
     return actions
 
 
-class ResourceQuotaController:
+class ResourceQuotaController(KeyedController):
     name = "resourcequota"
+    model = ResourceQuota
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        workers: int = 2,
-        charge_grace: float = DEFAULT_CHARGE_GRACE,
-        resync_period: float = DEFAULT_RESYNC_PERIOD,
-    ) -> None:
-        self.client = client
-        self.clock = clock
+    def __init__(self, client: Client, informers: SharedInformerFactory, *,
+                 charge_grace: float = DEFAULT_CHARGE_GRACE, resync_period: float = DEFAULT_RESYNC_PERIOD,
+                 **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
         self.charge_grace = charge_grace
         self.resync_period = resync_period
-        self.quota_informer = informers.informer(ResourceQuota)
+        self.quota_informer = self.informer
         self.pod_informer = informers.informer(Pod)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.quota_informer)
         self.pod_informer.add_event_handler(self._pod_event, self._pod_changed, self._pod_event)
         # quota key -> (resourceVersion last seen, when a change not ours was last seen)
         self._seen: dict[str, tuple[str, float]] = {}
         self._resync: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.controller.start()
+        await super().start()
         if self._resync is None:
             self._resync = asyncio.create_task(self._resync_loop(), name="resourcequota:resync")
 
@@ -108,7 +97,7 @@ class ResourceQuotaController:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._resync
             self._resync = None
-        await self.controller.stop()
+        await super().stop()
 
     async def _resync_loop(self) -> None:
         while True:
@@ -133,8 +122,9 @@ class ResourceQuotaController:
             out[key] = [dict(o) for o in await self.client.list(rt, namespace, raw=True)]
         return out
 
-    async def reconcile(self, key: Any) -> Requeue | None:
-        namespace, name = objects.split_key(str(key))
+    async def sync(self, key: str, _cached: Any | None) -> Requeue | None:
+        # Read from the API, not the cache: the usage is counted against the quota as stored.
+        namespace, name = objects.split_key(key)
         try:
             rq = await self.client.get(ResourceQuota, name, namespace, raw=True)
         except NotFound:
@@ -151,11 +141,11 @@ class ResourceQuotaController:
         computed = q.quota_usage(rq, await self._objects(rq, namespace), now)
         actions = decide_quota(rq, computed, quiet_for, self.charge_grace)
         try:
-            outcome = await apply(self.client, actions, owner=rq)
+            outcome = await self.act(key, rq, actions)
         except Conflict:
             return Requeue(after=0.0)
         except NotFound:
             return None
         if outcome.owner is not None:
             self._seen[str(key)] = (objects.resource_version_of(outcome.owner), changed_at)
-        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None
+        return self.requeue(actions)

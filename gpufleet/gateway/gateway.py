@@ -38,82 +38,40 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Node, Service
-from gpufleet.api.selectors import LabelSelector, SelectorError, parse_label_selector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.errors import ApiError
-from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.gateway.stats import METRIC_NAMES, RequestStats, milli_quantity
-from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
+from gpufleet.client.informer import SharedInformerFactory
+from gpufleet.gateway.custommetrics import CustomMetrics
+from gpufleet.gateway.routes import (
+    CUSTOM_METRICS_PREFIX,
+    HOP_BY_HOP,
+    IDEMPOTENT,
+    SMALL_BODY,
+    Endpoint,
+    Route,
+    _canonical,
+    _FailedInTransit,
+    _host_addresses,
+    _NotSent,
+    _status,
+)
+from gpufleet.gateway.scaling import ScaleFromZero
+from gpufleet.gateway.stats import RequestStats
+from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-CUSTOM_METRICS_PREFIX = "/apis/custom.metrics.k8s.io/v1beta2"
-# Answers up to this size with a Content-Length are read whole and sent in one piece.
-SMALL_BODY = 64 * 1024
-IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
-# Hop-by-hop headers (RFC 9110 7.6.1) are not forwarded.
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-    "transfer-encoding", "upgrade", "host", "content-length",
-})
 
-
-@dataclass(eq=False)
-class Endpoint:
-    pod: str  # namespace/name
-    host: str
-    port: int
-    in_flight: int = 0
-    # Monotonic time until which a connection failure keeps it out of rotation.
-    failed_until: float = 0.0
-    # Whether the Endpoints named a Pod as this address's target.
-    pod_backed: bool = True
-
-    @property
-    def base(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-
-@dataclass
-class Route:
-    """The Ready endpoints of one Service, by port name ('' for an unnamed port)."""
-
-    ports: dict[str, list[Endpoint]] = field(default_factory=dict)
-    # Port names in the order the Service lists them (the first one is the default).
-    order: list[str] = field(default_factory=list)
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def endpoints(self, port: str | None) -> list[Endpoint]:
-        if port is None:
-            for name in self.order:
-                if self.ports.get(name):
-                    return self.ports[name]
-            return next(iter(self.ports.values()), [])
-        return self.ports.get(port, [])
-
-
-class _NotSent(Exception):
-    """The connection to the endpoint failed before any byte of the request went out."""
-
-
-class _FailedInTransit(Exception):
-    """The request went out (or may have) and no response came back."""
-
-
-class Gateway:
+class Gateway(ScaleFromZero, CustomMetrics):
     def __init__(
         self,
         client: Client,
@@ -519,126 +477,4 @@ class Gateway:
             ep.in_flight -= 1
             self.stats.finished(key, ep.pod, start, error)
 
-    # -- scale from zero -------------------------------------------------------------------
 
-    def _activate(self, key: str) -> None:
-        task = self._activating.get(key)
-        if task is not None and not task.done():
-            return
-        self._activating[key] = asyncio.ensure_future(self._scale_from_zero(key))
-
-    def _hpas_for(self, svc: Any) -> list[Any]:
-        selector = (svc.spec.selector or {}) if svc.spec is not None else {}
-        out = []
-        if not selector:
-            return out
-        for hpa in self.hpa_informer.by_index(NAMESPACE_INDEX, objects.namespace_of(svc)):
-            if (hpa.spec.min_replicas if hpa.spec.min_replicas is not None else 1) == 0:
-                out.append(hpa)
-        return out
-
-    async def _scale_from_zero(self, key: str) -> None:
-        svc = self.svc_informer.get(key)
-        if svc is None:
-            return
-        ns = objects.namespace_of(svc)
-        labels = dict(svc.spec.selector or {})
-        for hpa in self._hpas_for(svc):
-            ref = hpa.spec.scale_target_ref
-            kind = f"{ref.api_version}/{ref.kind}" if ref.api_version else ref.kind
-            try:
-                scale = await self.client.get_scale(kind, ref.name, ns, raw=True)
-                try:
-                    target_selector = parse_label_selector((scale.get("status") or {}).get("selector") or "")
-                except SelectorError:
-                    continue
-                if not _selects_same_pods(target_selector, labels):
-                    continue
-                if ((scale.get("spec") or {}).get("replicas") or 0) > 0:
-                    continue
-                await self.client.set_scale(kind, ref.name, 1, ns)
-                log.info("gateway: %s had no replica; scaled %s %s/%s to 1 for a waiting request",
-                         key, ref.kind, ns, ref.name)
-            except (ApiError, LookupError) as exc:
-                log.warning("gateway: cannot scale %s %s/%s from zero: %s", ref.kind, ns, ref.name, exc)
-        # Do not try again at once: the pod is on its way, or there is nothing to scale.
-        await asyncio.sleep(1.0)
-
-    # -- custom.metrics.k8s.io -------------------------------------------------------------
-
-    def _custom_metrics(self, request: web.Request) -> web.Response:
-        rest = request.path[len(CUSTOM_METRICS_PREFIX):].strip("/")
-        if not rest:
-            return web.json_response({
-                "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": "custom.metrics.k8s.io/v1beta2",
-                "resources": [{"name": f"pods/{m}", "singularName": "", "namespaced": True, "kind": "MetricValueList",
-                               "verbs": ["get"]} for m in METRIC_NAMES],
-            })
-        parts = rest.split("/")
-        # namespaces/{ns}/pods/{name|*}/{metric}
-        if len(parts) != 5 or parts[0] != "namespaces" or parts[2] != "pods":
-            return _status(404, "NotFound", "the server could not find the requested resource")
-        ns, pod_name, metric = parts[1], parts[3], parts[4]
-        if metric not in METRIC_NAMES:
-            return _status(404, "NotFound", f'the gateway has no metric "{metric}"; '
-                           f"it serves {', '.join(METRIC_NAMES)}")
-        if request.query.get("labelSelector"):
-            # The gateway knows pods by their endpoints, not their labels.
-            return _status(400, "BadRequest", "labelSelector is not supported here: ask for pods/* "
-                           "or pods/{name} and filter by name")
-        live: set[str] = set()
-        for key, route in self.routes.items():
-            if key.partition("/")[0] == ns:
-                # Endpoints written by hand (default/kubernetes) name no pod: no pod metrics.
-                live.update(e.pod for eps in route.ports.values() for e in eps if "/" in e.pod)
-        now = rfc3339(self.clock.now())
-        items = []
-        for pod in sorted(live):
-            name = pod.partition("/")[2]
-            if pod_name != "*" and name != pod_name:
-                continue
-            value = self.stats.pod_metric(pod, metric)
-            items.append({
-                "describedObject": {"kind": "Pod", "namespace": ns, "name": name, "apiVersion": "v1"},
-                "metric": {"name": metric},
-                "timestamp": now,
-                "windowSeconds": int(self.stats.window),
-                "value": milli_quantity(value or 0.0),
-            })
-        return web.json_response({"kind": "MetricValueList", "apiVersion": "custom.metrics.k8s.io/v1beta2",
-                                  "metadata": {}, "items": items})
-
-
-def _canonical(address: str) -> str:
-    try:
-        return str(ipaddress.ip_address(address.split("%")[0]))
-    except ValueError:
-        return address
-
-
-def _host_addresses() -> set[str]:
-    """Every address of this host's interfaces."""
-    import socket
-
-    import psutil
-
-    out = set()
-    for addrs in psutil.net_if_addrs().values():
-        for a in addrs:
-            if a.family in (socket.AF_INET, socket.AF_INET6):
-                out.add(_canonical(a.address))
-    return out
-
-
-def _selects_same_pods(selector: LabelSelector, service_selector: dict[str, str]) -> bool:
-    """Whether a workload's pods (described by its selector) are what the Service selects: the
-    Service's labels satisfy the workload's selector."""
-    if selector.matches_nothing() or not service_selector:
-        return False
-    return selector.matches(service_selector)
-
-
-def _status(code: int, reason: str, message: str) -> web.Response:
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": message, "reason": reason, "code": code}
-    return web.Response(status=code, text=json.dumps(body), content_type="application/json")

@@ -31,373 +31,48 @@ Amounts are integers: cpu in millicores, every other resource in whole units.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 
 from gpufleet.api.gpu import GPU_RESOURCE
-from gpufleet.api.taints import TaintTuple, TolerationTuple, tolerates_all
-
-# Why a workload waits: the first word of its QuotaReserved=False message, and the column
-# `get workloads` shows.
-WAIT_QUOTA = "Quota"
-WAIT_SHAPE = "Shape"
-WAIT_PRIORITY = "Priority"
-WAIT_PREEMPTING = "Preempting"
-WAIT_INADMISSIBLE = "Inadmissible"
-WAIT_QUEUED = "Queued"
-
-# Workload Preempted condition reasons (Kueue's).
-IN_CLUSTER_QUEUE = "InClusterQueue"
-IN_COHORT_RECLAMATION = "InCohortReclamation"
-IN_COHORT_RECLAIM_WHILE_BORROWING = "InCohortReclaimWhileBorrowing"
-
-FlavorResource = tuple[str, str]  # (flavor, resource)
-Assignment = dict[str, dict[str, str]]  # pod set -> resource -> flavor
-
-
-# -- inputs -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Quota:
-    nominal: int
-    borrowing_limit: int | None = None
-    lending_limit: int | None = None
-
-    @property
-    def guaranteed(self) -> int:
-        """What the queue keeps for itself and never lends."""
-        return max(0, self.nominal - self.lending_limit) if self.lending_limit is not None else 0
-
-
-@dataclass(frozen=True)
-class ResourceGroupInfo:
-    resources: tuple[str, ...]
-    flavors: tuple[str, ...]
-
-
-@dataclass
-class ClusterQueueInfo:
-    name: str
-    groups: list[ResourceGroupInfo]
-    quotas: dict[FlavorResource, Quota]
-    cohort: str = ""
-    weight: float = 1.0
-    strategy: str = "BestEffortFIFO"
-    reclaim_within_cohort: str = "Never"
-    borrow_within_cohort: str = "Never"
-    borrow_max_priority: int | None = None
-    within_cluster_queue: str = "Never"
-    when_can_borrow: str = "Borrow"
-    # Why the queue admits nothing (stopped, a flavor missing); empty when active.
-    inactive: str = ""
-
-    def group_of(self, resource: str) -> ResourceGroupInfo | None:
-        for g in self.groups:
-            if resource in g.resources:
-                return g
-        return None
-
-
-# (key, operator, value, effect), as Kubernetes' Toleration.
-Toleration = TolerationTuple
-# (key, value, effect) of a node taint that keeps pods off (NoSchedule, NoExecute).
-Taint = TaintTuple
-
-
-@dataclass(frozen=True)
-class FlavorInfo:
-    name: str
-    node_labels: Mapping[str, str] = field(default_factory=dict)
-    # Given to the pods admitted on this flavor, as Kueue does.
-    tolerations: tuple[Toleration, ...] = ()
-
-
-@dataclass(frozen=True)
-class PodSetInfo:
-    name: str
-    count: int
-    requests: Mapping[str, int]  # per pod
-    node_selector: Mapping[str, str] = field(default_factory=dict)
-    # The pod's GPUs must come from one interconnect group (NVLink domain) of its node.
-    same_gpu_group: bool = False
-    tolerations: tuple[Toleration, ...] = ()
-
-    @property
-    def gpus(self) -> int:
-        return int(self.requests.get(GPU_RESOURCE, 0))
-
-
-@dataclass(frozen=True)
-class Placement:
-    """GPUs one bound pod holds on its node, by interconnect group."""
-
-    node: str
-    gpus: Mapping[str, int]
-
-
-@dataclass
-class WorkloadInfo:
-    key: str
-    cluster_queue: str
-    pod_sets: list[PodSetInfo]
-    priority: int = 0
-    # Queue order: creation, or the time it was last evicted (it goes back in line).
-    timestamp: float = 0.0
-    # Set once admitted: pod set -> resource -> flavor.
-    admission: Assignment | None = None
-    admitted_at: float = 0.0
-    # Admitted, told to stop, still holding its quota until its pods are gone.
-    evicting: bool = False
-    # Its pods bound to nodes and still active.
-    placed: list[Placement] = field(default_factory=list)
-    # Admitted: how many pods of each pod set are not bound yet.
-    unbound: dict[str, int] = field(default_factory=dict)
-    # Set when it cannot even be considered (its LocalQueue is missing, say).
-    problem: str = ""
-    # Evicting: the workload it makes room for, when known.
-    preempted_by: str = ""
-
-
-@dataclass
-class NodeInfo:
-    name: str
-    labels: Mapping[str, str]
-    capacity: dict[str, int]  # interconnect group -> GPUs
-    used: dict[str, int] = field(default_factory=dict)  # by bound, active pods
-    taints: tuple[Taint, ...] = ()
-
-    def free(self) -> dict[str, int]:
-        return {g: max(0, n - self.used.get(g, 0)) for g, n in self.capacity.items()}
-
-
-# -- outputs ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Wait:
-    kind: str
-    message: str
-
-
-@dataclass(frozen=True)
-class Preemption:
-    preemptor: str
-    reason: str
-    message: str
-
-
-@dataclass
-class CycleResult:
-    admitted: dict[str, Assignment] = field(default_factory=dict)
-    borrowing: set[str] = field(default_factory=set)
-    preempted: dict[str, Preemption] = field(default_factory=dict)
-    waiting: dict[str, Wait] = field(default_factory=dict)
-
-
-# -- quota ----------------------------------------------------------------------------------------
-
-
-Usage = dict[str, dict[FlavorResource, int]]  # cluster queue -> (flavor, resource) -> amount
-
-
-def workload_usage(wl: WorkloadInfo, assignment: Assignment | None = None) -> dict[FlavorResource, int]:
-    """What the workload counts against its queue's quota under ``assignment`` (default: its own)."""
-    assignment = assignment if assignment is not None else wl.admission or {}
-    out: dict[FlavorResource, int] = {}
-    for ps in wl.pod_sets:
-        flavors = assignment.get(ps.name) or {}
-        for res, amount in ps.requests.items():
-            flavor = flavors.get(res)
-            if flavor is not None and amount:
-                out[(flavor, res)] = out.get((flavor, res), 0) + amount * ps.count
-    return out
-
-
-def usage_of(workloads: Iterable[WorkloadInfo], exclude: set[str] = frozenset()) -> Usage:  # type: ignore[assignment]
-    usage: Usage = {}
-    for wl in workloads:
-        if wl.admission is None or wl.key in exclude:
-            continue
-        per = usage.setdefault(wl.cluster_queue, {})
-        for fr, amount in workload_usage(wl).items():
-            per[fr] = per.get(fr, 0) + amount
-    return usage
-
-
-class Quotas:
-    """The ClusterQueues and their cohorts, answering 'how much more may this queue use'."""
-
-    def __init__(self, queues: Mapping[str, ClusterQueueInfo]) -> None:
-        self.queues = queues
-        self.cohorts: dict[str, list[ClusterQueueInfo]] = {}
-        for cq in queues.values():
-            if cq.cohort:
-                self.cohorts.setdefault(cq.cohort, []).append(cq)
-
-    def members(self, cq: ClusterQueueInfo) -> list[ClusterQueueInfo]:
-        return self.cohorts.get(cq.cohort, [cq]) if cq.cohort else [cq]
-
-    def available(self, cq: ClusterQueueInfo, fr: FlavorResource, usage: Usage) -> int:
-        """Kueue's ``available``: unused guaranteed quota plus what the cohort can still lend,
-        capped by the queue's borrowingLimit. Negative when the queue is over its share."""
-        quota = cq.quotas.get(fr)
-        if quota is None:
-            return 0
-        used = usage.get(cq.name, {}).get(fr, 0)
-        if not cq.cohort:
-            return quota.nominal - used
-        local = max(0, quota.guaranteed - used)
-        pool = 0
-        pool_used = 0
-        for member in self.members(cq):
-            q = member.quotas.get(fr)
-            if q is None:
-                continue
-            pool += q.nominal - q.guaranteed
-            pool_used += max(0, usage.get(member.name, {}).get(fr, 0) - q.guaranteed)
-        parent = pool - pool_used
-        if quota.borrowing_limit is not None:
-            stored = quota.nominal - quota.guaranteed
-            used_in_parent = max(0, used - quota.guaranteed)
-            parent = min(stored - used_in_parent + quota.borrowing_limit, parent)
-        return local + parent
-
-    def borrowing(self, cq: ClusterQueueInfo, usage: Usage, frs: Iterable[FlavorResource] | None = None) -> bool:
-        """Whether the queue uses more than its nominal quota (of ``frs``, or of anything)."""
-        used = usage.get(cq.name, {})
-        keys = list(frs) if frs is not None else list(used)
-        return any(used.get(fr, 0) > cq.quotas[fr].nominal for fr in keys if fr in cq.quotas)
-
-    def share(self, cq: ClusterQueueInfo, usage: Usage) -> float:
-        """Kueue's dominant resource share: for each resource, what the queue borrows as a
-        part (per mille) of what the cohort can lend, the largest of them, over the weight."""
-        if not cq.cohort:
-            return 0.0
-        borrowed: dict[str, int] = {}
-        for fr, amount in usage.get(cq.name, {}).items():
-            quota = cq.quotas.get(fr)
-            nominal = quota.nominal if quota is not None else 0
-            if amount > nominal:
-                borrowed[fr[1]] = borrowed.get(fr[1], 0) + amount - nominal
-        if not borrowed:
-            return 0.0
-        lendable: dict[str, int] = {}
-        for member in self.members(cq):
-            for (_f, res), q in member.quotas.items():
-                lendable[res] = lendable.get(res, 0) + (q.lending_limit if q.lending_limit is not None else q.nominal)
-        drs = max(amount * 1000 / lendable[res] if lendable.get(res) else math.inf
-                  for res, amount in borrowed.items())
-        if cq.weight <= 0:
-            return math.inf
-        return drs / cq.weight
-
-
-# -- shape ----------------------------------------------------------------------------------------
-
-
-FreeState = dict[str, dict[str, int]]  # node -> interconnect group -> free GPUs
-
-
-@dataclass(frozen=True)
-class PodDemand:
-    pod_set: str
-    gpus: int
-    selector: Mapping[str, str]
-    same_group: bool
-    tolerations: tuple[Toleration, ...] = ()
-
-
-@dataclass(frozen=True)
-class ShapeMiss:
-    pod_set: str
-    gpus: int
-    unplaced: int
-    same_group: bool
-    eligible_free: tuple[int, ...]  # free GPUs on each matching node, before placing
-
-
-def merge_selectors(*selectors: Mapping[str, str]) -> dict[str, str] | None:
-    """The union of label requirements; None when two of them want different values."""
-    out: dict[str, str] = {}
-    for sel in selectors:
-        for k, v in sel.items():
-            if out.get(k, v) != v:
-                return None
-            out[k] = v
-    return out
-
-
-def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _allowed(node: NodeInfo, tolerations: tuple[Toleration, ...]) -> bool:
-    return tolerates_all(node.taints, tolerations)
-
-
-def _room(groups: Mapping[str, int], same_group: bool) -> int:
-    if not groups:
-        return 0
-    return max(groups.values()) if same_group else sum(groups.values())
-
-
-def _take(groups: dict[str, int], gpus: int, same_group: bool) -> dict[str, int]:
-    if same_group:
-        # The tightest group that holds them all keeps the big groups whole.
-        best = min((g for g, n in groups.items() if n >= gpus), key=lambda g: (groups[g], g))
-        groups[best] -= gpus
-        return {best: gpus}
-    taken: dict[str, int] = {}
-    left = gpus
-    for g in sorted(groups, key=lambda g: (-groups[g], g)):
-        if left == 0:
-            break
-        n = min(groups[g], left)
-        if n:
-            groups[g] -= n
-            taken[g] = n
-            left -= n
-    return taken
-
-
-def place(demands: Iterable[PodDemand], free: FreeState, nodes: Mapping[str, NodeInfo],
-          taken: list[Placement] | None = None) -> ShapeMiss | None:
-    """Place pods on nodes, biggest first, each on the node where it fits tightest
-    (best-fit decreasing); ``free`` is updated and, when given, ``taken`` says where each pod
-    went. Returns the first pod set that does not fit."""
-    pending = sorted((d for d in demands if d.gpus > 0), key=lambda d: -d.gpus)
-    missed: dict[tuple, list[PodDemand]] = {}
-    before: dict[tuple, tuple[int, ...]] = {}
-    for d in pending:
-        sel_key = (d.pod_set, d.gpus, d.same_group, tuple(sorted(d.selector.items())), d.tolerations)
-        eligible = [n for n in nodes.values()
-                    if n.name in free and _matches(n.labels, d.selector) and _allowed(n, d.tolerations)]
-        if sel_key not in before:
-            before[sel_key] = tuple(sorted((_room(free[n.name], d.same_group) for n in eligible), reverse=True))
-        fitting = [n for n in eligible if _room(free[n.name], d.same_group) >= d.gpus]
-        if not fitting:
-            missed.setdefault(sel_key, []).append(d)
-            continue
-        node = min(fitting, key=lambda n: (_room(free[n.name], d.same_group), n.name))
-        groups = _take(free[node.name], d.gpus, d.same_group)
-        if taken is not None:
-            taken.append(Placement(node.name, groups))
-    if not missed:
-        return None
-    key, ds = next(iter(missed.items()))
-    return ShapeMiss(ds[0].pod_set, ds[0].gpus, len(ds), ds[0].same_group, before[key])
-
-
-def shape_message(miss: ShapeMiss, flavor: str) -> str:
-    where = "one interconnect group of one node" if miss.same_group else "one node"
-    free = "+".join(str(n) for n in miss.eligible_free if n) or "0"
-    largest = max(miss.eligible_free, default=0)
-    return (f"pod set {miss.pod_set}: {miss.unplaced} pod(s) of {miss.gpus} {GPU_RESOURCE} each must fit on {where}; "
-            f"free {GPU_RESOURCE} on the {len(miss.eligible_free)} node(s) of flavor {flavor}: {free} "
-            f"(at most {largest} together)")
-
+from gpufleet.queueing.quota import Quotas, Usage, usage_of, workload_usage
+from gpufleet.queueing.shape import FreeState, PodDemand, ShapeMiss, merge_selectors, place, shape_message
+from gpufleet.queueing.workloads import (
+    IN_CLUSTER_QUEUE,
+    IN_COHORT_RECLAIM_WHILE_BORROWING,
+    IN_COHORT_RECLAMATION,
+    WAIT_INADMISSIBLE,
+    WAIT_PREEMPTING,
+    WAIT_PRIORITY,
+    WAIT_QUEUED,
+    WAIT_QUOTA,
+    WAIT_SHAPE,
+    Assignment,
+    ClusterQueueInfo,
+    CycleResult,
+    FlavorInfo,
+    FlavorResource,
+    NodeInfo,
+    Placement,
+    PodSetInfo,
+    Preemption,
+    Quota,
+    ResourceGroupInfo,
+    Taint,
+    Toleration,
+    Wait,
+    WorkloadInfo,
+)
+
+# Re-exported: callers and tests import these names from here.
+__all__ = [
+    "Assignment", "ClusterQueueInfo", "Cycle", "CycleResult", "FlavorInfo", "FlavorResource",
+    "FreeState", "IN_CLUSTER_QUEUE", "IN_COHORT_RECLAIM_WHILE_BORROWING", "IN_COHORT_RECLAMATION",
+    "NodeInfo", "Placement", "PodDemand", "PodSetInfo", "Preemption", "Quota", "Quotas",
+    "ResourceGroupInfo", "ShapeMiss", "Taint", "Toleration", "Usage", "WAIT_INADMISSIBLE",
+    "WAIT_PREEMPTING", "WAIT_PRIORITY", "WAIT_QUEUED", "WAIT_QUOTA", "WAIT_SHAPE", "Wait",
+    "WorkloadInfo", "merge_selectors", "place", "schedule", "shape_message", "uncovered_message",
+    "usage_of", "workload_usage",
+]
 
 # -- the cycle --------------------------------------------------------------------------------------
 

@@ -8,499 +8,95 @@ the pod in its cache, runs Permit, and binds asynchronously: PreBind -> Bind -> 
 Everything up to Reserve is a pure function of the pod and the snapshot; only the binding
 plugins talk to the API.
 
-A plugin implements only the extension points it needs; each is a ``typing.Protocol``
-below. Contracts:
-- Filter and Score must not change the NodeInfo they are given (it belongs to the cycle's
-  snapshot and is shared by every plugin), except to remember results in its ``memo``
-  under a key that captures everything else the result depends on.
-- A rejection is an expected answer (UNSCHEDULABLE, or UNSCHEDULABLE_AND_UNRESOLVABLE when
-  evicting pods from the node would not help either); ERROR means a bug or a broken input
-  and aborts the cycle.
-- Reasons are short and node-independent ("Insufficient nvidia.com/gpu") because the
-  FitError message counts nodes per reason; what is particular to one node ("requested 4,
-  free 2") goes in ``Status.detail``.
-- Unreserve must be idempotent: it runs for every Reserve plugin when any later step fails,
-  including plugins whose Reserve never ran for this pod.
-- A status may be shared (the ``OK`` constant, or a rejection a plugin keeps on a node):
-  the framework only ever sets its ``plugin``, always to the plugin that returned it.
+The extension points and their contracts are in extensions.py, Status and CycleState in
+status.py, what a cycle gives back in cycle.py; all are re-exported here.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import enum
 import logging
 import random
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
+from gpufleet.scheduler.cycle import (
+    Diagnosis,
+    FitError,
+    FrameworkHandle,
+    PluginFactory,
+    Registry,
+    ScheduleResult,
+    SchedulingError,
+    WaitingPod,
+)
+from gpufleet.scheduler.extensions import (
+    ALL_EVENTS,
+    NODE_ADD,
+    NODE_ALLOCATABLE,
+    NODE_ANNOTATION,
+    NODE_DELETE,
+    NODE_LABEL,
+    NODE_TAINT,
+    POD_DELETE,
+    POD_UPDATE,
+    PV_ADD,
+    PV_UPDATE,
+    PVC_ADD,
+    PVC_UPDATE,
+    STORAGE_CLASS_ADD,
+    UNSCHEDULABLE_TIMEOUT,
+    BindPlugin,
+    EnqueueExtensions,
+    FilterPlugin,
+    PermitPlugin,
+    Plugin,
+    PostBindPlugin,
+    PostFilterPlugin,
+    PreBindPlugin,
+    PreEnqueuePlugin,
+    PreFilterPlugin,
+    PreScorePlugin,
+    QueueSortPlugin,
+    ReservePlugin,
+    ScorePlugin,
+)
 from gpufleet.scheduler.profile import Profile, num_feasible_nodes_to_find
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.scheduler.status import (
+    GPU_INDICES_KEY,
+    MAX_NODE_SCORE,
+    MIN_NODE_SCORE,
+    OK,
+    SKIP,
+    Code,
+    CycleState,
+    Status,
+)
 
 if TYPE_CHECKING:
     from gpufleet.scheduler.queue import QueuedPodInfo
 
+# Re-exported: plugins and callers import the framework's vocabulary from here.
+__all__ = [
+    "ALL_EVENTS", "BindPlugin", "Code", "CycleState", "Diagnosis", "EnqueueExtensions", "FilterPlugin",
+    "FitError", "Framework", "FrameworkHandle", "GPU_INDICES_KEY", "MAX_NODE_SCORE", "MIN_NODE_SCORE",
+    "NODE_ADD", "NODE_ALLOCATABLE", "NODE_ANNOTATION", "NODE_DELETE", "NODE_LABEL", "NODE_TAINT", "OK",
+    "POD_DELETE", "POD_UPDATE", "PVC_ADD", "PVC_UPDATE", "PV_ADD", "PV_UPDATE", "PermitPlugin",
+    "Plugin", "PluginFactory", "PostBindPlugin", "PostFilterPlugin", "PreBindPlugin",
+    "PreEnqueuePlugin", "PreFilterPlugin", "PreScorePlugin", "QueueSortPlugin", "Registry",
+    "ReservePlugin", "SKIP", "STORAGE_CLASS_ADD", "ScheduleResult", "SchedulingError", "ScorePlugin",
+    "Status", "UNSCHEDULABLE_TIMEOUT", "WaitingPod",
+]
+
 log = logging.getLogger(__name__)
 
-MAX_NODE_SCORE = 100
-MIN_NODE_SCORE = 0
 
-# CycleState key under which a Reserve plugin leaves the GPU indices it chose.
-GPU_INDICES_KEY = "gpufleet.io/gpu-indices"
-
-
-class Code(enum.IntEnum):
-    # SUCCESS is 0 so the hot path can test ``if status.code:``.
-    SUCCESS = 0
-    ERROR = 1
-    UNSCHEDULABLE = 2
-    UNSCHEDULABLE_AND_UNRESOLVABLE = 3
-    WAIT = 4
-    SKIP = 5
-
-
-class Status:
-    __slots__ = ("code", "reasons", "plugin", "_detail", "timeout", "error")
-
-    def __init__(
-        self,
-        code: Code = Code.SUCCESS,
-        reasons: Iterable[str] = (),
-        plugin: str = "",
-        *,
-        detail: str | Callable[[], str] = "",
-        timeout: float | None = None,
-        error: BaseException | None = None,
-    ) -> None:
-        self.code = code
-        self.reasons = list(reasons)
-        self.plugin = plugin
-        # What is particular to this node, for the per-node breakdown. A callable is
-        # rendered only when read: most rejections of a successful cycle are never shown.
-        self._detail = detail
-        # Seconds a WAIT from Permit may last.
-        self.timeout = timeout
-        # The exception behind an ERROR (the scheduler decides on it whether to retry).
-        self.error = error
-
-    @classmethod
-    def unschedulable(cls, *reasons: str, detail: str | Callable[[], str] = "", plugin: str = "") -> Status:
-        return cls(Code.UNSCHEDULABLE, reasons, plugin, detail=detail)
-
-    @classmethod
-    def unresolvable(cls, *reasons: str, detail: str | Callable[[], str] = "", plugin: str = "") -> Status:
-        return cls(Code.UNSCHEDULABLE_AND_UNRESOLVABLE, reasons, plugin, detail=detail)
-
-    @property
-    def detail(self) -> str:
-        if callable(self._detail):
-            self._detail = self._detail()
-        return self._detail
-
-    @classmethod
-    def from_error(cls, error: BaseException, plugin: str = "") -> Status:
-        return cls(Code.ERROR, [str(error) or type(error).__name__], plugin, error=error)
-
-    @classmethod
-    def wait(cls, timeout: float, plugin: str = "") -> Status:
-        return cls(Code.WAIT, (), plugin, timeout=timeout)
-
-    @property
-    def is_success(self) -> bool:
-        return self.code is Code.SUCCESS
-
-    @property
-    def is_skip(self) -> bool:
-        return self.code is Code.SKIP
-
-    @property
-    def is_rejected(self) -> bool:
-        return self.code in (Code.UNSCHEDULABLE, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
-
-    @property
-    def message(self) -> str:
-        return ", ".join(self.reasons)
-
-    def describe(self) -> str:
-        """The per-node text: the detail when the plugin gave one, else the reasons."""
-        return self.detail or self.message
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Status):
-            return NotImplemented
-        return (self.code, self.reasons, self.plugin, self.detail) == (
-            other.code,
-            other.reasons,
-            other.plugin,
-            other.detail,
-        )
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        parts = [self.code.name]
-        if self.plugin:
-            parts.append(f"plugin={self.plugin!r}")
-        if self.reasons:
-            parts.append(f"reasons={self.reasons!r}")
-        if self.detail:
-            parts.append(f"detail={self.detail!r}")
-        return f"Status({', '.join(parts)})"
-
-
-OK = Status()
-SKIP = Status(Code.SKIP)
-
-
-class CycleState:
-    """Scratch space of one scheduling cycle, shared by the plugins of that cycle (and by the
-    binding steps of the same pod). Keys are plugin-chosen strings."""
-
-    __slots__ = ("_data", "skip_filter", "skip_score")
-
-    def __init__(self) -> None:
-        self._data: dict[str, Any] = {}
-        # Plugins whose PreFilter/PreScore said SKIP: nothing to check for this pod.
-        self.skip_filter: set[str] = set()
-        self.skip_score: set[str] = set()
-
-    def read(self, key: str, default: Any = None) -> Any:
-        return self._data.get(key, default)
-
-    def write(self, key: str, value: Any) -> None:
-        self._data[key] = value
-
-    def delete(self, key: str) -> None:
-        self._data.pop(key, None)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    def clone(self) -> CycleState:
-        other = CycleState()
-        other._data = dict(self._data)
-        other.skip_filter = set(self.skip_filter)
-        other.skip_score = set(self.skip_score)
-        return other
-
-
-# -- extension points -------------------------------------------------------------------
-
-
-@runtime_checkable
-class Plugin(Protocol):
-    name: str
-
-
-@runtime_checkable
-class QueueSortPlugin(Plugin, Protocol):
-    def less(self, a: QueuedPodInfo, b: QueuedPodInfo) -> bool:
-        """True when ``a`` should be tried before ``b``."""
-
-
-@runtime_checkable
-class PreEnqueuePlugin(Plugin, Protocol):
-    def pre_enqueue(self, pod_info: PodInfo) -> Status:
-        """Anything but success keeps the pod out of the active queue until it changes."""
-
-
-@runtime_checkable
-class PreFilterPlugin(Plugin, Protocol):
-    def pre_filter(self, state: CycleState, pod_info: PodInfo, snapshot: Snapshot) -> Status:
-        """Once per cycle before Filter: precompute into ``state``; SKIP when this plugin's
-        Filter has nothing to check for the pod; a rejection rejects every node."""
-
-
-@runtime_checkable
-class FilterPlugin(Plugin, Protocol):
-    def filter(self, state: CycleState, pod_info: PodInfo, node_info: NodeInfo) -> Status:
-        """Can the pod run on this node? Must not change ``node_info``.
-
-        A plugin may also offer ``filter_nodes(state, pod_info, nodes) -> list``: exactly
-        the nodes ``filter`` accepts, in order. The framework prefers it (one call per batch
-        of nodes instead of one per node) and asks ``filter`` for the reasons only when no
-        node fits at all — or ``filter_statuses(state, pod_info, nodes) -> list[Status]``,
-        the same as ``filter`` on each node, if the plugin has it."""
-
-
-@runtime_checkable
-class PostFilterPlugin(Plugin, Protocol):
-    def post_filter(
-        self, state: CycleState, pod_info: PodInfo, snapshot: Snapshot, node_statuses: Mapping[str, Status]
-    ) -> tuple[str | None, Status]:
-        """Only when no node fits (preemption): a node to nominate, or a status whose
-        message joins the FitError message."""
-
-
-@runtime_checkable
-class PreScorePlugin(Plugin, Protocol):
-    def pre_score(self, state: CycleState, pod_info: PodInfo, nodes: list[NodeInfo]) -> Status:
-        """Once per cycle before Score; SKIP when this plugin's Score would rank all equal."""
-
-
-@runtime_checkable
-class ScorePlugin(Plugin, Protocol):
-    def score(self, state: CycleState, pod_info: PodInfo, node_info: NodeInfo) -> int:
-        """A rank from MIN_NODE_SCORE to MAX_NODE_SCORE (after normalization, if the plugin
-        has ``normalize_score(state, pod_info, scores)`` changing the list in place).
-
-        Optional, for speed: ``score_nodes(state, pod_info, nodes) -> list[int]``, which the
-        framework prefers (one call per cycle instead of one per node); and
-        ``score_key(state, pod_info) -> hashable``, a plugin's promise that its score is a
-        function of the node and that key only, which lets the framework keep a node's
-        weighted total until the node changes."""
-
-
-@runtime_checkable
-class ReservePlugin(Plugin, Protocol):
-    def reserve(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status: ...
-
-    def unreserve(self, state: CycleState, pod_info: PodInfo, node_name: str) -> None:
-        """Undo reserve; must be idempotent and must tolerate a reserve that never ran."""
-
-
-@runtime_checkable
-class PermitPlugin(Plugin, Protocol):
-    def permit(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
-        """SUCCESS, a rejection, or WAIT with ``timeout`` (seconds) until someone calls
-        ``allow``/``reject`` on the framework's WaitingPod (gang scheduling)."""
-
-
-@runtime_checkable
-class PreBindPlugin(Plugin, Protocol):
-    async def pre_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status: ...
-
-
-@runtime_checkable
-class BindPlugin(Plugin, Protocol):
-    async def bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
-        """SKIP hands the pod to the next bind plugin."""
-
-
-@runtime_checkable
-class PostBindPlugin(Plugin, Protocol):
-    def post_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> None: ...
-
-
-@runtime_checkable
-class EnqueueExtensions(Protocol):
-    def events_to_register(self) -> set[str]:
-        """Cluster events (the constants below) after which a pod this plugin rejected may
-        fit; other events leave it waiting. A plugin without this method is woken by all."""
-
-
-# Cluster events that may make an unschedulable pod schedulable.
-NODE_ADD = "Node/Add"
-NODE_DELETE = "Node/Delete"
-NODE_ALLOCATABLE = "Node/UpdateAllocatable"
-NODE_LABEL = "Node/UpdateLabel"
-NODE_TAINT = "Node/UpdateTaint"
-NODE_ANNOTATION = "Node/UpdateAnnotation"
-POD_DELETE = "AssignedPod/Delete"
-POD_UPDATE = "AssignedPod/Update"
-PVC_ADD = "PersistentVolumeClaim/Add"
-PVC_UPDATE = "PersistentVolumeClaim/Update"
-PV_ADD = "PersistentVolume/Add"
-PV_UPDATE = "PersistentVolume/Update"
-STORAGE_CLASS_ADD = "StorageClass/Add"
-UNSCHEDULABLE_TIMEOUT = "UnschedulableTimeout"
-ALL_EVENTS = frozenset(
-    {NODE_ADD, NODE_DELETE, NODE_ALLOCATABLE, NODE_LABEL, NODE_TAINT, NODE_ANNOTATION, POD_DELETE, POD_UPDATE,
-     PVC_ADD, PVC_UPDATE, PV_ADD, PV_UPDATE, STORAGE_CLASS_ADD}
-)
-
-
-# -- results ----------------------------------------------------------------------------
-
-
-class ScheduleResult:
-    """Where the pod goes and which GPUs it gets. ``scores`` (weighted total per scored node,
-    empty when only one node was feasible) is built on first access: most callers never
-    look at it, and a dict of a few hundred nodes per cycle is measurable."""
-
-    __slots__ = ("node", "gpu_indices", "evaluated_nodes", "feasible_nodes", "state", "_scored", "_scores")
-
-    def __init__(
-        self,
-        node: str,
-        gpu_indices: tuple[int, ...] = (),
-        scores: dict[str, int] | None = None,
-        evaluated_nodes: int = 0,
-        feasible_nodes: int = 0,
-        state: CycleState | None = None,
-        *,
-        scored: tuple[list[NodeInfo], list[int]] | None = None,
-    ) -> None:
-        self.node = node
-        self.gpu_indices = gpu_indices
-        self.evaluated_nodes = evaluated_nodes
-        self.feasible_nodes = feasible_nodes
-        self.state = state if state is not None else CycleState()
-        self._scored = scored
-        self._scores = scores
-
-    @property
-    def scores(self) -> dict[str, int]:
-        if self._scores is None:
-            if self._scored is None:
-                self._scores = {}
-            else:
-                nodes, totals = self._scored
-                self._scores = {n.name: total for n, total in zip(nodes, totals, strict=True)}
-        return self._scores
-
-    def __repr__(self) -> str:
-        return (
-            f"ScheduleResult(node={self.node!r}, gpu_indices={self.gpu_indices}, "
-            f"evaluated_nodes={self.evaluated_nodes}, feasible_nodes={self.feasible_nodes})"
-        )
-
-
-@dataclass
-class Diagnosis:
-    node_statuses: dict[str, Status] = field(default_factory=dict)
-    pre_filter_msg: str = ""
-    post_filter_msg: str = ""
-    unschedulable_plugins: set[str] = field(default_factory=set)
-    # Where a PostFilter plugin (preemption) made room for the pod, to try there first.
-    nominated_node: str | None = None
-
-
-class FitError(Exception):
-    """No node can take the pod. ``str()`` is kube-scheduler's message, e.g.
-    "0/3 nodes are available: 1 node(s) had untolerated taint {gpu: broken}, 2 Insufficient
-    nvidia.com/gpu." (counts per reason, sorted as strings, like Kubernetes)."""
-
-    def __init__(self, pod_info: PodInfo, num_all_nodes: int, diagnosis: Diagnosis) -> None:
-        super().__init__(pod_info.key, num_all_nodes)
-        self.pod_info = pod_info
-        self.num_all_nodes = num_all_nodes
-        self.diagnosis = diagnosis
-        self._message: str | None = None
-
-    @property
-    def message(self) -> str:
-        # Rendered on first use: counting the reasons of thousands of nodes is wasted on
-        # a caller that only needs to know the pod did not fit.
-        if self._message is None:
-            self._message = self._render()
-        return self._message
-
-    def _render(self) -> str:
-        if self.num_all_nodes == 0 and not self.diagnosis.pre_filter_msg:
-            return "no nodes available to schedule pods"
-        text = f"0/{self.num_all_nodes} nodes are available:"
-        if self.diagnosis.pre_filter_msg:
-            text += f" {self.diagnosis.pre_filter_msg}."
-        else:
-            counts = Counter(r for status in self.diagnosis.node_statuses.values() for r in status.reasons)
-            histogram = sorted(f"{count} {reason}" for reason, count in counts.items())
-            if histogram:
-                text += f" {', '.join(histogram)}."
-        if self.diagnosis.post_filter_msg:
-            text += f" {self.diagnosis.post_filter_msg}."
-        return text
-
-    def node_breakdown(self, limit: int | None = None) -> list[str]:
-        """One line per rejected node, in name order, such as
-        'node-a: Insufficient nvidia.com/gpu (requested 4, free 2)'; with a limit, a last
-        line says how many were left out."""
-        items = sorted(self.diagnosis.node_statuses.items())
-        lines = [f"{name}: {status.describe()}" for name, status in items[: limit if limit else None]]
-        if limit and len(items) > limit:
-            lines.append(f"... and {len(items) - limit} more node(s)")
-        return lines
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class SchedulingError(Exception):
-    """A plugin answered ERROR: the cycle is aborted and the pod retried after a back-off."""
-
-    def __init__(self, status: Status) -> None:
-        self.status = status
-        super().__init__(f"{status.plugin or 'framework'}: {status.message}")
-
-
-# -- plugin construction ----------------------------------------------------------------
-
-
-@dataclass
-class FrameworkHandle:
-    """What plugins may use besides their arguments. ``client`` is None in pure use (tests,
-    benchmarks): binding plugins then have nothing to do."""
-
-    client: Any = None
-    clock: Clock = REAL_CLOCK
-    framework: Framework | None = None
-    # The snapshot of the cycle in progress, for plugins that get a node by name (Reserve).
-    snapshot: Snapshot | None = None
-    # Pod (uid or key) -> the node preemption nominated it for, while its victims leave.
-    nominated_nodes: dict[str, str] = field(default_factory=dict)
-    # Pods ('namespace/name') preemption is deleting, not yet seen terminating.
-    pending_victims: set[str] = field(default_factory=set)
-    # The claims, volumes and classes as they are now (a volumes.StorageTracker), for the
-    # binding steps that wait on them; cycles read the snapshot's copy instead.
-    volumes: Any = None
-
-
-PluginFactory = Callable[[Mapping[str, Any], FrameworkHandle], Any]
-Registry = dict[str, PluginFactory]
-
-
-class WaitingPod:
-    """A pod that a Permit plugin holds back (gang scheduling): it binds once every waiting
-    plugin allowed it, and is rejected at the first reject or when the shortest timeout ends."""
-
-    def __init__(self, pod_info: PodInfo, node_name: str, timeouts: Mapping[str, float]) -> None:
-        self.pod_info = pod_info
-        self.node_name = node_name
-        self.pending: dict[str, float] = dict(timeouts)
-        self._result: Status | None = None
-        self._future: asyncio.Future[Status] | None = None
-
-    @property
-    def decided(self) -> bool:
-        return self._result is not None
-
-    def allow(self, plugin: str) -> None:
-        self.pending.pop(plugin, None)
-        if not self.pending:
-            self._decide(OK)
-
-    def reject(self, plugin: str, message: str) -> None:
-        self._decide(Status(Code.UNSCHEDULABLE, [message], plugin))
-
-    def _decide(self, status: Status) -> None:
-        if self._result is not None:
-            return
-        self._result = status
-        if self._future is not None and not self._future.done():
-            self._future.set_result(status)
-
-    async def wait(self, clock: Clock) -> Status:
-        if self._result is not None:
-            return self._result
-        self._future = asyncio.get_running_loop().create_future()
-        plugin, timeout = min(self.pending.items(), key=lambda kv: kv[1])
-        # Sleep on the injected clock so gang timeouts follow virtual time in replays.
-        sleeper = asyncio.ensure_future(clock.sleep(timeout))
-        try:
-            await asyncio.wait({self._future, sleeper}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not sleeper.done():
-                sleeper.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await sleeper
-        if self._result is None:
-            self.reject(plugin, f"rejected due to timeout after waiting {timeout:g}s at plugin {plugin}")
-        assert self._result is not None
-        return self._result
+async def _answer(step: Callable[..., Awaitable[Status]], *args: Any) -> Status:
+    """A binding plugin's answer; an exception it raises is an ERROR status."""
+    try:
+        return await step(*args)
+    except Exception as exc:
+        return Status.from_error(exc)
 
 
 def _has(plugin: Any, protocol: type) -> bool:
@@ -641,19 +237,12 @@ class Framework:
         num_nodes = len(snapshot)
         diagnosis = Diagnosis()
 
-        for p in self.pre_filter:
-            status = p.pre_filter(state, pod_info, snapshot)
-            code = status.code
-            if not code:
-                continue
-            if code is Code.SKIP:
-                state.skip_filter.add(p.name)
-                continue
-            status.plugin = p.name
-            if code is Code.ERROR:
+        status = self.run_pre_filter(state, pod_info, snapshot)
+        if status.code:
+            if status.code is Code.ERROR:
                 raise SchedulingError(status)
             diagnosis.pre_filter_msg = status.message
-            diagnosis.unschedulable_plugins.add(p.name)
+            diagnosis.unschedulable_plugins.add(status.plugin)
             diagnosis.node_statuses = {n.name: status for n in snapshot.node_infos}
             return self._fit_error(state, pod_info, snapshot, diagnosis)
 
@@ -990,10 +579,7 @@ class Framework:
 
     async def run_pre_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
         for p in self.pre_bind:
-            try:
-                status = await p.pre_bind(state, pod_info, node_name)
-            except Exception as exc:
-                status = Status.from_error(exc)
+            status = await _answer(p.pre_bind, state, pod_info, node_name)
             if not status.is_success:
                 status.plugin = p.name
                 return status
@@ -1001,10 +587,7 @@ class Framework:
 
     async def run_bind(self, state: CycleState, pod_info: PodInfo, node_name: str) -> Status:
         for p in self.binders:
-            try:
-                status = await p.bind(state, pod_info, node_name)
-            except Exception as exc:
-                status = Status.from_error(exc)
+            status = await _answer(p.bind, state, pod_info, node_name)
             if status.code is Code.SKIP:
                 continue
             if not status.is_success:

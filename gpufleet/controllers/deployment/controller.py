@@ -12,8 +12,7 @@ from gpufleet.api.k8s import Deployment, Pod, ReplicaSet
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import AlreadyExists, ApiError, NotFound
-from gpufleet.client.events import EventRecorder
+from gpufleet.client.errors import AlreadyExists, ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import (
     CONTROLLER_UID_INDEX,
@@ -35,7 +34,6 @@ from gpufleet.controllers.deployment.decide import (
     selects_all,
 )
 from gpufleet.controllers.deployment.model import API_VERSION, KIND, _is_rolling
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +43,8 @@ class DeploymentController(OwnerController):
     kind = KIND
     owner_model = Deployment
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-    ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
         self.d_informer = self.owners
         self.rs_informer = informers.informer(ReplicaSet)
         self.pod_informer = informers.informer(Pod)
@@ -77,11 +67,8 @@ class DeploymentController(OwnerController):
     def _rs_updated(self, old: Any, new: Any) -> None:
         if objects.resource_version_of(old) == objects.resource_version_of(new):
             return
-        old_ref, new_ref = objects.controller_ref(old), objects.controller_ref(new)
-        ref_changed = objects.field(old_ref, "uid") != objects.field(new_ref, "uid")
-        if ref_changed and old_ref is not None:
-            self.enqueue_owner(old)
-        if new_ref is not None:
+        ref_changed = self.enqueue_old_owner(old, new)
+        if objects.controller_ref(new) is not None:
             self.enqueue_owner(new)
             return
         if ref_changed or objects.labels_of(old) != objects.labels_of(new):
@@ -113,12 +100,8 @@ class DeploymentController(OwnerController):
                 obs = await self._create_new_replica_set(key, d, obs, first, now)
             actions = decide(obs, now)
             await self.act(key, d, actions)
-        except NotFound:
-            return None
         except ApiError as e:
-            # Mostly a Conflict with a write that the cache has not shown yet: look again.
-            log.info("deployment %s: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e)
         return self.requeue(actions)
 
     async def observe(self, d: Any) -> Observed:

@@ -12,7 +12,6 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Controller, Requeue
 from gpufleet.client.errors import ApiError, NotFound
-from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import (
@@ -44,7 +43,6 @@ from gpufleet.controllers.job.model import (
     job_selector,
     resource_version,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +51,10 @@ class JobController(OwnerController):
     name = "job"
     kind = KIND
     owner_model = Job
+    settings_type = Settings  # pod_failure_backoff, pod_failure_backoff_max
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-        pod_failure_backoff: float = 1.0,
-        pod_failure_backoff_max: float = 60.0,
-    ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
-        self.settings = Settings(pod_failure_backoff, pod_failure_backoff_max)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
         # Job key -> uids of pods whose finalizer this controller removed but whose update
         # the informer has not shown yet; they must not be counted again meanwhile.
         self._finalizers_removed: dict[str, set[str]] = {}
@@ -77,9 +65,9 @@ class JobController(OwnerController):
         self.job_informer = self.owners
         self.pod_informer = informers.informer(Pod)
         index_by_controller(self.pod_informer)
-        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
+        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self.child_deleted)
         # Pods holding the tracking finalizer whose Job is gone must still be let go.
-        self.orphan_queue = WorkQueue(f"{self.name}-orphan-pods", clock=clock)
+        self.orphan_queue = WorkQueue(f"{self.name}-orphan-pods", clock=self.clock)
         self.orphans = Controller(f"{self.name}-orphan-pods", self._release_orphan, self.orphan_queue, workers=1)
 
     async def start(self) -> None:
@@ -119,12 +107,6 @@ class JobController(OwnerController):
         if objects.controller_ref(new) is None and objects.labels_of(old) != objects.labels_of(new):
             self._enqueue_matching(new)
 
-    def _pod_deleted(self, pod: Any) -> None:
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.deletion_observed(key, objects.object_key(pod))
-            self.queue.add(key)
-
     def _enqueue_matching(self, pod: Any) -> None:
         self.enqueue_matching(pod, lambda job: selector_from(job_selector(job)))
 
@@ -144,11 +126,8 @@ class JobController(OwnerController):
             return None  # the watch event of that write will bring us back
         try:
             return await self._sync(key, job)
-        except NotFound:
-            return None
         except ApiError as e:
-            log.info("job %s: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e)
 
     async def _claim_pods(self, job: Any) -> list[Any]:
         def drop_finalizer(body: dict[str, Any]) -> None:

@@ -11,22 +11,19 @@ from gpufleet.api.kubeflow import PyTorchJob
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import ApiError, Conflict, NotFound
-from gpufleet.client.events import EventRecorder
+from gpufleet.client.errors import ApiError, Conflict
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller, pod_phase
 from gpufleet.controllers.actions import Actions, Outcome
 from gpufleet.controllers.base import OwnerController
 from gpufleet.controllers.pytorchjob.decide import Memory, Observed, Settings, decide
 from gpufleet.controllers.pytorchjob.model import (
-    DEFAULT_CHECKPOINT_ROOT,
     KIND,
     autoscale_enabled,
     is_finished,
     leader,
     pod_name,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
@@ -35,22 +32,11 @@ class PyTorchJobController(OwnerController):
     name = "pytorchjob"
     kind = KIND
     owner_model = PyTorchJob
+    # restart_backoff, restart_backoff_max, checkpoint_root, elastic_resize_interval
+    settings_type = Settings
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        recorder: EventRecorder | None = None,
-        workers: int = 2,
-        restart_backoff: float = 1.0,
-        restart_backoff_max: float = 60.0,
-        checkpoint_root: str = DEFAULT_CHECKPOINT_ROOT,
-        elastic_resize_interval: float = 30.0,
-    ) -> None:
-        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
-        self.settings = Settings(restart_backoff, restart_backoff_max, checkpoint_root, elastic_resize_interval)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
         # Job key -> what the controller remembers of it between syncs.
         self.memory: dict[str, Memory] = {}
         # Uids of pods this controller deleted itself (scale-down, restarts, cleanup).
@@ -80,11 +66,7 @@ class PyTorchJobController(OwnerController):
 
     def _pod_deleted(self, pod: Any) -> None:
         self._deleting.discard(objects.uid_of(pod))
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.deletion_observed(key, objects.object_key(pod))
-            self.queue.add(key)
-        else:
+        if not self.child_deleted(pod):
             self._enqueue_autoscaled()
 
     def _node_changed(self, node: Any) -> None:
@@ -133,13 +115,10 @@ class PyTorchJobController(OwnerController):
             self._remember(key, actions, outcome)
             if outcome.error is not None:
                 raise outcome.error
-        except NotFound:
-            return None
         except Conflict:
             return Requeue()
         except ApiError as e:
-            log.info("pytorchjob %s: %s", key, e)
-            return Requeue()
+            return self.retry_later(key, e)
         return self.requeue(actions)
 
     def _remember(self, key: str, actions: Actions, outcome: Outcome) -> None:

@@ -1,0 +1,176 @@
+"""Team queues (Kueue's kueue.x-k8s.io/v1beta1): jobs labelled ``kueue.x-k8s.io/queue-name``
+wait, suspended, until their ClusterQueue admits them.
+
+Three loops, as in Kueue:
+
+- the job reconciler keeps one Workload per queued job (batch/v1 Job, kubeflow.org/v1
+  PyTorchJob): created from the job's pod sets, owned by the job. When the Workload is
+  admitted it writes the flavor's node labels into the job's pod templates and unsuspends
+  it; when the Workload is evicted (preempted) it suspends the job, waits for its pods to be
+  gone (the whole gang), puts the templates back and releases the quota; when the job
+  finishes it marks the Workload Finished;
+- the admission cycle (one at a time) reads queues, flavors, nodes, pods and Workloads from
+  the informers, runs ``gpufleet.queueing.admission.schedule`` and writes what it decided:
+  ``status.admission`` with conditions QuotaReserved and Admitted, or Evicted and Preempted
+  on the victims, or QuotaReserved=False whose reason says what the workload waits for
+  (Quota, Shape, Priority, Preempting, Queued, Inadmissible) and whose message says exactly;
+- queue status: pending, reserving and admitted counts, flavor usage, fair share, and how
+  many pending workloads wait for what (``status.pendingReasons``, gpufleet's addition).
+
+The API server creates queued jobs suspended (``gpufleet.apiserver.admission.queues``); a job that
+is running without an admitted Workload is suspended here as well.
+
+Resources a ClusterQueue does not cover are not counted against it (Kueue refuses such
+workloads); GPUs are what the queues are for.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from gpufleet.api import kueue as kq
+from gpufleet.api.k8s import Namespace, Node, Pod, PriorityClass
+from gpufleet.client import objects
+from gpufleet.client.api import Client
+from gpufleet.client.controller import Controller
+from gpufleet.client.informer import SharedInformerFactory
+from gpufleet.client.workqueue import WorkQueue
+from gpufleet.controllers._common import (
+    controller_uid,
+    index_by_controller,
+    is_being_deleted,
+)
+from gpufleet.controllers.base import ControllerBase
+from gpufleet.controllers.kueue.cycle import AdmissionCycle
+from gpufleet.controllers.kueue.jobs import JobSync
+from gpufleet.controllers.kueue.kinds import (
+    BATCH_JOB,
+    CYCLE,
+    OWNER_UID_INDEX,
+    JobKind,
+    _pytorch_kind,
+    _rv,
+    _wire,
+)
+
+log = logging.getLogger(__name__)
+
+
+# -- the controller -----------------------------------------------------------------------------------
+
+
+class KueueController(JobSync, AdmissionCycle, ControllerBase):
+    name = "kueue"
+    component = "kueue-admission"
+
+    def __init__(
+        self, client: Client, informers: SharedInformerFactory, *,
+        fair_sharing: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.fair_sharing = fair_sharing
+        self.kinds: dict[str, JobKind] = {"Job": BATCH_JOB}
+        pytorch = _pytorch_kind()
+        if pytorch is not None and client.registry.by_api_version_kind(pytorch.api_version, pytorch.kind):
+            self.kinds[pytorch.kind] = pytorch
+        self.job_informers = {k: informers.informer(kind.model) for k, kind in self.kinds.items()}
+        self.workloads = informers.informer(kq.Workload)
+        self.workloads.add_indexer(OWNER_UID_INDEX, controller_uid)
+        self.cluster_queues = informers.informer(kq.ClusterQueue)
+        self.local_queues = informers.informer(kq.LocalQueue)
+        self.flavors = informers.informer(kq.ResourceFlavor)
+        self.pods = informers.informer(Pod)
+        index_by_controller(self.pods)
+        self.nodes = informers.informer(Node)
+        self.namespaces = informers.informer(Namespace)
+        self.priority_classes = informers.informer(PriorityClass)
+
+        self.job_queue = WorkQueue(f"{self.name}-jobs", clock=self.clock)
+        self.jobs = Controller(f"{self.name}-jobs", self.reconcile_job, self.job_queue, workers=self.workers)
+        for kind_name, informer in self.job_informers.items():
+            informer.add_event_handler(*self._job_handlers(kind_name))
+        self.workloads.add_event_handler(self._workload_event, lambda old, new: self._workload_event(new),
+                                         self._workload_event)
+        self.pods.add_event_handler(self._pod_event, self._pod_updated, self._pod_event)
+        # One admission cycle at a time: it decides from the whole picture.
+        self.cycle_queue = WorkQueue(f"{self.name}-cycle", clock=self.clock)
+        self.cycles = Controller(f"{self.name}-cycle", self.run_cycle, self.cycle_queue, workers=1)
+        for informer in (self.cluster_queues, self.local_queues, self.flavors, self.nodes, self.namespaces,
+                         self.priority_classes):
+            informer.add_event_handler(self._poke, lambda old, new: self._poke(new), self._poke)
+        # Writes not yet seen by the informer: key -> the object as written.
+        self._written: dict[str, Any] = {}
+        # Workload key -> wait kind last announced with an Event.
+        self._announced: dict[str, str] = {}
+
+    async def start(self) -> None:
+        await self.jobs.start()
+        await self.cycles.start()
+        self.cycle_queue.add(CYCLE)
+
+    async def stop(self) -> None:
+        await self.cycles.stop()
+        await self.jobs.stop()
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _job_handlers(self, kind_name: str) -> tuple[Callable, Callable, Callable]:
+        def enqueue(obj: Any) -> None:
+            self.job_queue.add(f"{kind_name}:{objects.object_key(obj)}")
+
+        return enqueue, lambda old, new: enqueue(new), enqueue
+
+    def _poke(self, _obj: Any = None) -> None:
+        self.cycle_queue.add(CYCLE)
+
+    def _workload_event(self, wl: Any) -> None:
+        self._poke()
+        ref = objects.controller_ref(wl)
+        if ref is not None and objects.field(ref, "kind") in self.kinds:
+            ns = objects.namespace_of(wl)
+            self.job_queue.add(f"{objects.field(ref, 'kind')}:{ns}/{objects.field(ref, 'name')}")
+
+    def _pod_event(self, pod: Any) -> None:
+        ref = objects.controller_ref(pod)
+        if ref is None or objects.field(ref, "kind") not in self.kinds:
+            # Other pods matter only for the GPUs they hold.
+            if getattr(pod.spec, "node_name", None):
+                self._poke()
+            return
+        self._poke()
+        self.job_queue.add(f"{objects.field(ref, 'kind')}:{objects.namespace_of(pod)}/{objects.field(ref, 'name')}")
+
+    def _pod_updated(self, old: Any, new: Any) -> None:
+        if (old.spec.node_name, getattr(old.status, "phase", None), is_being_deleted(old)) != (
+                new.spec.node_name, getattr(new.status, "phase", None), is_being_deleted(new)):
+            self._pod_event(new)
+
+    # -- reading through our own writes -------------------------------------------------------------
+
+    def _fresh(self, informer: Any, key: str) -> Any | None:
+        cached = informer.get(key)
+        mine = self._written.get(key)
+        if mine is None:
+            return cached
+        if cached is None or _rv(cached) >= _rv(mine):
+            self._written.pop(key, None)
+            return cached
+        return mine
+
+    def _workload_for(self, job: Any) -> Any | None:
+        found = self.workloads.by_index(OWNER_UID_INDEX, objects.uid_of(job))
+        if not found:
+            return None
+        return self._fresh(self.workloads, objects.object_key(found[0]))
+
+    async def _write_status(self, wl: Any, status: dict[str, Any]) -> Any:
+        body = _wire(wl)
+        body["status"] = status
+        written = await self.client.update_status(body)
+        self._written[objects.object_key(written)] = written
+        return written
+
+

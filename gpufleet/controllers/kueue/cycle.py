@@ -1,0 +1,463 @@
+"""The admission cycle: read queues, flavors, nodes, pods and Workloads from the informers,
+run ``gpufleet.queueing.admission.schedule``, and write what it decided (admissions,
+evictions, why the others wait) and the queues' status."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Any
+
+from gpufleet.api import kueue as kq
+from gpufleet.api.gpu import (
+    DEFAULT_GROUP,
+    GPU_INDICES_ANNOTATION,
+    GPU_RESOURCE,
+    GPU_TOPOLOGY_ANNOTATION,
+    GPUS_ANNOTATION,
+    SAME_GROUP,
+    parse_gpu_indices,
+    parse_gpus_annotation,
+)
+from gpufleet.api.k8s import PodSpec
+from gpufleet.api.podresources import pod_gpu_request, pod_requests
+from gpufleet.api.quantity import parse_quantity, whole_amount
+from gpufleet.api.selectors import LabelSelector
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples, toleration_tuples
+from gpufleet.client import objects
+from gpufleet.client.controller import Requeue
+from gpufleet.client.errors import Conflict, NotFound
+from gpufleet.client.events import NORMAL
+from gpufleet.controllers._common import (
+    controller_uid,
+    find_condition,
+    is_being_deleted,
+    now_text,
+    pod_is_terminal,
+    status_dict,
+    timestamp,
+)
+from gpufleet.controllers.kueue.kinds import _conditions, _is_true, _set, _wire
+from gpufleet.queueing import admission as adm
+from gpufleet.utils.clock import rfc3339
+
+
+def _amounts(requests: Mapping[str, Fraction]) -> dict[str, int]:
+    """A pod's requests as the queue counts them (cpu in millicores), zero ones left out."""
+    return {k: n for k, v in requests.items() if (n := whole_amount(k, v))}
+
+
+def _node_ready(node: Any) -> bool:
+    status = getattr(node, "status", None)
+    for c in (status.conditions if status is not None else None) or []:
+        if c.type == "Ready":
+            return c.status == "True"
+    return False
+
+
+def _node_groups(node: Any) -> dict[str, int]:
+    annotations = objects.meta(node, "annotations") or {}
+    devices = parse_gpus_annotation(annotations[GPUS_ANNOTATION]) if GPUS_ANNOTATION in annotations else None
+    if devices:
+        groups: dict[str, int] = {}
+        for d in devices:
+            if d.healthy:
+                groups[d.group] = groups.get(d.group, 0) + 1
+        return groups
+    status = getattr(node, "status", None)
+    alloc = (status.allocatable if status is not None else None) or {}
+    gpus = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
+    return {DEFAULT_GROUP: gpus} if gpus else {}
+
+
+def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
+    gpus = pod_gpu_request(pod)
+    if not gpus:
+        return {}
+    annotations = objects.meta(pod, "annotations") or {}
+    devices = None
+    if node is not None:
+        node_ann = objects.meta(node, "annotations") or {}
+        if GPUS_ANNOTATION in node_ann:
+            devices = parse_gpus_annotation(node_ann[GPUS_ANNOTATION])
+    indices = parse_gpu_indices(annotations.get(GPU_INDICES_ANNOTATION, ""))
+    if devices and indices:
+        by_index = {d.index: d.group for d in devices}
+        out: dict[str, int] = {}
+        for i in indices:
+            g = by_index.get(i, DEFAULT_GROUP)
+            out[g] = out.get(g, 0) + 1
+        return out
+    if devices:
+        # Not yet told which GPUs: charge the largest group (what the scheduler fills first).
+        groups: dict[str, int] = {}
+        for d in devices:
+            groups[d.group] = groups.get(d.group, 0) + 1
+        return {max(groups, key=lambda g: groups[g]): gpus}
+    return {DEFAULT_GROUP: gpus}
+
+
+_PREEMPTOR = re.compile(r"accommodate a workload \(([^)\s]+)\)")
+
+
+def _preemptor(cond: dict[str, Any] | None) -> str:
+    """The workload named in a Preempted=True condition's message (written by adm)."""
+    if cond is None or cond.get("status") != "True":
+        return ""
+    m = _PREEMPTOR.search(cond.get("message") or "")
+    return m.group(1) if m else ""
+
+
+def _same_status(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    def strip(s: dict[str, Any]) -> dict[str, Any]:
+        out = dict(s)
+        out["conditions"] = [{k: v for k, v in c.items() if k != "lastTransitionTime"}
+                             for c in s.get("conditions") or []]
+        return out
+
+    return strip(old) == strip(new)
+
+
+def _format(resource: str, amount: int) -> str:
+    if resource == "cpu":
+        return str(amount // 1000) if amount % 1000 == 0 else f"{amount}m"
+    return str(amount)
+
+
+class AdmissionCycle:
+    """The admission cycle of KueueController (which holds the informers and queues it reads)."""
+
+    # -- the admission cycle ------------------------------------------------------------------------
+
+    async def run_cycle(self, _key: str) -> Requeue | None:
+        try:
+            return await self._cycle()
+        except (Conflict, NotFound):
+            return Requeue(after=0.05)
+
+    def _snapshot(self) -> tuple[dict[str, adm.ClusterQueueInfo], dict[str, adm.FlavorInfo],
+                                 list[adm.WorkloadInfo], list[adm.NodeInfo], dict[str, Any]]:
+        flavors = {}
+        for rf in self.flavors.list():
+            labels = dict(rf.spec.node_labels or {}) if rf.spec is not None else {}
+            tolerations = toleration_tuples(rf.spec.tolerations if rf.spec is not None else None)
+            flavors[objects.name_of(rf)] = adm.FlavorInfo(objects.name_of(rf), labels, tolerations)
+        queues = {objects.name_of(cq): self._queue_info(cq, flavors) for cq in self.cluster_queues.list()}
+
+        nodes: dict[str, adm.NodeInfo] = {}
+        node_objs = {objects.name_of(n): n for n in self.nodes.list()}
+        for name, n in node_objs.items():
+            if not _node_ready(n) or (n.spec is not None and n.spec.unschedulable):
+                continue
+            groups = _node_groups(n)
+            if groups:
+                taints = taint_tuples(n.spec.taints if n.spec else None, (NO_SCHEDULE, NO_EXECUTE))
+                nodes[name] = adm.NodeInfo(name, objects.labels_of(n), groups, taints=taints)
+        placed: dict[str, list[adm.Placement]] = {}
+        bound_per_set: dict[str, dict[str, int]] = {}
+        for pod in self.pods.list():
+            node_name = pod.spec.node_name
+            if not node_name or pod_is_terminal(pod):
+                continue
+            groups = _pod_gpu_groups(pod, node_objs.get(node_name))
+            owner = controller_uid(pod)
+            if node_name in nodes:
+                used = nodes[node_name].used
+                for g, n in groups.items():
+                    used[g] = used.get(g, 0) + n
+            if owner:
+                if groups:
+                    placed.setdefault(owner, []).append(adm.Placement(node_name, groups))
+                ref = objects.controller_ref(pod)
+                kind = self.kinds.get(objects.field(ref, "kind"))
+                if kind is not None:
+                    per = bound_per_set.setdefault(owner, {})
+                    ps = kind.pod_set_of(pod)
+                    per[ps] = per.get(ps, 0) + 1
+
+        workloads: list[adm.WorkloadInfo] = []
+        models: dict[str, Any] = {}
+        for cached in self.workloads.list():
+            key = objects.object_key(cached)
+            wl = self._fresh(self.workloads, key)
+            if wl is None or wl.spec is None or is_being_deleted(wl):
+                continue
+            status = status_dict(wl)
+            if _is_true(status, kq.FINISHED):
+                continue
+            if wl.spec.active is False and status.get("admission") is None:
+                continue  # deactivated: not queued until spec.active is true again
+            info = self._workload_info(wl, status, placed, bound_per_set)
+            workloads.append(info)
+            models[key] = wl
+        return queues, flavors, workloads, list(nodes.values()), models
+
+    def _queue_info(self, cq: Any, flavors: dict[str, adm.FlavorInfo]) -> adm.ClusterQueueInfo:
+        spec = cq.spec or kq.ClusterQueueSpec()
+        groups: list[adm.ResourceGroupInfo] = []
+        quotas: dict[tuple[str, str], adm.Quota] = {}
+        missing: list[str] = []
+        for g in spec.resource_groups or []:
+            groups.append(adm.ResourceGroupInfo(tuple(g.covered_resources), tuple(f.name for f in g.flavors)))
+            for f in g.flavors:
+                if f.name not in flavors:
+                    missing.append(f.name)
+                for r in f.resources:
+                    quotas[(f.name, r.name)] = adm.Quota(
+                        whole_amount(r.name, r.nominal_quota),
+                        whole_amount(r.name, r.borrowing_limit) if r.borrowing_limit is not None else None,
+                        whole_amount(r.name, r.lending_limit) if r.lending_limit is not None else None,
+                    )
+        p = spec.preemption or kq.ClusterQueuePreemption()
+        bwc = p.borrow_within_cohort or kq.BorrowWithinCohort()
+        weight = 1.0
+        if spec.fair_sharing is not None and spec.fair_sharing.weight is not None:
+            weight = float(parse_quantity(spec.fair_sharing.weight))
+        inactive = ""
+        if missing:
+            inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
+        elif spec.stop_policy not in (None, "None"):
+            inactive = f"stopPolicy is {spec.stop_policy}"
+        return adm.ClusterQueueInfo(
+            name=objects.name_of(cq),
+            groups=groups,
+            quotas=quotas,
+            cohort=spec.cohort or "",
+            weight=weight,
+            strategy=spec.queueing_strategy or "BestEffortFIFO",
+            reclaim_within_cohort=p.reclaim_within_cohort or "Never",
+            borrow_within_cohort=bwc.policy or "Never",
+            borrow_max_priority=bwc.max_priority_threshold,
+            within_cluster_queue=p.within_cluster_queue or "Never",
+            when_can_borrow=(spec.flavor_fungibility.when_can_borrow if spec.flavor_fungibility else None) or "Borrow",
+            inactive=inactive,
+        )
+
+    def _workload_info(self, wl: Any, status: dict[str, Any], placed: dict[str, list[adm.Placement]],
+                       bound_per_set: dict[str, dict[str, int]]) -> adm.WorkloadInfo:
+        ns = objects.namespace_of(wl)
+        problem = ""
+        cq_name = ""
+        lq = self.local_queues.get(f"{ns}/{wl.spec.queue_name}") if wl.spec.queue_name else None
+        admission = status.get("admission")
+        if admission is not None:
+            cq_name = admission.get("clusterQueue", "")
+        elif lq is None:
+            problem = f"LocalQueue {wl.spec.queue_name} doesn't exist"
+        else:
+            cq_name = (lq.spec.cluster_queue if lq.spec is not None else "") or ""
+            cq = self.cluster_queues.get(cq_name)
+            if cq is None:
+                problem = f"ClusterQueue {cq_name} doesn't exist"
+            elif lq.spec is not None and lq.spec.stop_policy not in (None, "None"):
+                problem = f"LocalQueue {wl.spec.queue_name} is stopped"
+            else:
+                ns_obj = self.namespaces.get(ns)
+                sel = cq.spec.namespace_selector if cq.spec is not None else None
+                if sel is not None and ns_obj is not None and not LabelSelector.from_dict(sel.to_dict()).matches(
+                        objects.labels_of(ns_obj)):
+                    problem = f"namespace {ns} doesn't match ClusterQueue {cq_name}'s namespaceSelector"
+        pod_sets = []
+        for ps in wl.spec.pod_sets:
+            spec = ps.template.spec or PodSpec(containers=[])
+            annotations = (ps.template.metadata.annotations if ps.template.metadata is not None else None) or {}
+            pod_sets.append(adm.PodSetInfo(
+                ps.name, ps.count, _amounts(pod_requests(spec)), dict(spec.node_selector or {}),
+                annotations.get(GPU_TOPOLOGY_ANNOTATION) == SAME_GROUP, toleration_tuples(spec.tolerations)))
+        conditions = status.get("conditions") or []
+        evicted = find_condition(conditions, kq.EVICTED)
+        ts = timestamp(objects.meta(wl, "creationTimestamp")) or 0.0
+        if evicted is not None and evicted.get("status") == "True":
+            ts = timestamp(evicted.get("lastTransitionTime")) or ts
+        owner = controller_uid(wl) or ""
+        assignment = None
+        unbound: dict[str, int] = {}
+        if admission is not None:
+            assignment = {psa["name"]: dict(psa.get("flavors") or {}) for psa in admission.get("podSetAssignments")
+                          or []}
+            bound = bound_per_set.get(owner, {})
+            unbound = {ps.name: max(0, ps.count - bound.get(ps.name, 0)) for ps in wl.spec.pod_sets}
+        reserved = find_condition(conditions, kq.QUOTA_RESERVED)
+        return adm.WorkloadInfo(
+            key=objects.object_key(wl),
+            cluster_queue=cq_name,
+            pod_sets=pod_sets,
+            priority=wl.spec.priority or 0,
+            timestamp=ts,
+            admission=assignment,
+            admitted_at=timestamp((reserved or {}).get("lastTransitionTime")) or 0.0,
+            evicting=admission is not None and evicted is not None and evicted.get("status") == "True",
+            placed=placed.get(owner, []),
+            unbound=unbound,
+            problem=problem,
+            preempted_by=_preemptor(find_condition(conditions, kq.PREEMPTED)),
+        )
+
+    async def _cycle(self) -> Requeue | None:
+        queues, flavors, workloads, nodes, models = self._snapshot()
+        # Declaring a fairSharing weight on any ClusterQueue turns fair sharing on, too.
+        fair = self.fair_sharing or any(cq.spec is not None and cq.spec.fair_sharing is not None
+                                        for cq in self.cluster_queues.list())
+        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair)
+        now = now_text(self.clock)
+        infos = {w.key: w for w in workloads}
+        for key, wl in models.items():
+            # Deactivated while holding quota: stopped like a preempted one.
+            if wl.spec.active is False and not infos[key].evicting:
+                await self._evict(wl, adm.Preemption("", "InactiveWorkload", "The workload is deactivated"), now,
+                                  reason="InactiveWorkload")
+        for key, assignment in result.admitted.items():
+            await self._admit(models[key], infos[key], assignment, key in result.borrowing, now)
+        for key, pre in result.preempted.items():
+            await self._evict(models[key], pre, now)
+        for key, wait in result.waiting.items():
+            await self._pending(models[key], wait, now)
+        await self._queue_statuses(queues, workloads, result)
+        return None
+
+    async def _admit(self, wl: Any, info: adm.WorkloadInfo, assignment: adm.Assignment, borrowing: bool,
+                     now: str) -> None:
+        status = status_dict(wl)
+        conditions = _conditions(status)
+        assignments = []
+        for ps in info.pod_sets:
+            flavors = assignment.get(ps.name) or {}
+            usage = {r: _format(r, a * ps.count) for r, a in ps.requests.items() if r in flavors}
+            assignments.append({"name": ps.name, "flavors": flavors, "resourceUsage": usage, "count": ps.count})
+        waited = max(0.0, self.clock.now() - info.timestamp)
+        message = f"Quota reserved in ClusterQueue {info.cluster_queue}, wait time since queued was {math.ceil(waited)}s"
+        # To the microsecond: preemption gives up the most recently admitted first.
+        _set(conditions, kq.QUOTA_RESERVED, "True", "QuotaReserved", message, rfc3339(self.clock.now(), micro=True))
+        _set(conditions, kq.ADMITTED, "True", "Admitted", "The workload is admitted", now)
+        if find_condition(conditions, kq.EVICTED) is not None:
+            _set(conditions, kq.EVICTED, "False", "QuotaReserved", "Previously: evicted, now admitted again", now)
+        if find_condition(conditions, kq.PREEMPTED) is not None:
+            _set(conditions, kq.PREEMPTED, "False", "QuotaReserved", "Previously: preempted, now admitted again", now)
+        new = {**status, "conditions": conditions,
+               "admission": {"clusterQueue": info.cluster_queue, "podSetAssignments": assignments}}
+        await self._write_status(wl, new)
+        self._announced.pop(info.key, None)
+        await self.recorder.record(wl, NORMAL, "QuotaReserved", message + (" (borrowing)" if borrowing else ""))
+        await self.recorder.record(wl, NORMAL, "Admitted", f"Admitted by ClusterQueue {info.cluster_queue}")
+
+    async def _evict(self, wl: Any, pre: adm.Preemption, now: str, *, reason: str = "Preempted") -> None:
+        status = status_dict(wl)
+        conditions = _conditions(status)
+        _set(conditions, kq.EVICTED, "True", reason, pre.message, now)
+        if reason == "Preempted":
+            _set(conditions, kq.PREEMPTED, "True", pre.reason, pre.message, now)
+        await self._write_status(wl, {**status, "conditions": conditions})
+        await self.recorder.record(wl, NORMAL, reason, pre.message)
+
+    async def _pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
+        status = status_dict(wl)
+        conditions = _conditions(status)
+        if _set(conditions, kq.QUOTA_RESERVED, "False", wait.kind, wait.message, now):
+            await self._write_status(wl, {**status, "conditions": conditions})
+        key = objects.object_key(wl)
+        if self._announced.get(key) != wait.kind:
+            self._announced[key] = wait.kind
+            await self.recorder.record(wl, NORMAL, "Pending", wait.message)
+            job = self._owner_job(wl)
+            if job is not None:
+                await self.recorder.record(job, NORMAL, "Pending", f"{wait.kind}: {wait.message}")
+
+    def _owner_job(self, wl: Any) -> Any | None:
+        ref = objects.controller_ref(wl)
+        if ref is None:
+            return None
+        informer = self.job_informers.get(objects.field(ref, "kind"))
+        if informer is None:
+            return None
+        return informer.get(f"{objects.namespace_of(wl)}/{objects.field(ref, 'name')}")
+
+    # -- queue status ---------------------------------------------------------------------------
+
+    async def _queue_statuses(self, queues: dict[str, adm.ClusterQueueInfo], workloads: list[adm.WorkloadInfo],
+                              result: adm.CycleResult) -> None:
+        holding = {w.key: (result.admitted.get(w.key) or w.admission) for w in workloads
+                   if w.admission is not None or w.key in result.admitted}
+        usage: adm.Usage = {}
+        for w in workloads:
+            assignment = holding.get(w.key)
+            if assignment is None:
+                continue
+            per = usage.setdefault(w.cluster_queue, {})
+            for fr, amount in adm.workload_usage(w, assignment).items():
+                per[fr] = per.get(fr, 0) + amount
+        quotas = adm.Quotas(queues)
+        per_queue: dict[str, dict[str, Any]] = {}
+        per_local: dict[str, dict[str, Any]] = {}
+        for w in workloads:
+            reason = result.waiting.get(w.key)
+            lq_key = f"{w.key.partition('/')[0]}/{self._queue_name(w.key)}"
+            for bucket in (per_queue.setdefault(w.cluster_queue, {}), per_local.setdefault(lq_key, {})):
+                if w.key in holding:
+                    bucket["admitted"] = bucket.get("admitted", 0) + 1
+                else:
+                    bucket["pending"] = bucket.get("pending", 0) + 1
+                    if reason is not None:
+                        reasons = bucket.setdefault("reasons", {})
+                        reasons[reason.kind] = reasons.get(reason.kind, 0) + 1
+        for cq in self.cluster_queues.list():
+            name = objects.name_of(cq)
+            info = queues.get(name)
+            counts = per_queue.get(name, {})
+            used = usage.get(name, {})
+            flavors_usage = []
+            if info is not None:
+                for g in info.groups:
+                    for f in g.flavors:
+                        resources = []
+                        for r in g.resources:
+                            total = used.get((f, r), 0)
+                            nominal = info.quotas[(f, r)].nominal if (f, r) in info.quotas else 0
+                            resources.append({"name": r, "total": _format(r, total),
+                                              "borrowed": _format(r, max(0, total - nominal))})
+                        flavors_usage.append({"name": f, "resources": resources})
+            status = status_dict(cq)
+            conditions = _conditions(status)
+            active = info is not None and not info.inactive
+            _set(conditions, "Active", "True" if active else "False", "Ready" if active else "Inactive",
+                 "Can admit new workloads" if active else (info.inactive if info else ""), now_text(self.clock))
+            share = quotas.share(info, usage) if info is not None else 0.0
+            new = {
+                **status,
+                "flavorsReservation": flavors_usage,
+                "flavorsUsage": flavors_usage,
+                "pendingWorkloads": counts.get("pending", 0),
+                "reservingWorkloads": counts.get("admitted", 0),
+                "admittedWorkloads": counts.get("admitted", 0),
+                "pendingReasons": counts.get("reasons", {}),
+                "fairSharing": {"weightedShare": int(share) if math.isfinite(share) else 2**62},
+                "conditions": conditions,
+            }
+            if _same_status(status, new):
+                continue
+            try:
+                await self.client.update_status({**_wire(cq), "status": new})
+            except (Conflict, NotFound):
+                self._poke()
+        for lq in self.local_queues.list():
+            key = objects.object_key(lq)
+            counts = per_local.get(key, {})
+            status = status_dict(lq)
+            new = {
+                **status,
+                "pendingWorkloads": counts.get("pending", 0),
+                "reservingWorkloads": counts.get("admitted", 0),
+                "admittedWorkloads": counts.get("admitted", 0),
+                "pendingReasons": counts.get("reasons", {}),
+            }
+            if _same_status(status, new):
+                continue
+            try:
+                await self.client.update_status({**_wire(lq), "status": new})
+            except (Conflict, NotFound):
+                self._poke()
+
+    def _queue_name(self, wl_key: str) -> str:
+        wl = self._fresh(self.workloads, wl_key)
+        return (wl.spec.queue_name if wl is not None and wl.spec is not None else "") or ""
