@@ -99,12 +99,14 @@ async def test_replaces_failed_pods_and_ignores_deleting_ones(client: Client, co
 
 async def test_min_ready_seconds_delays_availability(client: Client, controllers) -> None:
     await controllers(enabled=RS)
-    rs = await client.create(replicaset("web", 1, minReadySeconds=1), raw=True)
+    # Ready times are kept to the second (as Kubernetes keeps them): 3 s leaves at least 2 s
+    # in which the pod is ready but not yet available, whatever the fraction it became ready at.
+    rs = await client.create(replicaset("web", 1, minReadySeconds=3), raw=True)
     (p,) = await eventually(lambda: _count(client, rs["metadata"]["uid"], 1))
     await set_pod_status(client, p["metadata"]["name"], phase="Running", ready=True)
     status = await eventually(lambda: _status_is(client, "web", readyReplicas=1))
     assert "availableReplicas" not in status
-    await eventually(lambda: _status_is(client, "web", readyReplicas=1, availableReplicas=1), timeout=5)
+    await eventually(lambda: _status_is(client, "web", readyReplicas=1, availableReplicas=1), timeout=8)
 
 
 async def test_create_errors_become_a_replica_failure_condition(cp, client: Client, controllers) -> None:
