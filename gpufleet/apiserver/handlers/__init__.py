@@ -24,6 +24,7 @@ from gpufleet.apiserver.handlers.scope import Scope
 from gpufleet.apiserver.handlers.update import update
 from gpufleet.apiserver.handlers.watch import watch
 from gpufleet.apiserver.requestinfo import RequestInfo
+from gpufleet.apiserver.subresources import SUBRESOURCES
 from gpufleet.utils.http import RawRequest, RawResponse
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ async def by_verb(scope: Scope) -> RawResponse:
 
 async def serve(api: ApiServer, req: RawRequest, info: RequestInfo, rt: ResourceType, user: UserInfo) -> RawResponse:
     """A resource request for ``rt``, which the caller has found and authorized."""
-    from gpufleet.apiserver.subresources import SUBRESOURCES
-
     sub = SUBRESOURCES.get(info.subresource) if info.subresource else None
     dry_run = False
     if info.verb in _WRITES and (sub is None or sub.takes_write_options):
