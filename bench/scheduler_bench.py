@@ -43,10 +43,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpufleet.api import k8s  # noqa: E402
+from gpufleet.api.gpu import GPU_PRODUCT_LABEL, GPUS_ANNOTATION, RACK_LABEL, ZONE_LABEL  # noqa: E402
 from gpufleet.scheduler.cache import SchedulerCache  # noqa: E402
 from gpufleet.scheduler.framework import FitError, Framework  # noqa: E402
 from gpufleet.scheduler.gang import place_gang  # noqa: E402
-from gpufleet.scheduler.gpu import GPU_PRODUCT_LABEL, GPUS_ANNOTATION, RACK_LABEL, ZONE_LABEL  # noqa: E402
 from gpufleet.scheduler.profile import Profile  # noqa: E402
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot  # noqa: E402
 

@@ -20,11 +20,17 @@ class RestartBackoff:
     def next_delay(self, ran_for: float) -> float:
         """The wait before restarting a container that just exited after ``ran_for`` seconds,
         moving the back-off on by one step."""
-        if ran_for >= self.reset_after:
-            self.current = 0.0
-        delay = self.current
-        self.current = self.initial if self.current == 0 else min(self.current * 2, self.cap)
+        delay, self.current = next_backoff(self.current, ran_for, self.initial, self.cap, self.reset_after)
         return delay
+
+
+def next_backoff(current: float, ran_for: float, initial: float, cap: float,
+                 reset_after: float) -> tuple[float, float]:
+    """RestartBackoff.next_delay without the state: (the wait now, where the back-off stands
+    after it)."""
+    if ran_for >= reset_after:
+        current = 0.0
+    return current, initial if current == 0 else min(current * 2, cap)
 
 
 def go_duration(seconds: float) -> str:

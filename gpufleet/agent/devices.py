@@ -22,16 +22,13 @@ from typing import Any, Literal, Protocol
 
 from gpufleet.agent.runtime.base import GPUAssignment
 from gpufleet.agent.runtime.gpuenv import gpu_env
+from gpufleet.api.gpu import GPU_COUNT_LABEL, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL
 
 log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 
-ANNOTATION_GPUS = "gpufleet.io/gpus"
-LABEL_PRODUCT = "nvidia.com/gpu.product"
-LABEL_MEMORY = "nvidia.com/gpu.memory"
-LABEL_COUNT = "nvidia.com/gpu.count"
 
 # Stable namespace for the UUIDs of declared GPUs: the same node name and index always
 # give the same UUID, across agent restarts and machines.
@@ -650,4 +647,4 @@ def node_gpu_labels(gpus: Sequence[GPU]) -> dict[str, str]:
         return {}
     model = Counter(g.model for g in gpus).most_common(1)[0][0]
     memory = min(g.memory_mib for g in gpus if g.model == model)
-    return {LABEL_PRODUCT: model, LABEL_MEMORY: str(memory), LABEL_COUNT: str(len(gpus))}
+    return {GPU_PRODUCT_LABEL: model, GPU_MEMORY_LABEL: str(memory), GPU_COUNT_LABEL: str(len(gpus))}

@@ -10,12 +10,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api.gpu import GPU_RESOURCE, GPUS_ANNOTATION
 from gpufleet.utils.clock import rfc3339
 
 KUBELET_VERSION = "v1.32.4-gpufleet"
 LEASE_NAMESPACE = "kube-node-lease"
-GPU_RESOURCE = "nvidia.com/gpu"
-GPUS_ANNOTATION = "gpufleet.io/gpus"
 MAX_PODS = 110
 
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64", "ppc64le": "ppc64le",

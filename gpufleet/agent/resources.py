@@ -14,66 +14,34 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api.kubeflow import DEFAULT_PORT_NAME, rendezvous_port
-from gpufleet.api.quantity import parse_quantity
+from gpufleet.api.podresources import RESTART_ALWAYS, container_gpu_request
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_INDICES_ANNOTATION = "gpufleet.io/gpu-indices"
 HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"
-
-
-def container_gpus(container: Mapping[str, Any]) -> int:
-    """GPUs a container asks for: extended resources must have requests == limits, so
-    whichever is given counts."""
-    resources = container.get("resources") or {}
-    value = (resources.get("limits") or {}).get(GPU_RESOURCE)
-    if value is None:
-        value = (resources.get("requests") or {}).get(GPU_RESOURCE)
-    if value is None:
-        return 0
-    try:
-        return max(int(parse_quantity(value)), 0)
-    except ValueError:
-        return 0
-
-
-def pod_gpus(pod: Mapping[str, Any]) -> int:
-    """The pod's effective request, as the scheduler counts it: the larger of the sum over
-    its containers and the largest init container (init containers run one at a time)."""
-    spec = pod.get("spec") or {}
-    regular = sum(container_gpus(c) for c in spec.get("containers") or [])
-    init = max((container_gpus(c) for c in spec.get("initContainers") or []), default=0)
-    return max(regular, init)
-
-
-def parse_indices(text: str) -> list[int]:
-    seen: dict[int, None] = {}
-    for part in text.split(","):
-        part = part.strip()
-        if part.isdigit():
-            seen.setdefault(int(part), None)
-    return list(seen)
 
 
 def split_gpus(pod: Mapping[str, Any], indices: Sequence[int]) -> dict[str, list[int]]:
     """Which of the pod's GPUs each container sees. When the containers' requests add up to
-    the pod's GPUs, each gets its own share in order; otherwise (a hand-written annotation)
-    every GPU-requesting container sees all of them. Init containers run alone and take the
-    first ones."""
+    the pod's GPUs, each gets its own share in order (sidecars after the containers);
+    otherwise (a hand-written annotation) every GPU-requesting one sees all of them. Other
+    init containers run before them and take the first ones."""
     spec = pod.get("spec") or {}
-    containers = spec.get("containers") or []
+    inits = spec.get("initContainers") or []
+    # Containers and sidecars (restartable init containers) run together, each on its own GPUs.
+    running = [*(spec.get("containers") or []), *(c for c in inits if c.get("restartPolicy") == RESTART_ALWAYS)]
     out: dict[str, list[int]] = {}
-    wanted = [container_gpus(c) for c in containers]
+    wanted = [container_gpu_request(c) for c in running]
     if sum(wanted) == len(indices):
         pos = 0
-        for c, n in zip(containers, wanted, strict=True):
+        for c, n in zip(running, wanted, strict=True):
             out[c.get("name", "")] = list(indices[pos : pos + n])
             pos += n
     else:
-        for c, n in zip(containers, wanted, strict=True):
+        for c, n in zip(running, wanted, strict=True):
             out[c.get("name", "")] = list(indices) if n else []
-    for c in spec.get("initContainers") or []:
-        n = container_gpus(c)
-        out[c.get("name", "")] = list(indices[:n]) if n else []
+    for c in inits:
+        if c.get("restartPolicy") != RESTART_ALWAYS:
+            n = container_gpu_request(c)
+            out[c.get("name", "")] = list(indices[:n]) if n else []
     return out
 
 

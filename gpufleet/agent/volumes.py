@@ -33,6 +33,7 @@ import binascii
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
 import stat
@@ -46,6 +47,7 @@ from gpufleet.agent.atomicwriter import AtomicWriter, FileProjection, PayloadErr
 from gpufleet.agent.envvars import EnvError, expand, field_ref_value, resource_field_value
 from gpufleet.agent.runtime.base import Mount
 from gpufleet.agent.tokens import DEFAULT_EXPIRATION, TokenError, TokenManager, TokenSource
+from gpufleet.api import podresources
 from gpufleet.api.quantity import to_int_bytes
 from gpufleet.api.selectors import Operator, Requirement, SelectorError
 from gpufleet.client import NotFound
@@ -875,31 +877,15 @@ def _quiet_bytes(value: Any) -> int | None:
 
 
 def pod_memory_limit(pod: Mapping[str, Any]) -> int | None:
-    """The pod's memory limit as its cgroup gets it: set only when every container declares
-    one; regular containers and sidecars add up, an init container alone may need more."""
+    """The pod's memory limit as the kubelet gives its cgroup: set only when every container
+    declares a non-zero one; then Kubernetes' PodLimits (sidecars add up, an init container
+    runs beside the sidecars started before it, overhead on top)."""
     spec = pod.get("spec") or {}
-
-    def limit(c: Mapping[str, Any]) -> int | None:
-        value = ((c.get("resources") or {}).get("limits") or {}).get("memory")
-        return _quiet_bytes(value)
-
-    total = 0
-    init_peak = 0
-    for c in spec.get("containers") or []:
-        value = limit(c)
-        if value is None:
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        if not _quiet_bytes(((c.get("resources") or {}).get("limits") or {}).get("memory")):
             return None
-        total += value
-    for c in spec.get("initContainers") or []:
-        value = limit(c)
-        if value is None:
-            return None
-        if c.get("restartPolicy") == "Always":
-            total += value
-        else:
-            init_peak = max(init_peak, value)
-    overhead = _quiet_bytes((spec.get("overhead") or {}).get("memory")) or 0
-    return max(total, init_peak) + overhead
+    total = podresources.pod_limits(pod).get("memory")
+    return math.ceil(total) if total is not None else None
 
 
 def _host_allocatable() -> dict[str, Any]:

@@ -1,5 +1,5 @@
-"""The GPU vocabulary the scheduler, the node agent and the controllers share: resource,
-label and annotation names, and the parsing of a node's per-GPU inventory.
+"""The GPU vocabulary every component shares: resource, label and annotation names, and
+the parsing of a node's per-GPU inventory and of a pod's GPU assignment.
 
 A node publishes its devices in the annotation ``gpufleet.io/gpus`` (a JSON list of
 ``{"index", "uuid", "model", "memoryMiB", "health", "group"}``); the scheduler records the
@@ -21,6 +21,9 @@ log = logging.getLogger(__name__)
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+# Labels GPU feature discovery sets start with this ("nvidia.com/gpu.product", ...).
+GPU_LABEL_PREFIX = "nvidia.com/gpu."
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "gpufleet.io/rack"
 
@@ -95,4 +98,5 @@ def parse_gpu_indices(text: str) -> tuple[int, ...]:
 
 
 def format_gpu_indices(indices: Iterable[int]) -> str:
+    """The ``gpufleet.io/gpu-indices`` value for a set of indices: sorted, comma-separated."""
     return ",".join(str(i) for i in sorted(indices))

@@ -139,6 +139,15 @@ def to_int_bytes(quantity: QuantityLike) -> int:
     return math.ceil(parse_quantity(quantity))
 
 
+def whole_amount(resource: str, quantity: QuantityLike) -> int:
+    """A quantity as the scheduler compares it: cpu in whole millicores, anything else in
+    whole units, both rounded up (``MilliValue()`` / ``Value()``). A ``Fraction`` (a sum of
+    parsed quantities) is taken as it is."""
+    value = quantity if isinstance(quantity, Fraction) else parse_quantity(quantity)
+    scale = 1000 if resource == "cpu" else 1
+    return -(-value.numerator * scale // value.denominator)
+
+
 def compare(a: QuantityLike, b: QuantityLike) -> int:
     """-1, 0 or 1 as quantity ``a`` is less than, equal to or greater than ``b``."""
     qa, qb = parse_quantity(a), parse_quantity(b)

@@ -24,6 +24,7 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
+from gpufleet.api import podresources
 from gpufleet.api.quantity import format_quantity, parse_quantity
 
 # Resources a quota may name that a pod is charged for (besides requests.<extended> and hugepages).
@@ -72,40 +73,12 @@ def _resources(container: Mapping[str, Any], which: str) -> dict[str, Fraction]:
     return out
 
 
-def _aggregate(spec: Mapping[str, Any], which: str) -> dict[str, Fraction]:
-    """Kubernetes' PodRequests/PodLimits: the sum over containers and sidecars, at least as
-    large as any init container (plus the sidecars started before it), plus pod overhead."""
-    total: dict[str, Fraction] = {}
-    for c in _containers(spec, "containers"):
-        for k, v in _resources(c, which).items():
-            total[k] = total.get(k, Fraction(0)) + v
-    sidecars: dict[str, Fraction] = {}
-    init_peak: dict[str, Fraction] = {}
-    for c in _containers(spec, "initContainers"):
-        res = _resources(c, which)
-        if c.get("restartPolicy") == "Always":
-            for k, v in res.items():
-                sidecars[k] = sidecars.get(k, Fraction(0)) + v
-                total[k] = total.get(k, Fraction(0)) + v
-            continue
-        for k, v in res.items():
-            init_peak[k] = max(init_peak.get(k, Fraction(0)), v + sidecars.get(k, Fraction(0)))
-    for k, v in init_peak.items():
-        total[k] = max(total.get(k, Fraction(0)), v)
-    for k, raw in (spec.get("overhead") or {}).items():
-        try:
-            total[k] = total.get(k, Fraction(0)) + parse_quantity(raw)
-        except ValueError:
-            continue
-    return total
-
-
 def pod_requests(pod: Mapping[str, Any]) -> dict[str, Fraction]:
-    return _aggregate(_spec(pod), "requests")
+    return podresources.pod_requests(pod)
 
 
 def pod_limits(pod: Mapping[str, Any]) -> dict[str, Fraction]:
-    return _aggregate(_spec(pod), "limits")
+    return podresources.pod_limits(pod)
 
 
 def _compute_usage(requests: Mapping[str, Fraction], limits: Mapping[str, Fraction]) -> dict[str, Fraction]:

@@ -9,12 +9,12 @@ from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import request_response
 
 from gpufleet.apiserver.headers import safe_headers
-from gpufleet.utils.http import Handler, RawRequest
+from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, Handler, RawRequest
 
 log = logging.getLogger("gpufleet.apiserver")
 
@@ -39,21 +39,69 @@ def _headers(request: Request) -> dict[str, str]:
     return out
 
 
+# What is left of a refused body is read and thrown away after the answer (a client that
+# writes its whole body before it reads, as most Python ones over TLS, then gets the answer,
+# not a reset) up to this much from an authenticated sender, else the connection is closed
+# instead: a stranger cannot keep the server decrypting megabytes.
+_DRAIN_BYTES = 64 * 1024 * 1024
+_UNAUTHENTICATED_DRAIN_BYTES = 256 * 1024
+
+
+class _Body:
+    """The request body as it arrives, read only when ApiServer asks and only up to its
+    limit. Until then uvicorn holds at most its 64 KiB read buffer of it."""
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.complete = False
+
+    async def read(self, limit: int) -> bytes:
+        declared = self.request.headers.get("content-length", "")
+        if limit and declared.isdigit() and int(declared) > limit:
+            raise BodyTooLarge(limit)
+        body = bytearray()
+        try:
+            async for chunk in self.request.stream():
+                body += chunk
+                if limit and len(body) > limit:
+                    raise BodyTooLarge(limit)
+        except ClientDisconnect:
+            raise BodyIncomplete() from None
+        self.complete = True
+        return bytes(body)
+
+    def close_after(self, authenticated: bool) -> bool:
+        """Whether to close the connection after the answer rather than drain the body."""
+        if self.complete:
+            return False
+        bound = _DRAIN_BYTES if authenticated else _UNAUTHENTICATED_DRAIN_BYTES
+        declared = self.request.headers.get("content-length", "")
+        if declared.isdigit():
+            return int(declared) > bound
+        # A chunked body's size is unknown: a stranger's is cut off, an authenticated
+        # sender's drained (uvicorn's keep-alive timeout still ends an endless one).
+        return not authenticated and "chunked" in self.request.headers.get("transfer-encoding", "").lower()
+
+
 def build_asgi_app(handler: Handler) -> Starlette:
     async def endpoint(request: Request) -> Response:
+        body = _Body(request)
         raw = RawRequest(
             method=request.method,
             # The decoded path as sent: request.url.path would drop tabs and line breaks.
             path=request.scope["path"],
             query=list(request.query_params.multi_items()),
             headers=_headers(request),
-            body=await request.body(),
+            reader=body.read,
+            remote_addr=request.client.host if request.client else "",
         )
         resp = await handler.handle(raw)
         # The last line of defence: a header value that cannot be encoded would fail the
         # response after the handler may have stored a write, so it is escaped here too.
         sent = safe_headers(resp.headers)
         headers = {k: v for k, v in sent.items() if k not in ("content-type", "transfer-encoding")}
+        if body.close_after(raw.authenticated):
+            headers["connection"] = "close"
         media_type = sent.get("content-type")
         if resp.stream is not None:
             return StreamingResponse(resp.stream, status_code=resp.status, headers=headers, media_type=media_type)

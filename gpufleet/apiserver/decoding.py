@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from gpufleet.api import defaults as api_defaults
 from gpufleet.api.registry import REGISTRY, ResourceType
 from gpufleet.apiserver.errors import ApiException, bad_request, invalid
+from gpufleet.apiserver.limits import off_loop
 from gpufleet.apiserver.patch import PatchError, decode_json, decode_yaml
 from gpufleet.apiserver.strategy import Strategy, strategy_for
 from gpufleet.utils.http import RawRequest
@@ -45,21 +46,20 @@ def _delete_path(obj: Any, loc: tuple) -> None:
         cur.pop(loc[-1], None)
 
 
-def parse_body(req: RawRequest) -> Any:
-    """The request's object, decoded from JSON, YAML or Kubernetes protobuf."""
+async def parse_body(req: RawRequest) -> Any:
+    """The request's object, decoded from JSON, YAML or Kubernetes protobuf (off the event
+    loop for a large body: limits.off_loop)."""
     ctype = req.headers.get("content-type", JSON).split(";")[0].strip().lower()
     if not req.body:
         raise bad_request("the request body is empty: send the object as JSON")
     if ctype == "application/vnd.kubernetes.protobuf":
         from gpufleet.apiserver.protobuf import decode_k8s_protobuf
 
-        return decode_k8s_protobuf(req.body, REGISTRY)
+        return await off_loop(decode_k8s_protobuf, req.body, REGISTRY)
     if "protobuf" in ctype or ctype in PATCH_TYPES:
         raise ApiException(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {ctype}")
     try:
-        if "yaml" in ctype:
-            return decode_yaml(req.body)
-        return decode_json(req.body)
+        return await off_loop(decode_yaml if "yaml" in ctype else decode_json, req.body)
     except PatchError as e:
         raise bad_request(f"the body of the request could not be decoded as {ctype or 'JSON'}: {e}") from None
 

@@ -21,6 +21,7 @@ from gpufleet.api.selectors import FieldSelector, LabelSelector
 from gpufleet.apiserver import decoding, managedfields
 from gpufleet.apiserver.admission import AdmissionContext, UserInfo
 from gpufleet.apiserver.errors import ApiException, already_exists, bad_request, conflict, invalid, not_found
+from gpufleet.apiserver.limits import check_object_size, off_loop
 from gpufleet.apiserver.strategy import strategy_for
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
@@ -188,14 +189,16 @@ class GenericRegistry:
         meta["creationTimestamp"] = rfc3339(self.api.clock.now())
         await strategy.prepare_for_create(self.store, obj)
         obj = self.track_fields(rt, None, obj, manager, managed, "")
-        model, warnings = decoding.decode(rt, obj, name, field_validation)
-        obj = decoding.finish(rt, model, name, None, strategy)
+        model, warnings = await off_loop(decoding.decode, rt, obj, name, field_validation)
+        obj = await off_loop(decoding.finish, rt, model, name, None, strategy)
         warnings += await self.admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=True)
         if self.api.mutating:
-            obj = decoding.finish(rt, decoding.decode(rt, obj, name, "Ignore")[0], name, None, strategy)
+            obj = await off_loop(lambda: decoding.finish(rt, decoding.decode(rt, obj, name, "Ignore")[0], name, None,
+                                                         strategy))
         warnings += await self.admit("CREATE", rt, ns, name, "", obj, None, user, dry_run, mutate=False)
         if dry_run:
             return obj, warnings
+        await off_loop(check_object_size, rt.kind, name, obj, self.api.limits.max_object_bytes)
         try:
             stored = await self.store.create(rt.key, ns, name, obj, ttl=strategy.ttl(self.api.event_ttl))
         except store_base.AlreadyExists:
@@ -248,9 +251,9 @@ class GenericRegistry:
         new = self._merge_update(rt, obj, current, subresource)
         new = self.track_fields(rt, current, new, manager, managed, subresource)
         strategy.prepare_for_update(new, current)
-        model, warnings = decoding.decode(rt, new, name, field_validation)
-        old_model = rt.model.model_validate(current)
-        new = decoding.finish(rt, model, name, old_model, strategy)
+        model, warnings = await off_loop(decoding.decode, rt, new, name, field_validation)
+        old_model = await off_loop(rt.model.model_validate, current)
+        new = await off_loop(decoding.finish, rt, model, name, old_model, strategy)
         op = "UPDATE"
         warnings += await self.admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
         warnings += await self.admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)
@@ -263,8 +266,11 @@ class GenericRegistry:
         if dry_run:
             new["metadata"]["resourceVersion"] = current["metadata"].get("resourceVersion", "")
             return new, warnings
+        deleting = strategy.ready_to_delete(new)
+        if not deleting:  # a write past the object size limit is refused before it is sent
+            await off_loop(check_object_size, rt.kind, name, new, self.api.limits.max_object_bytes)
         try:
-            if strategy.ready_to_delete(new):
+            if deleting:
                 return await self.store.delete(rt.key, ns, name, expected_revision=expected_rev), warnings
             return await self.store.update(rt.key, ns, name, new, expected_revision=expected_rev), warnings
         except store_base.Conflict:

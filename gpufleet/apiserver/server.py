@@ -13,6 +13,7 @@ storage through the same entry (``serve_resource``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,20 +28,24 @@ from gpufleet.apiserver.admission import (
     standard_plugins,
 )
 from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
+from gpufleet.apiserver.apimetrics import InstrumentedStore
 from gpufleet.apiserver.errors import (
     ApiException,
     internal,
     method_not_allowed,
 )
+from gpufleet.apiserver.flowcontrol import FlowControl
 from gpufleet.apiserver.genericregistry import GenericRegistry
 from gpufleet.apiserver.handlers import nonresource
 from gpufleet.apiserver.handlers.delete import check_delete_options
 from gpufleet.apiserver.handlers.scope import json_response as _json_response
 from gpufleet.apiserver.handlers.scope import truthy as _truthy
 from gpufleet.apiserver.headers import safe_headers
+from gpufleet.apiserver.limits import RequestLimits, body_too_large, read_body, serving
 from gpufleet.apiserver.requestinfo import RequestInfo, parse_request
 from gpufleet.apiserver.subresources import binding as binding_subresource
 from gpufleet.apiserver.subresources import eviction as eviction_subresource
+from gpufleet.apiserver.telemetry import RequestRecord, Telemetry
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.http import RawRequest, RawResponse
@@ -56,6 +61,15 @@ Authenticator = Callable[[RawRequest], Awaitable[UserInfo | None]]
 Authorizer = Callable[[UserInfo, RequestInfo], Awaitable[bool]]
 
 __all__ = ["DEFAULT_NAMESPACES", "ApiServer", "check_delete_options"]
+
+
+async def _decided(rec: RequestRecord, verdict: Awaitable[bool]) -> bool:
+    """The authorizer's verdict, noted for the audit log (a refusal it raises is one too)."""
+    rec.decision = "forbid"
+    allowed = await verdict
+    rec.decision = "allow" if allowed else "forbid"
+    return allowed
+
 
 class ApiServer:
     def __init__(
@@ -74,7 +88,10 @@ class ApiServer:
     ) -> None:
         """``pod_security``: the PodSecurity plugin's configuration in the standard chain
         (default: enforce baseline in every namespace but kube-system)."""
-        self.store = store
+        # Metrics (/metrics) and, once enabled, audit logging of every request; store calls
+        # are timed through the wrapper.
+        self.telemetry = Telemetry(self)
+        self.store = InstrumentedStore(store, self.telemetry.metrics)
         self.registry = registry
         self.clock = clock
         self.event_ttl = event_ttl
@@ -92,6 +109,9 @@ class ApiServer:
         # Read-only groups served by other parts (e.g. metrics.k8s.io): name -> handler
         self.extra_groups: dict[tuple[str, str], Callable[[RawRequest, RequestInfo], Awaitable[RawResponse]]] = {}
         self.extra_discovery: list[dict] = []
+        # Body and object sizes (limits.py) and the seats requests take (flowcontrol.py).
+        self.limits = RequestLimits()
+        self.flow = FlowControl()
         # The store-facing verbs every kind shares (genericregistry.py).
         self.generic = GenericRegistry(self)
 
@@ -114,8 +134,11 @@ class ApiServer:
     # ------------------------------------------------------------------ dispatch
 
     async def handle(self, req: RawRequest) -> RawResponse:
+        """Every request passes here once: its metrics and audit events are recorded around
+        the dispatch (telemetry.py), nowhere else."""
+        rec = self.telemetry.begin(req)
         try:
-            resp = await self._handle(req)
+            resp = await self._handle(req, rec)
         except ApiException as e:
             resp = _json_response(e.code, e.status(), e.headers)
         except store_base.TransformError as e:  # a stored value this server has no key for
@@ -125,11 +148,14 @@ class ApiServer:
             log.exception("internal error serving %s %s", req.method, req.path)
             err = internal(f"{type(e).__name__}: {e}")
             resp = _json_response(500, err.status())
+        except BaseException:  # cancelled: the client went away
+            self.telemetry.abandoned(rec)
+            raise
         # After a write is stored its answer must reach the client: no header may fail to encode.
         resp.headers = safe_headers(resp.headers)
-        return resp
+        return self.telemetry.finish(rec, resp)
 
-    async def _handle(self, req: RawRequest) -> RawResponse:
+    async def _handle(self, req: RawRequest, rec: RequestRecord) -> RawResponse:
         path = req.path.rstrip("/") or "/"
         method = req.method.upper()
         if path in ("/healthz", "/readyz", "/livez"):
@@ -139,9 +165,28 @@ class ApiServer:
         is_watch = _truthy(req.param("watch"))
         info = parse_request(method, path, is_watch, req.param("fieldSelector") or "",
                              req.param("labelSelector") or "")
+        limit = self.limits.max_request_body_bytes
+        declared = req.declared_length()
+        if limit and declared is not None and declared > limit:
+            # Refused from the headers alone, nothing of it read, whoever sends it; who that is
+            # decides only whether the rest is drained or the connection cut (app.py).
+            with contextlib.suppress(ApiException):
+                await self._authenticate(req)
+                req.authenticated = True
+            raise body_too_large(limit)
         user = await self._authenticate(req)
+        self.telemetry.authenticated(rec, info, user)
+        req.authenticated = True
+        async with self.flow.seat(user, info):
+            body = await read_body(req, limit)
+            with serving(len(body), self.limits.off_loop_bytes):
+                return await self._serve(req, rec, info, user, path, method)
+
+    async def _serve(self, req: RawRequest, rec: RequestRecord, info: RequestInfo, user: UserInfo, path: str,
+                     method: str) -> RawResponse:
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
-            if not await self.authorizer(user, info):
+            allowed = await _decided(rec, self.authorizer(user, info))
+            if not allowed:
                 what = f'{info.resource}{"/" + info.subresource if info.subresource else ""}'
                 scope = f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"
                 group = f' in API group "{info.group}"' if info.is_resource_request else ""

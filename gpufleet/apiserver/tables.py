@@ -17,12 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import storage
+from gpufleet.api.gpu import GPU_PRODUCT_LABEL, GPU_RESOURCE
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.api.quantity import to_int_bytes
 from gpufleet.api.registry import ResourceType
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
-
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 _NODE_ROLE_PREFIX = "node-role.kubernetes.io/"
 _NODE_ROLE_LABEL = "kubernetes.io/role"
@@ -364,26 +363,6 @@ def pod_status(pod: Obj) -> str:
     return _pod_summary(pod)[0]
 
 
-def _container_gpus(container: dict[str, Any]) -> int:
-    resources = container.get("resources") or {}
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
-    # An extended resource's request defaults to its limit.
-    return _count(requests.get(GPU_RESOURCE, limits.get(GPU_RESOURCE)))
-
-
-def pod_gpus(pod: Obj) -> int:
-    """GPUs the pod holds: containers add up, init containers run one at a time (the larger wins)."""
-    spec = _spec(pod)
-    app = sum(_container_gpus(c) for c in spec.get("containers") or [])
-    sidecars = sum(_container_gpus(c) for c in spec.get("initContainers") or [] if _restartable_init(c))
-    init_peak = max(
-        (_container_gpus(c) for c in spec.get("initContainers") or [] if not _restartable_init(c)),
-        default=0,
-    )
-    return max(app + sidecars, init_peak + sidecars)
-
-
 def _pod_row(pod: Obj, now: float) -> list[Any]:
     reason, ready, total, restarts, last_restart = _pod_summary(pod)
     restarts_cell = str(restarts)
@@ -413,7 +392,7 @@ def _pod_row(pod: Obj, now: float) -> list[Any]:
         spec.get("nodeName") or "<none>",
         status.get("nominatedNodeName") or "<none>",
         readiness,
-        pod_gpus(pod),
+        pod_gpu_request(pod),
     ]
 
 

@@ -110,7 +110,7 @@ async def serve(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Resou
     storage = server.registry.storage_of(rt)
     verb, sub = info.verb, info.subresource
     if (verb in ("create", "update") and not sub) or (verb == "update" and sub == "status"):
-        body = decoding.parse_body(req)
+        body = await decoding.parse_body(req)
         name = info.name or ((body.get("metadata") or {}).get("name", "") if isinstance(body, dict) else "")
         stored, warnings = _decode_in(rt, body, name, req.param("fieldValidation"))
         inner = RawRequest(req.method, req.path, [(k, v) for k, v in req.query if k != "fieldValidation"] +

@@ -13,6 +13,8 @@ from typing import Any
 
 from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
 from gpufleet.apiserver.app import HttpServer
+from gpufleet.apiserver.flowcontrol import FlowControl, FlowControlConfig
+from gpufleet.apiserver.limits import DEFAULT_MAX_REQUEST_BODY_BYTES
 from gpufleet.apiserver.nodeproxy import NodeProxy
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.client.api import Client
@@ -97,6 +99,17 @@ class ControlPlane:
     # (None: any), and only these names or patterns (empty: any).
     max_node_gpus: int | None = None
     node_name_allowed: list[str] = field(default_factory=list)
+    # Audit logging (kube-apiserver's --audit-policy-file, --audit-log-path and the rotation
+    # flags): off unless both a policy and a path are given.
+    audit_policy: Any = None
+    audit_log_path: str | None = None
+    audit_log_options: Any = None
+    # Request limits (kube-apiserver's flags of the same names; 0: no limit): the largest
+    # body, and the requests worked on at once, read-only and mutating (see
+    # apiserver/flowcontrol.py for how the seats are shared).
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
+    max_requests_inflight: int = 400
+    max_mutating_requests_inflight: int = 200
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -158,6 +171,15 @@ class ControlPlane:
         self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider,
                              pod_security=self.pod_security)
         self.node_proxy.install(self.api)
+        if self.audit_policy is not None and self.audit_log_path:
+            from gpufleet.apiserver.audit import AuditLog, Auditor
+
+            self.api.telemetry.enable_audit(Auditor(self.audit_policy,
+                                                    AuditLog(self.audit_log_path, self.audit_log_options)))
+        self.api.limits.max_request_body_bytes = self.max_request_body_bytes
+        self.api.flow = FlowControl(FlowControlConfig(
+            max_requests_inflight=self.max_requests_inflight,
+            max_mutating_requests_inflight=self.max_mutating_requests_inflight))
         # Team queues: queued jobs are created suspended; `get` columns of the queue kinds.
         from gpufleet.apiserver.admission.queues import install as install_queues
 
@@ -280,6 +302,8 @@ class ControlPlane:
             await self.http.stop()
         if self.node_proxy is not None:
             await self.node_proxy.close()
+        if self.api is not None:
+            self.api.telemetry.close()  # the last audit lines reach the file
         if self.store is not None:
             await self.store.close()
 

@@ -6,9 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
+from gpufleet.api import quantity as api_quantity
 from gpufleet.cli.output import format_table, parse_time
 
 INDENT = "  "
@@ -114,33 +116,23 @@ def selector_text(selector: Any) -> str:
 # -- quantities -----------------------------------------------------------------------
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-            "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"), "T": Decimal("1e12"),
-            "P": Decimal("1e15"), "E": Decimal("1e18")}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
 
 
-def parse_quantity(value: Any) -> Decimal | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int | float):
-        return Decimal(str(value))
-    m = _QUANTITY.match(str(value).strip())
-    if not m:
+def parse_quantity(value: Any) -> Fraction | None:
+    """A quantity's exact value (gpufleet.api.quantity), or None when it is not one."""
+    if value is None:
         return None
     try:
-        number = Decimal(m.group(1))
-    except InvalidOperation:
+        return api_quantity.parse_quantity(value)
+    except (ValueError, TypeError):
         return None
-    suffix = m.group(2) or ""
-    return number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix])
 
 
-def format_quantity(resource: str, amount: Decimal) -> str:
+def format_quantity(resource: str, amount: Fraction) -> str:
     """A sum of requests written back as a quantity: cpu in millicores when fractional,
     memory in the largest binary unit that divides it, others as plain numbers."""
     if resource == "cpu":
-        if amount == amount.to_integral_value():
+        if amount.denominator == 1:
             return str(int(amount))
         return f"{int(amount * 1000)}m"
     if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
@@ -151,12 +143,12 @@ def format_quantity(resource: str, amount: Decimal) -> str:
             if amount >= unit and amount % unit == 0:
                 return f"{int(amount / unit)}{suffix}"
         return str(int(amount))
-    if amount == amount.to_integral_value():
+    if amount.denominator == 1:
         return str(int(amount))
-    return str(amount.normalize())
+    return str((Decimal(amount.numerator) / Decimal(amount.denominator)).normalize())
 
 
-def percent(part: Decimal, whole: Decimal | None) -> str:
+def percent(part: Fraction, whole: Fraction | None) -> str:
     if not whole:
         return "0%"
     return f"{int(part * 100 / whole)}%"

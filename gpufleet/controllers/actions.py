@@ -7,7 +7,7 @@ be tested as a plain function, and every controller acts the same way: creates i
 batches with expectations, deletes tolerant of objects already gone, a status written only
 when it changed, Events on the owner.
 
-``apply`` goes in a fixed order: Events, patches, status, deletes, creates. The status is
+``apply`` goes in a fixed order: Events, patches, updates, status, deletes, creates. The status is
 written before the pods are touched, so a status write that conflicts leaves nothing half
 done that the next sync would misread (a Failed condition lost after its pods were deleted
 would read as lost pods).
@@ -97,14 +97,32 @@ class Delete:
 
 @dataclass(frozen=True)
 class Patch:
-    """A merge patch. ``owner``: it patches the object the actions are about, whose answer is
-    then the base the status is written on (so the status write does not conflict with it)."""
+    """A merge patch (of ``subresource``, e.g. "status", when set). ``owner``: it patches the
+    object the actions are about, whose answer is then the base the status is written on (so
+    the status write does not conflict with it)."""
 
     kind: Any
     name: str
     namespace: str | None
     patch: dict[str, Any]
     owner: bool = False
+    subresource: str | None = None
+
+
+@dataclass(frozen=True)
+class Update:
+    """A whole object written back (PUT): its resourceVersion makes the write a compare-and-swap,
+    so a cache behind someone else's write conflicts. Updates are sent in order, one at a time;
+    a later update of an object updated before in the same apply is sent on the version that
+    write answered. ``event``: recorded on the owner once the write succeeded."""
+
+    body: dict[str, Any]
+    event: Event | None = None
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        meta = self.body.get("metadata") or {}
+        return (self.body.get("apiVersion"), self.body.get("kind"), meta.get("namespace"), meta.get("name"))
 
 
 @dataclass
@@ -117,6 +135,7 @@ class Actions:
     creates: list[Create] = field(default_factory=list)
     deletes: list[Delete] = field(default_factory=list)
     patches: list[Patch] = field(default_factory=list)
+    updates: list[Update] = field(default_factory=list)
     status: dict[str, Any] | None = None
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
@@ -134,18 +153,25 @@ class Actions:
 
     @property
     def empty(self) -> bool:
-        return not (self.creates or self.deletes or self.patches or self.events) and self.status is None
+        return not (self.creates or self.deletes or self.patches or self.updates or self.events) \
+            and self.status is None
 
 
 @dataclass
 class Outcome:
     """What ``apply`` did: the tags of the creates that succeeded, the deletes sent, and the
     first error of a create or a ``must`` delete (already raised unless ``raise_errors`` was
-    False)."""
+    False); ``answers``: the API's answer to each tagged create that was not counted in
+    expectations (the object as stored); ``failed``: the deletes that failed (NotFound is
+    success); ``owner``: the owner as the last patch or status write answered it, None when
+    neither was sent."""
 
     created: list[Any] = field(default_factory=list)
+    answers: dict[Any, dict[str, Any]] = field(default_factory=dict)
     deleted: list[Delete] = field(default_factory=list)
+    failed: list[Delete] = field(default_factory=list)
     error: ApiError | None = None
+    owner: dict[str, Any] | None = None
 
 
 def _kind_word(kind: Any) -> str:
@@ -165,9 +191,9 @@ async def apply(
     known: dict[Any, Any] | None = None,
     raise_errors: bool = True,
 ) -> Outcome:
-    """Carry out ``actions`` for ``owner`` (the object they are about, whose controller key
-    is ``key``): Events, patches, status, deletes, creates. Patch and status errors raise at
-    once; the first create or ``must`` delete error is raised once every delete was tried
+    """Carry out ``actions`` for ``owner`` (the object they are about, a model or a wire dict, whose controller key
+    is ``key``): Events, patches, updates, status, deletes, creates. Patch, update and status
+    errors raise at once; the first create or ``must`` delete error is raised once every delete was tried
     and the create batches stopped (or returned in the outcome with ``raise_errors=False``)."""
     known = known if known is not None else {}
     outcome = Outcome()
@@ -181,14 +207,25 @@ async def apply(
 
     base: dict[str, Any] | None = None
     for p in actions.patches:
-        updated = await client.patch(p.kind, p.name, p.patch, p.namespace, raw=True)
+        extra = {"subresource": p.subresource} if p.subresource else {}
+        updated = await client.patch(p.kind, p.name, p.patch, p.namespace, raw=True, **extra)
         if p.owner:
-            base = updated
+            base = outcome.owner = updated
+
+    versions: dict[tuple[Any, ...], str] = {}
+    for u in actions.updates:
+        body = u.body
+        if u.identity in versions:
+            body = {**body, "metadata": {**(body.get("metadata") or {}), "resourceVersion": versions[u.identity]}}
+        answer = await client.update(body, raw=True)
+        versions[u.identity] = (answer.get("metadata") or {}).get("resourceVersion", "")
+        if u.event is not None:
+            await record(u.event.type, u.event.reason, u.event.message)
 
     if actions.status is not None and owner is not None:
-        body = base if base is not None else owner.to_dict()
+        body = base if base is not None else (owner.to_dict() if hasattr(owner, "to_dict") else dict(owner))
         body["status"] = actions.status
-        await client.update_status(body, raw=True)
+        outcome.owner = await client.update_status(body, raw=True)
 
     errors: list[ApiError] = []
     await _deletes(client, actions.deletes, record, expectations, key, known, errors, outcome)
@@ -234,6 +271,7 @@ async def _deletes(client: Client, deletes: list[Delete], record: Any, expectati
             known.pop(d.forget, None)
 
     async def failed(d: Delete, e: ApiError) -> None:
+        outcome.failed.append(d)
         if d.failure_reason:
             await record(WARNING, d.failure_reason, f"Error deleting: {error_text(e)}")
         if d.must:
@@ -252,7 +290,7 @@ async def _creates(client: Client, creates: list[Create], record: Any, expectati
         if c.memo is not None and known.get(c.memo[0]) == c.memo[1]:
             continue
         try:
-            await _create(client, c)
+            answer = await _create(client, c)
         except LookupError as e:
             if not c.optional:
                 raise
@@ -261,6 +299,8 @@ async def _creates(client: Client, creates: list[Create], record: Any, expectati
                 log.warning("%s is not served (%s)", kind, e)
             known[("unserved", kind)] = True
             continue
+        if c.tag is not None and answer is not None:
+            outcome.answers[c.tag] = answer
         if c.memo is not None:
             known[c.memo[0]] = c.memo[1]
 

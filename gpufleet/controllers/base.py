@@ -1,7 +1,13 @@
-"""The wiring every owner controller repeats: a work queue of owner keys fed by the owner's
-informer, start/stop, expectations, the owner key of a child, enqueueing the owners whose
-selector matches an orphan, and forgetting what was remembered about an owner once it is
-gone (NotFound in the cache).
+"""The wiring every controller repeats.
+
+``KeyedController``: a controller keyed by its own object (a Service's Endpoints, a budget,
+a quota, a Namespace, a Node): the object's informer feeding a work queue of its keys,
+start/stop, the time a decision is made at, and ``act`` applying a decision. ``sync(key,
+obj)`` is called with the cached object, None once it is gone.
+
+``OwnerController`` adds what every owner controller repeats: expectations, the owner key
+of a child, enqueueing the owners whose selector matches an orphan, and forgetting what was
+remembered about an owner once it is gone (NotFound in the cache).
 
 A controller built on it names its owner model and kind, registers event handlers for its
 children, and implements ``sync(key, obj)``; ``forget(key)`` drops its own memory. The
@@ -26,12 +32,13 @@ from gpufleet.controllers.actions import Actions, Instant, Outcome, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
 
-class OwnerController:
-    """Base for a controller of ``owner_model`` objects (kind ``kind``) and their children."""
+class KeyedController:
+    """Base for a controller of ``model`` objects keyed by their own key. ``informer_options``:
+    passed to the informer (a namespace, a field selector)."""
 
     name: ClassVar[str] = ""
-    kind: ClassVar[str] = ""
-    owner_model: ClassVar[Any] = None
+    model: ClassVar[Any] = None
+    informer_options: ClassVar[dict[str, Any]] = {}
     component: ClassVar[str] = ""  # the Events' source; "<name>-controller" when empty
 
     def __init__(
@@ -46,19 +53,56 @@ class OwnerController:
         self.client = client
         self.clock = clock
         self.recorder = recorder or EventRecorder(client, self.component or f"{self.name}-controller", clock=clock)
-        self.expectations = Expectations(clock)
-        self.owners: Informer = informers.informer(self.owner_model)
+        self.informer: Informer = informers.informer(self.model, **self.informer_options)
         self.queue = WorkQueue(self.name, clock=clock)
         self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.owners)
-        # What apply remembers of objects it created (memo keys), so a sync does not rewrite them.
-        self.known: dict[Any, Any] = {}
+        self.controller.watch(self.informer)
 
     async def start(self) -> None:
         await self.controller.start()
 
     async def stop(self) -> None:
         await self.controller.stop()
+
+    def now(self) -> Instant:
+        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
+
+    async def reconcile(self, key: Any) -> Requeue | None:
+        return await self.sync(str(key), self.informer.get(str(key)))
+
+    async def sync(self, key: str, obj: Any | None) -> Requeue | None:
+        raise NotImplementedError
+
+    async def act(self, key: str, owner: Any, actions: Actions, *, raise_errors: bool = True) -> Outcome:
+        """Apply ``actions`` about ``owner`` (the object of ``key``; None when there is none)."""
+        return await apply(self.client, actions, owner=owner, recorder=self.recorder, raise_errors=raise_errors)
+
+    @staticmethod
+    def requeue(actions: Actions) -> Requeue | None:
+        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None
+
+
+class OwnerController(KeyedController):
+    """Base for a controller of ``owner_model`` objects (kind ``kind``) and their children."""
+
+    kind: ClassVar[str] = ""
+    owner_model: ClassVar[Any] = None
+
+    def __init__(
+        self,
+        client: Client,
+        informers: SharedInformerFactory,
+        *,
+        clock: Clock = REAL_CLOCK,
+        recorder: EventRecorder | None = None,
+        workers: int = 2,
+    ) -> None:
+        self.model = self.owner_model  # the owner is the object of the key
+        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
+        self.owners: Informer = self.informer
+        self.expectations = Expectations(clock)
+        # What apply remembers of objects it created (memo keys), so a sync does not rewrite them.
+        self.known: dict[Any, Any] = {}
 
     # -- children's events ------------------------------------------------------------------
 
@@ -83,10 +127,7 @@ class OwnerController:
 
     # -- sync --------------------------------------------------------------------------------
 
-    def now(self) -> Instant:
-        return Instant(self.clock.now(), rfc3339(self.clock.now()), self.clock.monotonic())
-
-    async def reconcile(self, key: str) -> Requeue | None:
+    async def reconcile(self, key: Any) -> Requeue | None:
         obj = self.owners.get(key)
         if obj is None:
             self.expectations.forget(key)
@@ -97,14 +138,7 @@ class OwnerController:
     def forget(self, key: str) -> None:
         """Drop what the controller remembers about the owner ``key``, which is gone."""
 
-    async def sync(self, key: str, obj: Any) -> Requeue | None:
-        raise NotImplementedError
-
     async def act(self, key: str, owner: Any, actions: Actions, *, raise_errors: bool = True) -> Outcome:
         return await apply(self.client, actions, owner=owner, recorder=self.recorder,
                            expectations=self.expectations, key=key, known=self.known,
                            raise_errors=raise_errors)
-
-    @staticmethod
-    def requeue(actions: Actions) -> Requeue | None:
-        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None

@@ -14,6 +14,10 @@ As Kubernetes' disruption controller computes it:
 - ``disruptionsAllowed`` = max(currentHealthy - desiredHealthy, 0), the DisruptionAllowed
   condition (SufficientPods / InsufficientPods) and ``observedGeneration``.
 
+The decision is ``decide_budget`` over ``pdb_status`` (the budget, its pods and the
+controllers' scale in; status, Events and when to look again out), applied with
+``actions.apply``.
+
 A ``selector`` of ``{}`` selects every pod of the namespace, a missing one none (policy/v1).
 """
 
@@ -31,6 +35,7 @@ from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import is_being_deleted, pod_is_ready, selector_from, timestamp
+from gpufleet.controllers.actions import Actions, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
 # How long an eviction's entry in disruptedPods keeps its pod out of currentHealthy.
@@ -112,6 +117,32 @@ def pdb_status(
     return status, recheck
 
 
+def needs_scale(pdb: Any) -> bool:
+    """Whether the budget counts its pods' controllers' replicas (maxUnavailable, or a
+    percentage minAvailable)."""
+    spec = pdb.to_dict().get("spec") or {}
+    return spec.get("maxUnavailable") is not None or (
+        isinstance(spec.get("minAvailable"), str) and str(spec["minAvailable"]).endswith("%"))
+
+
+def decide_budget(pdb: Any, pods: list[Any], expected: int | None, error: str | None, now: float) -> Actions:
+    """The budget's status (written only when it changed), its Events, and when to look again
+    for a disruptedPods entry to expire. ``error``: why the expected count is unknown."""
+    body = pdb.to_dict()
+    status, recheck = pdb_status(body, pods, expected, error, now)
+    actions = Actions(reason="SyncFailed" if error else "Synced")
+    if error is not None:
+        actions.event(WARNING, "CalculateExpectedPodCountFailed",
+                      f"Failed to calculate the number of expected pods: {error}")
+    if status != (body.get("status") or {}):
+        if not pods:
+            actions.event(NORMAL, "NoPods", "No matching pods found")
+        actions.status = status
+    if recheck is not None:
+        actions.requeue(max(recheck - now, 0.0) + 0.05)
+    return actions
+
+
 class DisruptionController:
     name = "disruption"
 
@@ -191,34 +222,21 @@ class DisruptionController:
         cached = self.pdb_informer.get(str(key))
         if cached is None:
             return None
-        pdb = cached.to_dict()
-        spec = pdb.get("spec") or {}
-        ns = objects.namespace_of(cached)
+        spec = cached.to_dict().get("spec") or {}
         selector = selector_from(spec.get("selector"))
-        pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns) if selector.matches(objects.labels_of(p))]
-        needs_scale = spec.get("maxUnavailable") is not None or (
-            isinstance(spec.get("minAvailable"), str) and str(spec["minAvailable"]).endswith("%"))
+        pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, objects.namespace_of(cached))
+                if selector.matches(objects.labels_of(p))]
         expected, error = None, None
-        if needs_scale:
+        if needs_scale(cached):
             try:
                 expected = await self._expected(pods)
             except ExpectedPodsError as e:
                 error = str(e)
-                await self.recorder.record(cached, WARNING, "CalculateExpectedPodCountFailed",
-                                           f"Failed to calculate the number of expected pods: {error}")
-        now = self.clock.now()
-        status, recheck = pdb_status(pdb, pods, expected, error, now)
-        if status != (pdb.get("status") or {}):
-            if not pods:
-                await self.recorder.record(cached, NORMAL, "NoPods", "No matching pods found")
-            body = dict(pdb)
-            body["status"] = status
-            try:
-                await self.client.update_status(body, raw=True)
-            except Conflict:
-                return Requeue(after=0.0)
-            except NotFound:
-                return None
-        if recheck is not None:
-            return Requeue(after=max(recheck - now, 0.0) + 0.05)
-        return None
+        actions = decide_budget(cached, pods, expected, error, self.clock.now())
+        try:
+            await apply(self.client, actions, owner=cached, recorder=self.recorder)
+        except Conflict:
+            return Requeue(after=0.0)
+        except NotFound:
+            return None
+        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None

@@ -20,6 +20,9 @@ container port's name or number (as a string) to the host port, e.g.
 endpoint carries the host port instead of the container port (and the address is the pod's
 IP, which for such pods is the host's).
 
+The decision is ``decide_endpoints`` (the Service, its pods and its Endpoints as stored in;
+the create, update or delete out), applied with ``actions.apply``.
+
 Not done: EndpointSlices, the 1000-address truncation, and the last-change-trigger-time
 annotation.
 """
@@ -35,10 +38,11 @@ from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
-from gpufleet.client.errors import AlreadyExists, ApiError, NotFound
+from gpufleet.client.errors import AlreadyExists, ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import is_being_deleted, pod_is_ready, pod_is_terminal
+from gpufleet.controllers.actions import Actions, Create, Delete, Update, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -165,6 +169,42 @@ def _address_order(address: dict[str, Any]) -> tuple:
     return (address["ip"], address["targetRef"]["name"])
 
 
+def decide_endpoints(key: str, svc: Any | None, pods: list[Any], current: Any | None) -> Actions:
+    """What to write for the Service ``key``: its Endpoints created, updated to the subsets and
+    labels it should have, or deleted once the Service is gone (``pods``: those the Service
+    selects; ``current``: its Endpoints as stored, None when there is none)."""
+    ns, _, name = key.partition("/")
+    if svc is None:
+        if current is None:
+            return Actions(reason="Gone")
+        return Actions(deletes=[Delete(Endpoints, name, ns)], reason="ServiceDeleted")
+    if _service_selector(svc) is None:
+        return Actions(reason="NoSelector")
+    subsets = endpoint_subsets(svc, pods)
+    labels = dict(objects.labels_of(svc))
+    if svc.spec.cluster_ip == "None":
+        labels[HEADLESS_LABEL] = ""
+    if current is None:
+        body: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Endpoints",
+            "metadata": {"name": name, "namespace": ns, **({"labels": labels} if labels else {})},
+        }
+        if subsets:
+            body["subsets"] = subsets
+        return Actions(creates=[Create(body)], reason="Create")
+    data = current.to_dict()
+    if (data.get("subsets") or []) == subsets and (data["metadata"].get("labels") or {}) == labels:
+        return Actions(reason="InSync")
+    data["metadata"]["labels"] = labels or None
+    if not labels:
+        data["metadata"].pop("labels")
+    data["subsets"] = subsets or None
+    if not subsets:
+        data.pop("subsets")
+    return Actions(updates=[Update(data)], reason="Update")
+
+
 class EndpointsController:
     name = "endpoints"
 
@@ -222,52 +262,19 @@ class EndpointsController:
             self.queue.add(objects.object_key(ep))
 
     async def reconcile(self, key: str) -> Requeue | None:
-        ns, _, name = key.partition("/")
+        ns, _, _ = key.partition("/")
         svc = self.svc_informer.get(key)
+        selector = _service_selector(svc) if svc is not None else None
+        pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns)
+                if selector is not None and selector.matches(objects.labels_of(p))]
         try:
-            if svc is None:
-                if self.ep_informer.get(key) is not None:
-                    try:
-                        await self.client.delete(Endpoints, name, ns)
-                    except NotFound:
-                        pass
-                return None
-            selector = _service_selector(svc)
-            if selector is None:
-                return None
-            pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns) if selector.matches(objects.labels_of(p))]
-            await self._write(svc, endpoint_subsets(svc, pods))
+            try:
+                await apply(self.client, decide_endpoints(key, svc, pods, self.ep_informer.get(key)))
+            except AlreadyExists:
+                # The cache had not shown it yet: decide again on the stored one.
+                current = await self.client.get(Endpoints, objects.name_of(svc), ns)
+                await apply(self.client, decide_endpoints(key, svc, pods, current))
         except ApiError as e:
             log.info("endpoints %s: %s", key, e)
             return Requeue()
         return None
-
-    async def _write(self, svc: Any, subsets: list[dict[str, Any]]) -> None:
-        ns, name = objects.namespace_of(svc), objects.name_of(svc)
-        labels = dict(objects.labels_of(svc))
-        if svc.spec.cluster_ip == "None":
-            labels[HEADLESS_LABEL] = ""
-        current = self.ep_informer.get(f"{ns}/{name}")
-        if current is None:
-            body: dict[str, Any] = {
-                "apiVersion": "v1",
-                "kind": "Endpoints",
-                "metadata": {"name": name, "namespace": ns, **({"labels": labels} if labels else {})},
-            }
-            if subsets:
-                body["subsets"] = subsets
-            try:
-                await self.client.create(body, ns, raw=True)
-                return
-            except AlreadyExists:
-                current = await self.client.get(Endpoints, name, ns)
-        data = current.to_dict()
-        if (data.get("subsets") or []) == subsets and (data["metadata"].get("labels") or {}) == labels:
-            return
-        data["metadata"]["labels"] = labels or None
-        if not labels:
-            data["metadata"].pop("labels")
-        data["subsets"] = subsets or None
-        if not subsets:
-            data.pop("subsets")
-        await self.client.update(data, raw=True)

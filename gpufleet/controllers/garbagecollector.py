@@ -17,6 +17,10 @@ uid -> object and owner uid -> dependent uids, make each decision a lookup. An o
 the caches may simply not have been seen yet, so before treating it as gone the collector
 reads it from the API (and remembers owners confirmed absent).
 
+Each look at an object is a pure decision (``decide_owner`` for an owner being deleted with
+the orphan or foreground finalizer, ``decide_dependent`` over the states of its owners) that
+the collector then carries out.
+
 Not done: cycle detection between foreground deletions, and objects of kinds outside the
 registry (their owner references are left alone).
 """
@@ -26,16 +30,19 @@ from __future__ import annotations
 import functools
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.api.registry import ResourceType
 from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Controller, Requeue
-from gpufleet.client.errors import ApiError, Conflict, NotFound
+from gpufleet.client.errors import ApiError, NotFound
 from gpufleet.client.informer import Informer, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import edit_owner_references
+from gpufleet.controllers.actions import Actions, Delete, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -60,6 +67,64 @@ def _finalizers(obj: Any) -> list[str]:
 
 def _deleting(obj: Any) -> bool:
     return objects.meta(obj, "deletionTimestamp") is not None
+
+
+# What an owner reference leads to.
+SOLID = "solid"  # an owner that stays
+DANGLING = "dangling"  # gone
+WAITING = "waiting"  # being deleted in the foreground, waiting for its dependents
+
+
+@dataclass
+class Collection:
+    """What one look at an object decided: delete it with ``delete`` as propagation policy,
+    drop its references to the owners ``drop_refs``, drop the references of ``orphan`` (its
+    dependents) to it, look again at the dependents ``enqueue``, and remove ``finalizer``
+    from it once that is done."""
+
+    reason: str
+    delete: str | None = None
+    drop_refs: frozenset[str] = frozenset()
+    orphan: list[tuple[ResourceType, Any]] = field(default_factory=list)
+    enqueue: list[str] = field(default_factory=list)
+    finalizer: str | None = None
+
+
+def decide_owner(owner: Any, dependents: Sequence[tuple[ResourceType, Any]]) -> Collection:
+    """An owner being deleted: with ``orphan``, its dependents lose their references to it,
+    then the finalizer goes; with ``foregroundDeletion``, its dependents are deleted first and
+    the finalizer goes once none left blocks it."""
+    uid = objects.uid_of(owner)
+    finalizers = _finalizers(owner)
+    if ORPHAN in finalizers:
+        return Collection("Orphan", orphan=list(dependents), finalizer=ORPHAN)
+    if FOREGROUND not in finalizers:
+        return Collection("Deleting")
+    blocking = 0
+    enqueue = []
+    for _, dep in dependents:
+        ref = next((r for r in _refs(dep) if objects.field(r, "uid") == uid), None)
+        if ref is not None and objects.field(ref, "blockOwnerDeletion", False):
+            blocking += 1
+        if not _deleting(dep):
+            enqueue.append(objects.uid_of(dep))
+    return Collection("Foreground" if blocking else "ForegroundDone", enqueue=enqueue,
+                      finalizer=None if blocking else FOREGROUND)
+
+
+def decide_dependent(obj: Any, owners: Sequence[tuple[str, str | None]], has_dependents: bool) -> Collection:
+    """An object with owner references, given the state of each owner (uid, SOLID, DANGLING,
+    WAITING, or None for an owner of a kind unknown here, which counts as solid)."""
+    solid = [uid for uid, state in owners if state not in (DANGLING, WAITING)]
+    if solid:
+        gone = frozenset(uid for uid, state in owners if state in (DANGLING, WAITING))
+        return Collection("OwnersLeft", drop_refs=gone) if gone else Collection("Owned")
+    if any(state == WAITING for _, state in owners) and has_dependents:
+        # Its own dependents must go before it does, since its owner waits for all of them.
+        return Collection("OwnerWaiting", delete="Foreground")
+    finalizers = _finalizers(obj)
+    policy = "Orphan" if ORPHAN in finalizers else "Foreground" if FOREGROUND in finalizers else "Background"
+    return Collection("OwnersGone", delete=policy)
 
 
 class GarbageCollector:
@@ -195,14 +260,10 @@ class GarbageCollector:
         rt, obj = found
         try:
             if _deleting(obj):
-                finalizers = _finalizers(obj)
-                if ORPHAN in finalizers:
-                    await self._orphan_dependents(rt, obj)
-                elif FOREGROUND in finalizers:
-                    await self._delete_dependents_first(rt, obj)
-                return None
-            if _refs(obj):
-                await self._attempt_to_delete(rt, obj)
+                await self._carry_out(rt, obj, decide_owner(obj, self.dependents_of(uid)))
+            elif _refs(obj):
+                owners = [(objects.field(ref, "uid"), await self._owner_state(obj, ref)) for ref in _refs(obj)]
+                await self._carry_out(rt, obj, decide_dependent(obj, owners, bool(self._dependents.get(uid))))
         except NotFound:
             return None
         except ApiError as e:
@@ -211,15 +272,15 @@ class GarbageCollector:
         return None
 
     async def _owner_state(self, obj: Any, ref: Any) -> str | None:
-        """'solid', 'dangling' (gone), 'waiting' (being deleted in the foreground), or None
-        when the owner's kind is unknown here."""
+        """SOLID, DANGLING (gone), WAITING (being deleted in the foreground), or None when the
+        owner's kind is unknown here."""
         owner_uid = objects.field(ref, "uid")
         found = self._lookup(owner_uid)
         if found is not None:
             owner = found[1]
-            return "waiting" if _deleting(owner) and FOREGROUND in _finalizers(owner) else "solid"
+            return WAITING if _deleting(owner) and FOREGROUND in _finalizers(owner) else SOLID
         if owner_uid in self._absent:
-            return "dangling"
+            return DANGLING
         rt = self.client.registry.by_api_version_kind(objects.field(ref, "apiVersion") or "",
                                                       objects.field(ref, "kind") or "")
         if rt is None:
@@ -234,67 +295,26 @@ class GarbageCollector:
             self._absent[owner_uid] = None
             while len(self._absent) > ABSENT_CACHE_SIZE:
                 self._absent.popitem(last=False)
-            return "dangling"
+            return DANGLING
         deleting = meta.get("deletionTimestamp") and FOREGROUND in (meta.get("finalizers") or [])
-        return "waiting" if deleting else "solid"
+        return WAITING if deleting else SOLID
 
-    async def _attempt_to_delete(self, rt: ResourceType, obj: Any) -> None:
-        solid, dangling, waiting = [], [], []
-        for ref in _refs(obj):
-            state = await self._owner_state(obj, ref)
-            if state == "dangling":
-                dangling.append(objects.field(ref, "uid"))
-            elif state == "waiting":
-                waiting.append(objects.field(ref, "uid"))
-            else:
-                solid.append(objects.field(ref, "uid"))
-        if solid:
-            gone = set(dangling) | set(waiting)
-            if gone:
-                def edit(refs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-                    kept = [r for r in refs if r.get("uid") not in gone]
-                    return kept if len(kept) != len(refs) else None
-
-                await edit_owner_references(self.client, rt, obj, edit)
-            return
-        if waiting and self._dependents.get(objects.uid_of(obj)):
-            # Its own dependents must go before it does, since its owner waits for all of them.
-            await self._delete(rt, obj, "Foreground")
-            return
-        finalizers = _finalizers(obj)
-        policy = "Orphan" if ORPHAN in finalizers else "Foreground" if FOREGROUND in finalizers else "Background"
-        log.info("garbage collector: deleting %s %s (owners gone)", rt.kind, objects.object_key(obj))
-        await self._delete(rt, obj, policy)
-
-    async def _delete(self, rt: ResourceType, obj: Any, policy: str) -> None:
-        try:
-            await self.client.delete(rt, objects.name_of(obj), objects.namespace_of(obj) or None,
-                                     propagation_policy=policy, preconditions_uid=objects.uid_of(obj))
-        except (NotFound, Conflict):
+    async def _carry_out(self, rt: ResourceType, obj: Any, decision: Collection) -> None:
+        if decision.drop_refs:
+            await _drop_owner_refs(self.client, rt, obj, decision.drop_refs)
+        for uid in decision.enqueue:
+            self.queue.add(uid)
+        for dep_rt, dep in decision.orphan:
+            await _drop_owner_refs(self.client, dep_rt, dep, frozenset({objects.uid_of(obj)}))
+        if decision.delete is not None:
+            if decision.reason == "OwnersGone":
+                log.info("garbage collector: deleting %s %s (owners gone)", rt.kind, objects.object_key(obj))
+            delete = Delete(rt, objects.name_of(obj), objects.namespace_of(obj) or None, uid=objects.uid_of(obj),
+                            propagation_policy=decision.delete, ignore_conflict=True)
             # Gone already, or replaced by a new object of the same name: not ours to delete.
-            pass
-
-    async def _delete_dependents_first(self, rt: ResourceType, owner: Any) -> None:
-        uid = objects.uid_of(owner)
-        blocking = 0
-        for _, dep in self.dependents_of(uid):
-            ref = next((r for r in _refs(dep) if objects.field(r, "uid") == uid), None)
-            if ref is not None and objects.field(ref, "blockOwnerDeletion", False):
-                blocking += 1
-            if not _deleting(dep):
-                self.queue.add(objects.uid_of(dep))
-        if blocking == 0:
-            await self._remove_finalizer(rt, owner, FOREGROUND)
-
-    async def _orphan_dependents(self, rt: ResourceType, owner: Any) -> None:
-        uid = objects.uid_of(owner)
-        for dep_rt, dep in self.dependents_of(uid):
-            def edit(refs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
-                kept = [r for r in refs if r.get("uid") != uid]
-                return kept if len(kept) != len(refs) else None
-
-            await edit_owner_references(self.client, dep_rt, dep, edit)
-        await self._remove_finalizer(rt, owner, ORPHAN)
+            await apply(self.client, Actions(deletes=[delete], reason=decision.reason))
+        if decision.finalizer is not None:
+            await self._remove_finalizer(rt, obj, decision.finalizer)
 
     async def _remove_finalizer(self, rt: ResourceType, obj: Any, finalizer: str) -> None:
         uid = objects.uid_of(obj)
@@ -315,3 +335,11 @@ class GarbageCollector:
                 return
 
         await retry_on_conflict(attempt)
+
+
+async def _drop_owner_refs(client: Client, rt: ResourceType, obj: Any, uids: frozenset[str]) -> None:
+    def edit(refs: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+        kept = [r for r in refs if r.get("uid") not in uids]
+        return kept if len(kept) != len(refs) else None
+
+    await edit_owner_references(client, rt, obj, edit)

@@ -2,8 +2,10 @@
 its pods' metrics, every ``sync_period`` seconds per HPA (Kubernetes: 15 s, the
 --horizontal-pod-autoscaler-sync-period flag).
 
-The arithmetic is ``hpa_algorithm`` (Kubernetes' replica calculator and behavior). This
-module is the I/O around it, as horizontal.go does:
+The arithmetic is ``hpa_algorithm`` (Kubernetes' replica calculator and behavior), the
+decisions ``hpa_decide`` (the observed scale, pods and samples in; the rescale, conditions,
+Events and status out). This module reads what they need and applies them, as horizontal.go
+does:
 
 - the target's Scale gives the current replicas and the pods' selector; the pods come
   from an informer;
@@ -39,20 +41,17 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import quote
 
 import httpx
 
 from gpufleet.api.k8s import HorizontalPodAutoscaler, Pod
-from gpufleet.api.quantity import parse_quantity
-from gpufleet.api.selectors import SelectorError, parse_label_selector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
 from gpufleet.client.errors import ApiError, Conflict, NotFound, TransportError
-from gpufleet.client.events import NORMAL, WARNING, EventRecorder
+from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers import hpa_algorithm as algo
@@ -61,10 +60,19 @@ from gpufleet.controllers._common import (
     is_being_deleted,
     now_text,
     pod_condition,
-    set_condition,
     status_dict,
     timestamp,
-    write_status,
+)
+from gpufleet.controllers.actions import apply
+from gpufleet.controllers.hpa_decide import (
+    HpaObserved,
+    MetricsError,
+    _milli,
+    decide_hpa,
+    finish_hpa,
+    needs_metrics,
+    scale_replicas,
+    selector_of,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339
 
@@ -75,20 +83,12 @@ GATEWAY_METRICS = ("requests_per_second", "concurrency")
 GPU_UTILIZATION = "gpu_utilization"
 
 
-class MetricsError(Exception):
-    """A metric could not be read."""
-
-
 class MetricsSource(Protocol):
     async def resource(self, namespace: str, selector: str, resource: str) -> dict[str, algo.Sample]:
         """pod name -> usage of ``resource`` in milli-units (cpu millicores, memory bytes * 1000)."""
 
     async def pods(self, namespace: str, pods: Sequence[Any], metric: str) -> dict[str, algo.Sample]:
         """pod name -> the named per-pod metric in milli-units."""
-
-
-def _milli(q: Any) -> int:
-    return int(parse_quantity(q) * 1000)
 
 
 class ClusterMetrics:
@@ -247,31 +247,6 @@ def pod_info(pod: Any) -> algo.PodInfo:
     )
 
 
-def _rules(r: Any, default: algo.Rules) -> algo.Rules:
-    if r is None:
-        return default
-    policies = tuple(algo.Policy(p.type, p.value, p.period_seconds) for p in (r.policies or [])) \
-        if r.policies is not None else default.policies
-    tolerance = float(parse_quantity(r.tolerance)) if r.tolerance is not None else default.tolerance
-    return algo.Rules(
-        r.stabilization_window_seconds if r.stabilization_window_seconds is not None
-        else default.stabilization_window_seconds,
-        r.select_policy or default.select_policy, policies, tolerance)
-
-
-def _quantity_text(milli: int) -> str:
-    if milli % 1000 == 0:
-        return str(milli // 1000)
-    return f"{milli}m"
-
-
-@dataclass
-class _Proposal:
-    replicas: int
-    name: str
-    status: dict[str, Any]
-
-
 class HorizontalPodAutoscalerController:
     name = "horizontalpodautoscaler"
 
@@ -342,185 +317,58 @@ class HorizontalPodAutoscalerController:
         return Requeue(after=self.sync_period)
 
     async def _sync(self, key: str, hpa: Any) -> None:
-        ns = objects.namespace_of(hpa)
-        spec = hpa.spec
-        ref = spec.scale_target_ref
-        kind = f"{ref.api_version}/{ref.kind}" if ref.api_version else ref.kind
-        now = self.clock.now()
-        now_str = now_text(self.clock)
-        status = status_dict(hpa)
-        conditions = [dict(c) for c in status.get("conditions") or []]
-        min_replicas = spec.min_replicas if spec.min_replicas is not None else 1
-        behavior = spec.behavior
-        up = _rules(behavior.scale_up if behavior is not None else None, algo.DEFAULT_SCALE_UP)
-        down = _rules(behavior.scale_down if behavior is not None else None, algo.DEFAULT_SCALE_DOWN)
-        history = self.history.setdefault(key, algo.History())
-
-        try:
-            scale = await self.client.get_scale(kind, ref.name, ns, raw=True)
-        except (ApiError, LookupError) as exc:
-            msg = f"the HPA controller was unable to get the target's current scale: {exc}"
-            set_condition(conditions, "AbleToScale", "False", "FailedGetScale", msg, now_str)
-            await self.recorder.record(hpa, WARNING, "FailedGetScale", str(exc))
-            await self._write(hpa, status, conditions, status.get("currentReplicas") or 0,
-                              status.get("desiredReplicas") or 0, status.get("currentMetrics"), None)
-            return
-        set_condition(conditions, "AbleToScale", "True", "SucceededGetScale",
-                      "the HPA controller was able to get the target's current scale", now_str)
-        spec_replicas = (scale.get("spec") or {}).get("replicas") or 0
-        current = (scale.get("status") or {}).get("replicas") or 0
-        selector_text = (scale.get("status") or {}).get("selector") or ""
-
-        desired = 0
-        rescale_reason = ""
-        metric_statuses: list[dict[str, Any]] | None = status.get("currentMetrics")
-        if spec_replicas == 0 and min_replicas != 0:
-            set_condition(conditions, "ScalingActive", "False", "ScalingDisabled",
-                          "scaling is disabled since the replica count of the target is zero", now_str)
-            await self._write(hpa, status, conditions, current, 0, metric_statuses, None)
-            return
-        if spec_replicas == 0 and current == 0:
-            # Scaled to zero (minReplicas 0): no pod to measure. The gateway brings the first
-            # replica back when a request comes (Kubernetes would need an Object or External
-            # metric here).
-            set_condition(conditions, "ScalingActive", "False", "ScaledToZero",
-                          "the target has no replicas; a request through the gateway scales it up", now_str)
-            await self._write(hpa, status, conditions, 0, 0, None, None)
-            return
-        if current > spec.max_replicas:
-            desired, rescale_reason = spec.max_replicas, "Current number of replicas above Spec.MaxReplicas"
-        elif current < min_replicas:
-            desired, rescale_reason = min_replicas, "Current number of replicas below Spec.MinReplicas"
-        else:
-            proposal, metric_statuses, invalid, error = await self._replicas_for_metrics(
-                hpa, ns, selector_text, current, spec_replicas, spec.metrics or [], conditions, now, now_str,
-                up, down)
-            if proposal is None:
-                await self.recorder.record(hpa, WARNING, "FailedComputeMetricsReplicas",
-                                           f"invalid metrics ({invalid}), first error is: {error}")
-                await self._write(hpa, status, conditions, current, status.get("desiredReplicas") or current,
-                                  metric_statuses, None)
-                return
-            desired = proposal.replicas
-            if desired > current:
-                rescale_reason = f"{proposal.name} above target"
-            elif desired < current:
-                rescale_reason = "All metrics below target"
-            desired, conds = algo.normalize(history, now, current, desired, min_replicas, spec.max_replicas, up, down)
-            for c in conds:
-                set_condition(conditions, c.type, c.status, c.reason, c.message, now_str)
-
-        last_scale = None
-        if desired != current and desired != spec_replicas:
+        obs = await self._observe(hpa)
+        decision = decide_hpa(obs, self.history.get(key) or algo.History(), self._readiness)
+        scale_error = None
+        if decision.scale_to is not None:
+            ref = hpa.spec.scale_target_ref
             try:
-                await self.client.set_scale(kind, ref.name, desired, ns)
+                await self.client.set_scale(_target_kind(ref), ref.name, decision.scale_to, objects.namespace_of(hpa))
             except ApiError as exc:
-                set_condition(conditions, "AbleToScale", "False", "FailedUpdateScale",
-                              f"the HPA controller was unable to update the target scale: {exc}", now_str)
-                await self.recorder.record(hpa, WARNING, "FailedRescale",
-                                           f"New size: {desired}; reason: {rescale_reason}; error: {exc}")
-                await self._write(hpa, status, conditions, current, desired, metric_statuses, None)
-                return
-            set_condition(conditions, "AbleToScale", "True", "SucceededRescale",
-                          f"the HPA controller was able to update the target scale to {desired}", now_str)
-            await self.recorder.record(hpa, NORMAL, "SuccessfulRescale",
-                                       f"New size: {desired}; reason: {rescale_reason}")
-            algo.record_scale(history, now, current, desired, up, down)
-            last_scale = now_str
-            log.info("hpa %s: %s %s/%s %d -> %d (%s)", key, ref.kind, ns, ref.name, current, desired, rescale_reason)
-        await self._write(hpa, status, conditions, current, desired, metric_statuses, last_scale)
+                scale_error = str(exc)
+            else:
+                log.info("hpa %s: %s %s/%s %d -> %d (%s)", key, ref.kind, objects.namespace_of(hpa), ref.name,
+                         decision.current, decision.scale_to, decision.rescale_reason)
+        actions = finish_hpa(obs, decision, scale_error)
+        self.history[key] = decision.history
+        await apply(self.client, actions, owner=hpa, recorder=self.recorder)
 
-    async def _replicas_for_metrics(
-        self, hpa: Any, ns: str, selector_text: str, current: int, spec_replicas: int, metrics: Sequence[Any],
-        conditions: list[dict[str, Any]], now: float, now_str: str, up: algo.Rules, down: algo.Rules,
-    ) -> tuple[_Proposal | None, list[dict[str, Any]], str, str]:
-        """The largest proposal of the metrics; or None, the metric statuses, and what failed."""
-        if not selector_text:
-            set_condition(conditions, "ScalingActive", "False", "InvalidSelector",
-                          "the HPA target's scale is missing a selector", now_str)
-            return None, [], "invalid selector", "the target's scale has no selector"
+    async def _observe(self, hpa: Any) -> HpaObserved:
+        """The target's scale, and when the metrics decide, its pods and their samples."""
+        ns = objects.namespace_of(hpa)
+        ref = hpa.spec.scale_target_ref
+        now = self.clock.now()
         try:
-            selector = parse_label_selector(selector_text)
-        except SelectorError as exc:
-            set_condition(conditions, "ScalingActive", "False", "InvalidSelector",
-                          f"couldn't convert selector into a corresponding internal selector object: {exc}", now_str)
-            return None, [], "invalid selector", str(exc)
+            scale = await self.client.get_scale(_target_kind(ref), ref.name, ns, raw=True)
+        except (ApiError, LookupError) as exc:
+            return HpaObserved(hpa, None, now, now_text(self.clock), scale_error=str(exc))
+        obs = HpaObserved(hpa, scale, now, now_text(self.clock))
+        selector, _ = selector_of(scale)
+        if not needs_metrics(hpa, scale) or selector is None:
+            return obs
+        selector_text = scale_replicas(scale)[2]
         pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns) if selector.matches(objects.labels_of(p))]
-        infos = [pod_info(p) for p in pods]
-        tolerance = algo.Tolerance(down=down.tolerance, up=up.tolerance)
-        best: _Proposal | None = None
-        statuses: list[dict[str, Any]] = []
-        errors: list[str] = []
-        first_failure: tuple[str, str] | None = None
-        for m in metrics:
+        obs.infos = [pod_info(p) for p in pods]
+        samples: list[dict[str, algo.Sample] | str] = []
+        for m in hpa.spec.metrics or []:
             try:
-                proposal = await self._one_metric(m, ns, selector_text, current, pods, infos, now, tolerance)
-            except (MetricsError, algo.ReplicaCalcError) as exc:
-                reason = f"FailedGet{m.type}Metric"
-                errors.append(str(exc))
-                first_failure = first_failure or (reason, f"the HPA was unable to compute the replica count: {exc}")
-                await self.recorder.record(hpa, WARNING, reason, str(exc))
-                # Kept in place (empty, as Kubernetes leaves it) so statuses line up with metrics.
-                statuses.append({"type": ""})
-                continue
-            statuses.append(proposal.status)
-            if best is None or proposal.replicas > best.replicas:
-                best = proposal
-        # As Kubernetes: all metrics failed, or some failed and the others say scale down
-        # (below the target's spec): nothing is changed.
-        if best is None or (errors and best.replicas < spec_replicas):
-            assert first_failure is not None
-            set_condition(conditions, "ScalingActive", "False", first_failure[0], first_failure[1], now_str)
-            return None, statuses, f"{len(errors)} invalid out of {len(metrics)}", errors[0]
-        set_condition(conditions, "ScalingActive", "True", "ValidMetricFound",
-                      f"the HPA was able to successfully calculate a replica count from {best.name}", now_str)
-        return best, statuses, "", ""
+                samples.append(await self._samples(m, ns, selector_text, pods))
+            except MetricsError as exc:
+                samples.append(str(exc))
+        obs.samples = samples
+        return obs
 
-    async def _one_metric(self, m: Any, ns: str, selector_text: str, current: int, pods: Sequence[Any],
-                          infos: Sequence[algo.PodInfo], now: float, tolerance: algo.Tolerance) -> _Proposal:
+    async def _samples(self, m: Any, ns: str, selector_text: str, pods: Sequence[Any]) -> dict[str, algo.Sample]:
         if m.type == "Resource" and m.resource is not None:
-            res = m.resource.name
-            target = m.resource.target
-            samples = await self.metrics.resource(ns, selector_text, res)
-            if target.type == "Utilization" and target.average_utilization is not None:
-                replicas, percent, average = algo.utilization_replicas(
-                    current, target.average_utilization, res, infos, samples, now, tolerance=tolerance,
-                    **self._readiness)
-                st = {"type": "Resource", "resource": {"name": res, "current": {
-                    "averageUtilization": percent, "averageValue": _quantity_text(average)}}}
-                return _Proposal(replicas, f"{res} resource utilization (percentage of request)", st)
-            replicas, average = algo.plain_metric_replicas(
-                current, _milli(target.average_value), infos, samples, now, resource=res, tolerance=tolerance,
-                **self._readiness)
-            st = {"type": "Resource", "resource": {"name": res, "current": {"averageValue": _quantity_text(average)}}}
-            return _Proposal(replicas, f"{res} resource", st)
+            return await self.metrics.resource(ns, selector_text, m.resource.name)
         if m.type == "Pods" and m.pods is not None:
-            name = m.pods.metric.name
-            target = m.pods.target
-            samples = await self.metrics.pods(ns, pods, name)
-            replicas, average = algo.plain_metric_replicas(
-                current, _milli(target.average_value), infos, samples, now, tolerance=tolerance)
-            st = {"type": "Pods", "pods": {"metric": {"name": name},
-                                           "current": {"averageValue": _quantity_text(average)}}}
-            return _Proposal(replicas, f"pods metric {name}", st)
+            return await self.metrics.pods(ns, pods, m.pods.metric.name)
         raise MetricsError(f"metric source type {m.type!r} is not supported by this controller "
                            f"(use Resource or Pods)")
 
-    async def _write(self, hpa: Any, status: dict[str, Any], conditions: list[dict[str, Any]], current: int,
-                     desired: int, metric_statuses: Any, last_scale: str | None) -> None:
-        new: dict[str, Any] = {}
-        if conditions:
-            order = {"AbleToScale": 0, "ScalingActive": 1, "ScalingLimited": 2}
-            new["conditions"] = sorted(conditions, key=lambda c: order.get(c.get("type", ""), 9))
-        if metric_statuses:
-            new["currentMetrics"] = metric_statuses
-        new["currentReplicas"] = current
-        new["desiredReplicas"] = desired
-        last = last_scale or status.get("lastScaleTime")
-        if last:
-            new["lastScaleTime"] = last
-        new["observedGeneration"] = objects.meta(hpa, "generation") or 1
-        await write_status(self.client, hpa, new)
+
+def _target_kind(ref: Any) -> str:
+    return f"{ref.api_version}/{ref.kind}" if ref.api_version else ref.kind
 
 
 def condition_of(hpa: Any, type_: str) -> Mapping[str, Any] | None:

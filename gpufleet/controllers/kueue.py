@@ -30,14 +30,16 @@ import hashlib
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from gpufleet.api import kueue as kq
 from gpufleet.api.gpu import (
     DEFAULT_GROUP,
     GPU_INDICES_ANNOTATION,
+    GPU_RESOURCE,
     GPU_TOPOLOGY_ANNOTATION,
     GPUS_ANNOTATION,
     SAME_GROUP,
@@ -45,8 +47,10 @@ from gpufleet.api.gpu import (
     parse_gpus_annotation,
 )
 from gpufleet.api.k8s import Job, Namespace, Node, Pod, PodSpec, PriorityClass
-from gpufleet.api.quantity import parse_quantity
+from gpufleet.api.podresources import pod_gpu_request, pod_requests
+from gpufleet.api.quantity import parse_quantity, whole_amount
 from gpufleet.api.selectors import LabelSelector
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples, toleration_tuples
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
@@ -66,7 +70,6 @@ from gpufleet.controllers._common import (
     timestamp,
 )
 from gpufleet.queueing import admission as adm
-from gpufleet.scheduler.snapshot import pod_requests
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
 log = logging.getLogger(__name__)
@@ -219,12 +222,9 @@ def _set(conditions: list[dict[str, Any]], type_: str, status: str, reason: str,
     return True
 
 
-def _tolerations(tolerations: Any) -> tuple[adm.Toleration, ...]:
-    return tuple((t.key or "", t.operator or "", t.value or "", t.effect or "") for t in tolerations or ())
-
-
-def _amounts(requests: dict[str, int]) -> dict[str, int]:
-    return {k: v for k, v in requests.items() if not k.startswith("\x00") and v}
+def _amounts(requests: Mapping[str, Fraction]) -> dict[str, int]:
+    """A pod's requests as the queue counts them (cpu in millicores), zero ones left out."""
+    return {k: n for k, v in requests.items() if (n := whole_amount(k, v))}
 
 
 def _node_ready(node: Any) -> bool:
@@ -246,12 +246,12 @@ def _node_groups(node: Any) -> dict[str, int]:
         return groups
     status = getattr(node, "status", None)
     alloc = (status.allocatable if status is not None else None) or {}
-    gpus = int(parse_quantity(alloc.get(adm.GPU, "0")))
+    gpus = int(parse_quantity(alloc.get(GPU_RESOURCE, "0")))
     return {DEFAULT_GROUP: gpus} if gpus else {}
 
 
 def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
-    gpus = pod_requests(pod.spec).get(adm.GPU, 0)
+    gpus = pod_gpu_request(pod)
     if not gpus:
         return {}
     annotations = objects.meta(pod, "annotations") or {}
@@ -571,7 +571,7 @@ class KueueController:
         flavors = {}
         for rf in self.flavors.list():
             labels = dict(rf.spec.node_labels or {}) if rf.spec is not None else {}
-            tolerations = _tolerations(rf.spec.tolerations if rf.spec is not None else None)
+            tolerations = toleration_tuples(rf.spec.tolerations if rf.spec is not None else None)
             flavors[objects.name_of(rf)] = adm.FlavorInfo(objects.name_of(rf), labels, tolerations)
         queues = {objects.name_of(cq): self._queue_info(cq, flavors) for cq in self.cluster_queues.list()}
 
@@ -582,8 +582,7 @@ class KueueController:
                 continue
             groups = _node_groups(n)
             if groups:
-                taints = tuple((t.key, t.value or "", t.effect) for t in (n.spec.taints if n.spec else None) or ()
-                               if t.effect in ("NoSchedule", "NoExecute"))
+                taints = taint_tuples(n.spec.taints if n.spec else None, (NO_SCHEDULE, NO_EXECUTE))
                 nodes[name] = adm.NodeInfo(name, objects.labels_of(n), groups, taints=taints)
         placed: dict[str, list[adm.Placement]] = {}
         bound_per_set: dict[str, dict[str, int]] = {}
@@ -636,9 +635,9 @@ class KueueController:
                     missing.append(f.name)
                 for r in f.resources:
                     quotas[(f.name, r.name)] = adm.Quota(
-                        _amount(r.name, r.nominal_quota),
-                        _amount(r.name, r.borrowing_limit) if r.borrowing_limit is not None else None,
-                        _amount(r.name, r.lending_limit) if r.lending_limit is not None else None,
+                        whole_amount(r.name, r.nominal_quota),
+                        whole_amount(r.name, r.borrowing_limit) if r.borrowing_limit is not None else None,
+                        whole_amount(r.name, r.lending_limit) if r.lending_limit is not None else None,
                     )
         p = spec.preemption or kq.ClusterQueuePreemption()
         bwc = p.borrow_within_cohort or kq.BorrowWithinCohort()
@@ -695,7 +694,7 @@ class KueueController:
             annotations = (ps.template.metadata.annotations if ps.template.metadata is not None else None) or {}
             pod_sets.append(adm.PodSetInfo(
                 ps.name, ps.count, _amounts(pod_requests(spec)), dict(spec.node_selector or {}),
-                annotations.get(GPU_TOPOLOGY_ANNOTATION) == SAME_GROUP, _tolerations(spec.tolerations)))
+                annotations.get(GPU_TOPOLOGY_ANNOTATION) == SAME_GROUP, toleration_tuples(spec.tolerations)))
         conditions = status.get("conditions") or []
         evicted = find_condition(conditions, kq.EVICTED)
         ts = timestamp(objects.meta(wl, "creationTimestamp")) or 0.0
@@ -912,11 +911,6 @@ def _same_status(old: dict[str, Any], new: dict[str, Any]) -> bool:
         return out
 
     return strip(old) == strip(new)
-
-
-def _amount(resource: str, quantity: Any) -> int:
-    value = parse_quantity(quantity)
-    return math.ceil(value * 1000) if resource == "cpu" else math.ceil(value)
 
 
 def _format(resource: str, amount: int) -> str:

@@ -28,33 +28,44 @@ Each node's health is a small state machine (Pending, Ready, NotReady, Unreachab
 transition is kept with its time in ``NodeHealth.history`` and announced as an Event
 (RegisteredNode, NodeReady, NodeNotReady, RemovingNode).
 
+The sync is decisions in steps, each a pure function of what was observed and the time:
+``observe_heartbeats`` (the node's health memory from its Lease and Ready heartbeat),
+``decide_node`` (state, transition Events, conditions to mark Unknown, the managed taints it
+should carry, the pods to mark not Ready, when to look again), then on the node as that
+wrote it ``decide_evictions`` (the pods to delete and when the next toleration runs out),
+and ``decide_node_gone`` for a node deleted; the read-modify-writes they lead to are pure
+too (``unknown_conditions``, ``managed_taints``, ``not_ready_conditions``).
+
 Not done: zone-aware eviction rate limiting (Kubernetes slows evictions when a whole zone
 looks down); pods are evicted as soon as their toleration allows.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from gpufleet.api.k8s import Lease, Node, Pod
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, tolerates
 from gpufleet.client import objects
 from gpufleet.client.api import Client, retry_on_conflict
-from gpufleet.client.controller import Controller, Requeue
-from gpufleet.client.errors import ApiError, Conflict, NotFound
+from gpufleet.client.controller import Requeue
+from gpufleet.client.errors import ApiError, NotFound
 from gpufleet.client.events import NORMAL, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
 from gpufleet.controllers._common import (
     NODE_NAME_INDEX,
     index_by_node,
     is_being_deleted,
-    now_text,
     pod_is_terminal,
     timestamp,
 )
+from gpufleet.controllers.actions import Actions, Delete, Event, Instant, apply
+from gpufleet.controllers.base import KeyedController
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -63,8 +74,6 @@ LEASE_NAMESPACE = "kube-node-lease"
 UNREACHABLE = "node.kubernetes.io/unreachable"
 NOT_READY = "node.kubernetes.io/not-ready"
 UNSCHEDULABLE = "node.kubernetes.io/unschedulable"
-NO_SCHEDULE = "NoSchedule"
-NO_EXECUTE = "NoExecute"
 # The taints this controller owns; it adds and removes only these.
 MANAGED_TAINTS = {
     (UNREACHABLE, NO_SCHEDULE), (UNREACHABLE, NO_EXECUTE),
@@ -87,7 +96,7 @@ TRANSITIONS: dict[NodeState | None, set[NodeState]] = {
     **{s: set(NodeState) - {s} for s in NodeState},
 }
 
-_HEARD_FROM = object()
+HEARD_FROM = object()
 
 _STATE_EVENTS = {
     NodeState.READY: "NodeReady",
@@ -115,22 +124,6 @@ class NodeHealth:
         self.state = state
         self.history.append((state, now))
         return True
-
-
-def tolerates(toleration: dict[str, Any], taint: dict[str, Any]) -> bool:
-    """Kubernetes' Toleration.ToleratesTaint."""
-    effect = toleration.get("effect") or ""
-    if effect and effect != taint.get("effect"):
-        return False
-    key = toleration.get("key") or ""
-    if key and key != taint.get("key"):
-        return False
-    operator = toleration.get("operator") or "Equal"
-    if operator == "Exists":
-        return True
-    if operator == "Equal":
-        return (toleration.get("value") or "") == (taint.get("value") or "")
-    return False
 
 
 def effective_tolerations(pod: Any, default_seconds: float) -> list[dict[str, Any]]:
@@ -165,8 +158,197 @@ def eviction_delay(pod: Any, taints: list[dict[str, Any]], default_seconds: floa
     return max(min(float(s) for s in seconds), 0.0)
 
 
-class NodeLifecycleController:
+# -- decisions ---------------------------------------------------------------------------------
+
+
+def observe_heartbeats(health: NodeHealth | None, node: Any, lease: Any | None, now: float) -> NodeHealth:
+    """The node's health memory once its Lease and Ready heartbeat were looked at: a renewTime
+    or lastHeartbeatTime not seen before moves ``probe_time`` to ``now``."""
+    health = NodeHealth(probe_time=now) if health is None else replace(health, history=list(health.history))
+    renew = lease.spec.renew_time if lease is not None and lease.spec is not None else None
+    if renew is not None and renew != health.lease_renew:
+        health.lease_renew = renew
+        health.probe_time = now
+    ready = _condition(node, "Ready")
+    heartbeat = ready.last_heartbeat_time if ready is not None else None
+    if heartbeat is not None and heartbeat != health.ready_heartbeat:
+        health.ready_heartbeat = heartbeat
+        health.probe_time = now
+    return health
+
+
+@dataclass
+class NodeDecision:
+    """What one look at a node decided: its state (``moved``: a transition), the Events of
+    that transition, whether its conditions go Unknown (``stale``), the managed taints it
+    should carry, the pods whose Ready goes False, and when to look again for a heartbeat."""
+
+    state: NodeState
+    moved: bool
+    stale: bool
+    taints: frozenset[tuple[str, str]]
+    retaint: bool
+    mark_pods: list[Any] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+
+def wanted_taints(node: Any, stale: bool) -> frozenset[tuple[str, str]]:
+    """The managed taints ``node`` should carry."""
+    want: set[tuple[str, str]] = set()
+    if stale:
+        want |= {(UNREACHABLE, NO_SCHEDULE), (UNREACHABLE, NO_EXECUTE)}
+    elif _ready_status(node) == "False":
+        want |= {(NOT_READY, NO_SCHEDULE), (NOT_READY, NO_EXECUTE)}
+    if node.spec is not None and node.spec.unschedulable:
+        want.add((UNSCHEDULABLE, NO_SCHEDULE))
+    return frozenset(want)
+
+
+def managed_taints_of(node: Any) -> frozenset[tuple[str, str]]:
+    return frozenset((t.key, t.effect) for t in (node.spec.taints if node.spec else None) or []) & MANAGED_TAINTS
+
+
+def decide_node(node: Any, health: NodeHealth, pods: Iterable[Any], now: float, grace: float) -> NodeDecision:
+    """The decision for a node whose heartbeats were last seen at ``health.probe_time``
+    (``health.state``: its state so far; ``pods``: those bound to it)."""
+    name = objects.name_of(node)
+    stale = now - health.probe_time > grace
+    ready_status = _ready_status(node)
+    state = (
+        NodeState.UNREACHABLE if stale
+        else NodeState.READY if ready_status == "True"
+        else NodeState.NOT_READY if ready_status == "False"
+        else NodeState.PENDING
+    )
+    moved = state != health.state
+    if moved and state not in TRANSITIONS[health.state]:
+        raise ValueError(f"illegal node state transition {health.state} -> {state}")
+    events: list[Event] = []
+    if moved:
+        first = health.state is None
+        if first:
+            events.append(Event(NORMAL, "RegisteredNode", f"Node {name} event: Registered Node {name} in Controller"))
+        reason = _STATE_EVENTS.get(state)
+        if reason and not (first and state == NodeState.READY):
+            events.append(Event(NORMAL, reason, f"Node {name} status is now: {reason}"))
+    want = wanted_taints(node, stale)
+    # An unreachable node has no agent to report its pods; a live but NotReady one does, so
+    # its pods are marked once, on the transition, as Kubernetes does.
+    mark = state == NodeState.UNREACHABLE or (moved and state == NodeState.NOT_READY)
+    return NodeDecision(
+        state=state, moved=moved, stale=stale, taints=want, retaint=managed_taints_of(node) != want,
+        mark_pods=[p for p in pods if not pod_is_terminal(p) and _pod_ready(p)] if mark else [],
+        events=events,
+        requeue_after=None if stale else health.probe_time + grace - now,
+    )
+
+
+def unknown_conditions(node: dict[str, Any], ready_heartbeat: Any, now: str) -> list[dict[str, Any]] | object | None:
+    """The conditions of a stale node (as stored, ``node``) with Ready and the pressure
+    conditions Unknown; None when they are already, HEARD_FROM when its Ready heartbeat is
+    not the one last seen (``ready_heartbeat``: the agent spoke meanwhile)."""
+    conditions = copy.deepcopy((node.get("status") or {}).get("conditions") or [])
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    if ready is not None and ready.get("lastHeartbeatTime") and ready_heartbeat is not None and (
+        timestamp(ready["lastHeartbeatTime"]) != timestamp(ready_heartbeat)
+    ):
+        return HEARD_FROM
+    changed = False
+    if ready is None:
+        conditions.append({
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusNeverUpdated",
+            "message": "Kubelet never posted node status.",
+            "lastHeartbeatTime": (node.get("metadata") or {}).get("creationTimestamp", now),
+            "lastTransitionTime": now,
+        })
+        changed = True
+    for cond in conditions:
+        if cond.get("type") in CONDITIONS_MARKED_UNKNOWN and cond.get("status") != "Unknown":
+            cond.update(status="Unknown", reason="NodeStatusUnknown",
+                        message="Kubelet stopped posting node status.", lastTransitionTime=now)
+            changed = True
+    return conditions if changed else None
+
+
+def managed_taints(taints: list[dict[str, Any]] | None, want: frozenset[tuple[str, str]],
+                   now: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """A node's taints (as stored) with the managed ones made ``want`` (new ones timeAdded
+    ``now``), and the keys of the NoExecute taints added."""
+    kept = [t for t in taints or []
+            if (t.get("key"), t.get("effect")) not in MANAGED_TAINTS or (t.get("key"), t.get("effect")) in want]
+    present = {(t.get("key"), t.get("effect")) for t in kept}
+    added: list[str] = []
+    for key, effect in sorted(want - present):
+        kept.append({"key": key, "effect": effect, "timeAdded": now})
+        if effect == NO_EXECUTE:
+            added.append(key)
+    return kept, added
+
+
+def not_ready_conditions(pod: dict[str, Any], now: str) -> list[dict[str, Any]] | None:
+    """A pod's conditions (as stored) with Ready False, None when it is not True."""
+    conditions = copy.deepcopy((pod.get("status") or {}).get("conditions") or [])
+    changed = False
+    for cond in conditions:
+        if cond.get("type") == "Ready" and cond.get("status") == "True":
+            cond.update(status="False", lastTransitionTime=now)
+            changed = True
+    return conditions if changed else None
+
+
+def no_execute_taints(node: Any) -> list[dict[str, Any]]:
+    return [t.to_dict() for t in (node.spec.taints if node.spec else None) or [] if t.effect == NO_EXECUTE]
+
+
+def _evict(pod: Any, force: bool) -> Delete:
+    # NotFound and a replaced pod (the uid precondition fails) are both done.
+    return Delete(Pod, objects.name_of(pod), objects.namespace_of(pod), uid=objects.uid_of(pod),
+                  grace_period_seconds=0 if force else None, ignore_conflict=True)
+
+
+def decide_evictions(node: Any, pods: Iterable[Any], since: float, now: float, default_seconds: float) -> Actions:
+    """The pods on ``node`` whose tolerations of its NoExecute taints ran out (the taints
+    there since ``since``), deleted (at once on an unreachable node), and when the next one's
+    runs out."""
+    taints = no_execute_taints(node)
+    actions = Actions(reason="NoTaints" if not taints else "Evict")
+    if not taints:
+        return actions
+    unreachable = any(t.get("key") == UNREACHABLE for t in taints)
+    for pod in pods:
+        if pod_is_terminal(pod):
+            continue
+        if is_being_deleted(pod) and (not unreachable or objects.meta(pod, "deletionGracePeriodSeconds") == 0):
+            continue
+        delay = eviction_delay(pod, taints, default_seconds)
+        if delay is None:
+            continue
+        at = since + delay
+        if at > now:
+            actions.requeue(at - now)
+            continue
+        actions.deletes.append(_evict(pod, unreachable))
+    return actions
+
+
+def decide_node_gone(name: str, known: bool, pods: Iterable[Any]) -> Actions:
+    """A node deleted (``known``: the controller had seen it): the Event, and its pods deleted
+    at once (but those already being deleted with no grace)."""
+    actions = Actions(reason="NodeGone")
+    if known:
+        actions.event(NORMAL, "RemovingNode", f"Node {name} event: Removing Node {name} from Controller")
+    actions.deletes = [_evict(p, True) for p in pods if objects.meta(p, "deletionGracePeriodSeconds") != 0]
+    return actions
+
+
+# -- the controller ------------------------------------------------------------------------------
+
+
+class NodeLifecycleController(KeyedController):
     name = "nodelifecycle"
+    model = Node
+    component = "node-controller"
 
     def __init__(
         self,
@@ -179,29 +361,18 @@ class NodeLifecycleController:
         node_monitor_grace_period: float = 8.0,
         default_eviction_seconds: float = 2.0,
     ) -> None:
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder or EventRecorder(client, "node-controller", clock=clock)
+        super().__init__(client, informers, clock=clock, recorder=recorder, workers=workers)
         self.grace = node_monitor_grace_period
         self.default_eviction_seconds = default_eviction_seconds
         self.health: dict[str, NodeHealth] = {}
         # When this controller first saw each of its NoExecute taints without a timeAdded.
         self._taint_seen: dict[tuple[str, str], float] = {}
-        self.node_informer = informers.informer(Node)
+        self.node_informer = self.informer
         self.lease_informer = informers.informer(Lease, namespace=LEASE_NAMESPACE)
         self.pod_informer = informers.informer(Pod)
         index_by_node(self.pod_informer)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.node_informer)
         self.lease_informer.add_event_handler(self._lease_changed, lambda old, new: self._lease_changed(new))
         self.pod_informer.add_event_handler(self._pod_changed, lambda old, new: self._pod_changed(new))
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     # -- heartbeats ---------------------------------------------------------------------------
 
@@ -227,193 +398,103 @@ class NodeLifecycleController:
         if node is None or any(t.effect == NO_EXECUTE for t in (node.spec.taints if node.spec else None) or []):
             self.queue.add(node_name)
 
-    def _observe(self, node: Any, now: float) -> NodeHealth:
-        name = objects.name_of(node)
-        health = self.health.get(name)
-        if health is None:
-            health = self.health[name] = NodeHealth(probe_time=now)
-        lease = self.lease_informer.get(f"{LEASE_NAMESPACE}/{name}")
-        renew = lease.spec.renew_time if lease is not None and lease.spec is not None else None
-        if renew is not None and renew != health.lease_renew:
-            health.lease_renew = renew
-            health.probe_time = now
-        ready = _condition(node, "Ready")
-        heartbeat = ready.last_heartbeat_time if ready is not None else None
-        if heartbeat is not None and heartbeat != health.ready_heartbeat:
-            health.ready_heartbeat = heartbeat
-            health.probe_time = now
-        return health
+    def _pods(self, name: str) -> list[Any]:
+        return list(self.pod_informer.by_index(NODE_NAME_INDEX, name))
 
     # -- sync ---------------------------------------------------------------------------------
 
-    async def reconcile(self, name: str) -> Requeue | None:
-        node = self.node_informer.get(name)
-        now = self.clock.now()
+    async def sync(self, name: str, node: Any | None) -> Requeue | None:
+        at = self.now()
         try:
             if node is None:
                 return await self._node_gone(name)
-            health = self._observe(node, now)
-            stale = now - health.probe_time > self.grace
-            if stale:
-                marked = await self._mark_unknown(node, health)
-                if marked is _HEARD_FROM:
-                    health.probe_time = now
-                    stale = False
+            lease = self.lease_informer.get(f"{LEASE_NAMESPACE}/{name}")
+            health = self.health[name] = observe_heartbeats(self.health.get(name), node, lease, at.wall)
+            decision = decide_node(node, health, self._pods(name), at.wall, self.grace)
+            if decision.stale:
+                marked = await self._mark_unknown(node, health, at)
+                if marked is HEARD_FROM:
+                    health.probe_time = at.wall
+                    decision = decide_node(node, health, self._pods(name), at.wall, self.grace)
                 elif marked is not None:
                     node = marked
-            ready = _condition(node, "Ready")
-            ready_status = ready.status if ready is not None else "Unknown"
-            state = (
-                NodeState.UNREACHABLE if stale
-                else NodeState.READY if ready_status == "True"
-                else NodeState.NOT_READY if ready_status == "False"
-                else NodeState.PENDING
-            )
-            moved = await self._record_transition(node, health, state, now)
-            node = await self._sync_taints(node, stale, ready_status) or node
-            # An unreachable node has no agent to report its pods; a live but NotReady one
-            # does, so its pods are marked once, on the transition, as Kubernetes does.
-            if state == NodeState.UNREACHABLE or (moved and state == NodeState.NOT_READY):
-                await self._mark_pods_not_ready(name)
-            next_eviction = await self._evict(node, now)
+            if decision.moved:
+                health.transition(decision.state, at.wall)
+                for ev in decision.events:
+                    await self.recorder.record(node, ev.type, ev.reason, ev.message)
+            if managed_taints_of(node) != decision.taints:
+                node = await self._write_taints(node, decision.taints, at)
+            for pod in decision.mark_pods:
+                await self._mark_not_ready(pod, at)
+            next_eviction = await self._evictions(node, at)
         except NotFound:
             return None
         except ApiError as e:
             log.info("node %s: %s", name, e)
             return Requeue()
-        waits = [w for w in (next_eviction, None if stale else health.probe_time + self.grace - now) if w is not None]
+        waits = [w for w in (next_eviction, decision.requeue_after) if w is not None]
         if not waits:
             return None
         return Requeue(after=max(min(waits), 0.0) + 0.01)
 
-    async def _record_transition(self, node: Any, health: NodeHealth, state: NodeState, now: float) -> bool:
-        first = health.state is None
-        if not health.transition(state, now):
-            return False
-        name = objects.name_of(node)
-        if first:
-            await self.recorder.record(node, NORMAL, "RegisteredNode",
-                                       f"Node {name} event: Registered Node {name} in Controller")
-        reason = _STATE_EVENTS.get(state)
-        if reason and not (first and state == NodeState.READY):
-            await self.recorder.record(node, NORMAL, reason, f"Node {name} status is now: {reason}")
-        return True
-
-    async def _mark_unknown(self, node: Any, health: NodeHealth) -> Any | None:
+    async def _mark_unknown(self, node: Any, health: NodeHealth, at: Instant) -> Any | None:
         """Ready and the pressure conditions -> Unknown: the updated node, None when they
-        were already, or _HEARD_FROM when a heartbeat arrived after all."""
-        now = now_text(self.clock)
-        name = objects.name_of(node)
-
+        were already, or HEARD_FROM when a heartbeat arrived after all."""
         async def attempt() -> Any | None:
-            fresh = await self.client.get(Node, name, raw=True)
-            status = fresh.setdefault("status", {})
-            conditions = status.setdefault("conditions", [])
-            ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-            if ready is not None and ready.get("lastHeartbeatTime") and health.ready_heartbeat is not None and (
-                timestamp(ready["lastHeartbeatTime"]) != timestamp(health.ready_heartbeat)
-            ):
-                return _HEARD_FROM  # the agent spoke meanwhile: not stale after all
-            changed = False
-            if ready is None:
-                conditions.append({
-                    "type": "Ready", "status": "Unknown", "reason": "NodeStatusNeverUpdated",
-                    "message": "Kubelet never posted node status.",
-                    "lastHeartbeatTime": fresh["metadata"].get("creationTimestamp", now),
-                    "lastTransitionTime": now,
-                })
-                changed = True
-            for cond in conditions:
-                if cond.get("type") in CONDITIONS_MARKED_UNKNOWN and cond.get("status") != "Unknown":
-                    cond.update(status="Unknown", reason="NodeStatusUnknown",
-                                message="Kubelet stopped posting node status.", lastTransitionTime=now)
-                    changed = True
-            if not changed:
-                return None
+            fresh = await self.client.get(Node, objects.name_of(node), raw=True)
+            conditions = unknown_conditions(fresh, health.ready_heartbeat, at.text)
+            if conditions is None or conditions is HEARD_FROM:
+                return conditions
+            fresh.setdefault("status", {})["conditions"] = conditions
             return await self.client.update_status(fresh)
 
         return await retry_on_conflict(attempt)
 
-    async def _sync_taints(self, node: Any, stale: bool, ready_status: str) -> Any | None:
-        want: set[tuple[str, str]] = set()
-        if stale:
-            want |= {(UNREACHABLE, NO_SCHEDULE), (UNREACHABLE, NO_EXECUTE)}
-        elif ready_status == "False":
-            want |= {(NOT_READY, NO_SCHEDULE), (NOT_READY, NO_EXECUTE)}
-        if node.spec is not None and node.spec.unschedulable:
-            want.add((UNSCHEDULABLE, NO_SCHEDULE))
-        have = {(t.key, t.effect) for t in (node.spec.taints if node.spec else None) or []} & MANAGED_TAINTS
-        if have == want:
-            return None
-        now = now_text(self.clock)
+    async def _write_taints(self, node: Any, want: frozenset[tuple[str, str]], at: Instant) -> Any:
         name = objects.name_of(node)
 
         async def attempt() -> Any:
             fresh = await self.client.get(Node, name, raw=True)
             spec = fresh.setdefault("spec", {})
-            taints = [t for t in spec.get("taints") or []
-                      if (t.get("key"), t.get("effect")) not in MANAGED_TAINTS or (t.get("key"), t.get("effect")) in want]
-            present = {(t.get("key"), t.get("effect")) for t in taints}
-            for key, effect in sorted(want - present):
-                taints.append({"key": key, "effect": effect, "timeAdded": now})
-                if effect == NO_EXECUTE:
-                    # timeAdded has whole seconds; evictions are timed from the precise moment.
-                    self._taint_seen[(name, key)] = self.clock.now()
+            taints, added = managed_taints(spec.get("taints"), want, at.text)
+            for key in added:
+                # timeAdded has whole seconds; evictions are timed from the precise moment.
+                self._taint_seen[(name, key)] = self.clock.now()
             spec["taints"] = taints or None
             if not taints:
                 spec.pop("taints")
             return await self.client.update(fresh)
 
+        have = managed_taints_of(node)
         updated = await retry_on_conflict(attempt)
-        added, removed = want - have, have - want
-        log.info("node %s: taints added %s, removed %s", name, sorted(added), sorted(removed))
+        log.info("node %s: taints added %s, removed %s", name, sorted(want - have), sorted(have - want))
         return updated
 
-    async def _mark_pods_not_ready(self, node_name: str) -> None:
-        now = now_text(self.clock)
-        for pod in self.pod_informer.by_index(NODE_NAME_INDEX, node_name):
-            if pod_is_terminal(pod) or not _pod_ready(pod):
-                continue
+    async def _mark_not_ready(self, pod: Any, at: Instant) -> None:
+        async def attempt() -> None:
+            try:
+                fresh = await self.client.get(Pod, objects.name_of(pod), objects.namespace_of(pod), raw=True)
+            except NotFound:
+                return
+            conditions = not_ready_conditions(fresh, at.text)
+            if conditions is not None:
+                fresh["status"]["conditions"] = conditions
+                await self.client.update_status(fresh, raw=True)
 
-            async def attempt(pod: Any = pod) -> None:
-                try:
-                    fresh = await self.client.get(Pod, objects.name_of(pod), objects.namespace_of(pod), raw=True)
-                except NotFound:
-                    return
-                changed = False
-                for cond in (fresh.get("status") or {}).get("conditions") or []:
-                    if cond.get("type") == "Ready" and cond.get("status") == "True":
-                        cond.update(status="False", lastTransitionTime=now)
-                        changed = True
-                if changed:
-                    await self.client.update_status(fresh, raw=True)
+        await retry_on_conflict(attempt)
 
-            await retry_on_conflict(attempt)
-
-    async def _evict(self, node: Any, now: float) -> float | None:
+    async def _evictions(self, node: Any, at: Instant) -> float | None:
         """Delete the pods whose tolerations ran out; seconds until the next one does."""
-        taints = [t.to_dict() for t in (node.spec.taints if node.spec else None) or [] if t.effect == NO_EXECUTE]
         name = objects.name_of(node)
+        taints = no_execute_taints(node)
         if not taints:
             self._taint_seen = {k: v for k, v in self._taint_seen.items() if k[0] != name}
             return None
-        since = min(self._taint_time(name, t, now) for t in taints)
-        unreachable = any(t.get("key") == UNREACHABLE for t in taints)
-        next_at: float | None = None
-        for pod in self.pod_informer.by_index(NODE_NAME_INDEX, name):
-            if pod_is_terminal(pod):
-                continue
-            if is_being_deleted(pod) and (not unreachable or objects.meta(pod, "deletionGracePeriodSeconds") == 0):
-                continue
-            delay = eviction_delay(pod, taints, self.default_eviction_seconds)
-            if delay is None:
-                continue
-            at = since + delay
-            if at > now:
-                next_at = at if next_at is None else min(next_at, at)
-                continue
-            await self._evict_pod(pod, force=unreachable)
-        return None if next_at is None else next_at - now
+        since = min(self._taint_time(name, t, at.wall) for t in taints)
+        pods = self._pods(name)
+        actions = decide_evictions(node, pods, since, at.wall, self.default_eviction_seconds)
+        await self._evict(actions, pods, node)
+        return actions.requeue_after
 
     def _taint_time(self, node_name: str, taint: dict[str, Any], now: float) -> float:
         seen = self._taint_seen.get((node_name, taint.get("key") or ""))
@@ -424,36 +505,37 @@ class NodeLifecycleController:
             return added
         return self._taint_seen.setdefault((node_name, taint.get("key") or ""), now)
 
-    async def _evict_pod(self, pod: Any, *, force: bool) -> None:
-        ns, name = objects.namespace_of(pod), objects.name_of(pod)
-        already = is_being_deleted(pod)
-        try:
-            await self.client.delete(Pod, name, ns, grace_period_seconds=0 if force else None,
-                                     preconditions_uid=objects.uid_of(pod))
-        except (NotFound, Conflict):
-            return
-        if not already:
-            await self.recorder.record(pod, NORMAL, "TaintManagerEviction", f"Marking for deletion Pod {ns}/{name}")
+    async def _evict(self, actions: Actions, pods: list[Any], owner: Any) -> None:
+        """Apply an eviction decision: the deletes, then an Event on each pod deleted that was
+        not being deleted already."""
+        outcome = await apply(self.client, actions, owner=owner, recorder=self.recorder, raise_errors=False)
+        by_key = {objects.object_key(p): p for p in pods}
+        for d in outcome.deleted:
+            pod = by_key.get(d.key)
+            if pod is not None and not is_being_deleted(pod):
+                await self.recorder.record(pod, NORMAL, "TaintManagerEviction",
+                                           f"Marking for deletion Pod {d.namespace}/{d.name}")
+        if outcome.error is not None:
+            raise outcome.error
 
     async def _node_gone(self, name: str) -> Requeue | None:
-        pods = [p for p in self.pod_informer.by_index(NODE_NAME_INDEX, name)]
+        pods = self._pods(name)
         health = self.health.pop(name, None)
         if health is None and not pods:
             return None
         try:
-            node = await self.client.get(Node, name, raw=True)
-        except NotFound:
-            node = None
-        if node is not None:
+            await self.client.get(Node, name, raw=True)
             return None  # only the cache had not seen it yet
-        if health is not None:
-            ref = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-            await self.recorder.record(ref, NORMAL, "RemovingNode",
-                                       f"Node {name} event: Removing Node {name} from Controller")
-        for pod in pods:
-            if objects.meta(pod, "deletionGracePeriodSeconds") != 0:
-                await self._evict_pod(pod, force=True)
+        except NotFound:
+            pass
+        ref = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+        await self._evict(decide_node_gone(name, health is not None, pods), pods, ref)
         return None
+
+
+def _ready_status(node: Any) -> str:
+    ready = _condition(node, "Ready")
+    return ready.status if ready is not None else "Unknown"
 
 
 def _condition(node: Any, type_: str) -> Any | None:

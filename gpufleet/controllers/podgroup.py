@@ -10,6 +10,8 @@ changed is written, through the status subresource.
 ``status.scheduleStartTime`` is not this controller's: the scheduler writes it when a gang
 cycle first fails (and again when the gang's scheduleTimeoutSeconds runs out), since only
 the scheduler sees its cycles. A merge patch of the other fields leaves it as it is.
+
+``decide_podgroup`` gives that patch as Actions, applied with ``actions.apply``.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from typing import Any
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import NotFound
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.actions import Actions, Patch
+from gpufleet.controllers.base import KeyedController
 
 # Pods by the PodGroup they are members of ('namespace/name').
 POD_GROUP_INDEX = "podGroup"
@@ -114,35 +116,30 @@ def decide(pg: pg_api.PodGroup, members: Sequence[k8s.Pod]) -> dict[str, Any] | 
     return status
 
 
+def decide_podgroup(key: str, pg: pg_api.PodGroup, members: Sequence[k8s.Pod]) -> Actions:
+    """``decide`` as Actions: a merge patch of the PodGroup's status subresource."""
+    status = decide(pg, members)
+    if status is None:
+        return Actions(reason="InSync")
+    namespace, _, name = key.partition("/")
+    return Actions(patches=[Patch(pg_api.PodGroup, name, namespace, {"status": status}, subresource="status")],
+                   reason=str(status["phase"]))
+
+
 def _model(cls: Any, obj: Any) -> Any:
     return obj if isinstance(obj, cls) else cls.model_validate(obj)
 
 
-class PodGroupController:
+class PodGroupController(KeyedController):
     name = "podgroup"
+    model = pg_api.PodGroup
 
-    def __init__(
-        self,
-        client: Client,
-        informers: SharedInformerFactory,
-        *,
-        clock: Clock = REAL_CLOCK,
-        workers: int = 2,
-    ) -> None:
-        self.client = client
-        self.podgroup_informer = informers.informer(pg_api.PodGroup)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.podgroup_informer = self.informer
         self.pod_informer = informers.informer(k8s.Pod)
         self.pod_informer.add_indexer(POD_GROUP_INDEX, lambda pod: pg_api.group_of(_model(k8s.Pod, pod)))
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.podgroup_informer)
         self.pod_informer.add_event_handler(self._pod_event, self._pod_changed, self._pod_event)
-
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
 
     def _pod_event(self, pod: Any) -> None:
         group = pg_api.group_of(_model(k8s.Pod, pod))
@@ -154,19 +151,13 @@ class PodGroupController:
         if old is not None:
             self._pod_event(old)
 
-    async def reconcile(self, key: Any) -> Requeue | None:
-        cached = self.podgroup_informer.get(str(key))
+    async def sync(self, key: str, cached: Any | None) -> Requeue | None:
         if cached is None:
             return None
         pg = _model(pg_api.PodGroup, cached)
-        members = [_model(k8s.Pod, p) for p in self.pod_informer.by_index(POD_GROUP_INDEX, str(key))]
-        status = decide(pg, members)
-        if status is None:
-            return None
-        namespace, _, name = str(key).partition("/")
+        members = [_model(k8s.Pod, p) for p in self.pod_informer.by_index(POD_GROUP_INDEX, key)]
         try:
-            await self.client.patch(pg_api.PodGroup, name, {"status": status}, namespace,
-                                    subresource="status", raw=True)
+            await self.act(key, None, decide_podgroup(key, pg, members))
         except NotFound:
             pass
         return None

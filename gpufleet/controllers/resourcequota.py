@@ -34,6 +34,7 @@ from gpufleet.client.controller import Controller, Requeue
 from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
+from gpufleet.controllers.actions import Actions, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,17 @@ def desired_status(
             value, held = current[name], True
         used[name] = value
     return {"hard": dict(hard_raw), "used": q.format_list(used, hard_raw)}, held
+
+
+def decide_quota(rq: dict[str, Any], computed: dict[str, Any], quiet_for: float, charge_grace: float) -> Actions:
+    """The status to write (None when it is the quota's already), and when to look again at a
+    release held back because the quota changed less than ``charge_grace`` seconds ago."""
+    status, held = desired_status(rq, computed, hold_releases=quiet_for < charge_grace)
+    actions = Actions(status=status if status != (rq.get("status") or {}) else None,
+                      reason="HoldingRelease" if held else "Synced")
+    if held:
+        actions.requeue(max(charge_grace - quiet_for, 0.0) + 0.05)
+    return actions
 
 
 class ResourceQuotaController:
@@ -137,17 +149,13 @@ class ResourceQuotaController:
         # Listed after the quota was read: every charge up to that read belongs to an object
         # that is either listed now or still in flight (which the grace covers).
         computed = q.quota_usage(rq, await self._objects(rq, namespace), now)
-        status, held = desired_status(rq, computed, hold_releases=quiet_for < self.charge_grace)
-        if status != (rq.get("status") or {}):
-            body = dict(rq)
-            body["status"] = status
-            try:
-                updated = await self.client.update_status(body, raw=True)
-            except Conflict:
-                return Requeue(after=0.0)
-            except NotFound:
-                return None
-            self._seen[str(key)] = (objects.resource_version_of(updated), changed_at)
-        if held:
-            return Requeue(after=max(self.charge_grace - quiet_for, 0.0) + 0.05)
-        return None
+        actions = decide_quota(rq, computed, quiet_for, self.charge_grace)
+        try:
+            outcome = await apply(self.client, actions, owner=rq)
+        except Conflict:
+            return Requeue(after=0.0)
+        except NotFound:
+            return None
+        if outcome.owner is not None:
+            self._seen[str(key)] = (objects.resource_version_of(outcome.owner), changed_at)
+        return Requeue(after=actions.requeue_after) if actions.requeue_after is not None else None

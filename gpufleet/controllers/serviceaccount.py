@@ -11,6 +11,9 @@ Two of kube-controller-manager's controllers, on one namespace informer:
   serving plain HTTP) nothing is published.
 
 Namespaces being deleted are left alone (their objects are on their way out).
+
+The decisions are ``decide_service_account`` and ``decide_root_ca`` (the namespace and the
+object as cached in; its create or update out), applied with ``actions.apply``.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from typing import Any
 from gpufleet.api.k8s import ConfigMap, Namespace, ServiceAccount
 from gpufleet.client import objects
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.client.workqueue import WorkQueue
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.actions import Actions, Create, Update
+from gpufleet.controllers.base import KeyedController
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +48,45 @@ def _active(ns: Any) -> bool:
     return phase in (None, "Active")
 
 
-class _NamespaceController:
+def decide_service_account(namespace: str, current: Any | None) -> Actions:
+    """The namespace's ServiceAccount ``default`` created when it has none."""
+    if current is not None:
+        return Actions(reason="Present")
+    body = {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": DEFAULT_SERVICE_ACCOUNT, "namespace": namespace}}
+    return Actions(creates=[Create(body, on_exists="ignore")], reason="Create")
+
+
+def decide_root_ca(namespace: str, root_ca: str | None, current: Any | None) -> Actions:
+    """The namespace's ``kube-root-ca.crt`` created, or put back when its data or description
+    differ (nothing without a CA)."""
+    if not root_ca:
+        return Actions(reason="NoCA")
+    data = {ROOT_CA_KEY: root_ca}
+    if current is None:
+        body = {"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": namespace,
+                             "annotations": {DESCRIPTION_ANNOTATION: DESCRIPTION}},
+                "data": data}
+        return Actions(creates=[Create(body)], reason="Create")
+    annotations = objects.meta(current, "annotations") or {}
+    if (current.data or {}) == data and annotations.get(DESCRIPTION_ANNOTATION):
+        return Actions(reason="InSync")
+    updated = current.to_dict()
+    updated["data"] = data
+    updated.pop("binaryData", None)
+    updated["metadata"]["annotations"] = {**annotations, DESCRIPTION_ANNOTATION: DESCRIPTION}
+    return Actions(updates=[Update(updated)], reason="PutBack")
+
+
+class _NamespaceController(KeyedController):
     """Reconciles one thing per namespace, keyed by the namespace's name."""
 
-    name = ""
+    model = Namespace
 
-    def __init__(self, client: Client, informers: SharedInformerFactory, *, clock: Clock = REAL_CLOCK,
-                 workers: int = 2) -> None:
-        self.client = client
-        self.ns_informer = informers.informer(Namespace)
-        self.queue = WorkQueue(self.name, clock=clock)
-        self.controller = Controller(self.name, self.reconcile, self.queue, workers=workers)
-        self.controller.watch(self.ns_informer)
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.ns_informer = self.informer
 
     def _watch_owned(self, informer: Any) -> None:
         """Wake the namespace of an object this controller keeps when it changes or goes."""
@@ -65,17 +95,11 @@ class _NamespaceController:
 
         informer.add_event_handler(on_update=lambda old, new: enqueue(new), on_delete=enqueue)
 
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
-
-    async def reconcile(self, key: str) -> Requeue | None:
-        if not _active(self.ns_informer.get(key)):
+    async def sync(self, key: str, ns: Any | None) -> Requeue | None:
+        if not _active(ns):
             return None
         try:
-            await self.sync(key)
+            await self.sync_namespace(key)
         except NotFound:
             return None  # the namespace went meanwhile
         except Conflict:
@@ -86,7 +110,7 @@ class _NamespaceController:
             raise
         return None
 
-    async def sync(self, namespace: str) -> None:
+    async def sync_namespace(self, namespace: str) -> None:
         raise NotImplementedError
 
 
@@ -103,15 +127,9 @@ class ServiceAccountsController(_NamespaceController):
         self.sa_informer = informers.informer(ServiceAccount, field_selector={"metadata.name": DEFAULT_SERVICE_ACCOUNT})
         self._watch_owned(self.sa_informer)
 
-    async def sync(self, namespace: str) -> None:
-        if self.sa_informer.get(f"{namespace}/{DEFAULT_SERVICE_ACCOUNT}") is not None:
-            return
-        body = {"apiVersion": "v1", "kind": "ServiceAccount",
-                "metadata": {"name": DEFAULT_SERVICE_ACCOUNT, "namespace": namespace}}
-        try:
-            await self.client.create(body, namespace, raw=True)
-        except AlreadyExists:
-            pass
+    async def sync_namespace(self, namespace: str) -> None:
+        current = self.sa_informer.get(f"{namespace}/{DEFAULT_SERVICE_ACCOUNT}")
+        await self.act(namespace, None, decide_service_account(namespace, current))
 
 
 class RootCACertPublisher(_NamespaceController):
@@ -124,27 +142,15 @@ class RootCACertPublisher(_NamespaceController):
         self.cm_informer = informers.informer(ConfigMap, field_selector={"metadata.name": ROOT_CA_CONFIGMAP})
         self._watch_owned(self.cm_informer)
 
-    async def sync(self, namespace: str) -> None:
-        if not self.root_ca:
-            return
-        data = {ROOT_CA_KEY: self.root_ca}
+    async def sync_namespace(self, namespace: str) -> None:
         current = self.cm_informer.get(f"{namespace}/{ROOT_CA_CONFIGMAP}")
-        if current is None:
-            body = {"apiVersion": "v1", "kind": "ConfigMap",
-                    "metadata": {"name": ROOT_CA_CONFIGMAP, "namespace": namespace,
-                                 "annotations": {DESCRIPTION_ANNOTATION: DESCRIPTION}},
-                    "data": data}
-            try:
-                await self.client.create(body, namespace, raw=True)
-                return
-            except AlreadyExists:
-                current = await self.client.get(ConfigMap, ROOT_CA_CONFIGMAP, namespace)
-        annotations = objects.meta(current, "annotations") or {}
-        if (current.data or {}) == data and annotations.get(DESCRIPTION_ANNOTATION):
-            return
-        updated = current.to_dict()
-        updated["data"] = data
-        updated.pop("binaryData", None)
-        updated["metadata"]["annotations"] = {**annotations, DESCRIPTION_ANNOTATION: DESCRIPTION}
-        await self.client.update(updated, raw=True)
-        log.info("root-ca-cert-publisher: %s/%s put back", namespace, ROOT_CA_CONFIGMAP)
+        actions = decide_root_ca(namespace, self.root_ca, current)
+        try:
+            await self.act(namespace, None, actions)
+        except AlreadyExists:
+            # The cache had not shown it yet: decide again on the stored one.
+            current = await self.client.get(ConfigMap, ROOT_CA_CONFIGMAP, namespace)
+            actions = decide_root_ca(namespace, self.root_ca, current)
+            await self.act(namespace, None, actions)
+        if actions.updates:
+            log.info("root-ca-cert-publisher: %s/%s put back", namespace, ROOT_CA_CONFIGMAP)

@@ -35,7 +35,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-GPU = "nvidia.com/gpu"
+from gpufleet.api.gpu import GPU_RESOURCE
+from gpufleet.api.taints import TaintTuple, TolerationTuple, tolerates_all
 
 # Why a workload waits: the first word of its QuotaReserved=False message, and the column
 # `get workloads` shows.
@@ -100,9 +101,9 @@ class ClusterQueueInfo:
 
 
 # (key, operator, value, effect), as Kubernetes' Toleration.
-Toleration = tuple[str, str, str, str]
+Toleration = TolerationTuple
 # (key, value, effect) of a node taint that keeps pods off (NoSchedule, NoExecute).
-Taint = tuple[str, str, str]
+Taint = TaintTuple
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class PodSetInfo:
 
     @property
     def gpus(self) -> int:
-        return int(self.requests.get(GPU, 0))
+        return int(self.requests.get(GPU_RESOURCE, 0))
 
 
 @dataclass(frozen=True)
@@ -332,16 +333,8 @@ def _matches(labels: Mapping[str, str], selector: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _tolerates(t: Toleration, key: str, value: str, effect: str) -> bool:
-    """Kubernetes' ToleratesTaint."""
-    t_key, operator, t_value, t_effect = t
-    if (t_effect and t_effect != effect) or (t_key and t_key != key):
-        return False
-    return operator == "Exists" or (operator in ("", "Equal") and t_value == value)
-
-
 def _allowed(node: NodeInfo, tolerations: tuple[Toleration, ...]) -> bool:
-    return all(any(_tolerates(t, *taint) for t in tolerations) for taint in node.taints)
+    return tolerates_all(node.taints, tolerations)
 
 
 def _room(groups: Mapping[str, int], same_group: bool) -> int:
@@ -401,8 +394,8 @@ def shape_message(miss: ShapeMiss, flavor: str) -> str:
     where = "one interconnect group of one node" if miss.same_group else "one node"
     free = "+".join(str(n) for n in miss.eligible_free if n) or "0"
     largest = max(miss.eligible_free, default=0)
-    return (f"pod set {miss.pod_set}: {miss.unplaced} pod(s) of {miss.gpus} {GPU} each must fit on {where}; "
-            f"free {GPU} on the {len(miss.eligible_free)} node(s) of flavor {flavor}: {free} "
+    return (f"pod set {miss.pod_set}: {miss.unplaced} pod(s) of {miss.gpus} {GPU_RESOURCE} each must fit on {where}; "
+            f"free {GPU_RESOURCE} on the {len(miss.eligible_free)} node(s) of flavor {flavor}: {free} "
             f"(at most {largest} together)")
 
 
@@ -891,7 +884,7 @@ def _borrows(cq: ClusterQueueInfo, usage: Usage, need: Mapping[FlavorResource, i
 
 def _gpu_flavor(assignment: Assignment, pod_set: str) -> str:
     flavors = assignment.get(pod_set) or {}
-    return flavors.get(GPU) or next(iter(flavors.values()), "")
+    return flavors.get(GPU_RESOURCE) or next(iter(flavors.values()), "")
 
 
 def _format_amount(resource: str, amount: int) -> str:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
+from gpufleet.api.gpu import RACK_LABEL
 from gpufleet.scheduler.framework import FitError, Framework, ScheduleResult
-from gpufleet.scheduler.gpu import RACK_LABEL
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 
 

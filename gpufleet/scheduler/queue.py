@@ -24,7 +24,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from gpufleet.scheduler.gpu import GPU_INDICES_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION
+from gpufleet.api.gpu import GPU_INDICES_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION
 from gpufleet.scheduler.snapshot import PodInfo
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 

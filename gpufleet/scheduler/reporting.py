@@ -16,10 +16,10 @@ from typing import Any
 
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
+from gpufleet.api.gpu import SCHEDULING_DIAGNOSIS_ANNOTATION
 from gpufleet.client.errors import ApiError, Conflict, NotFound
 from gpufleet.client.events import WARNING, EventRecorder
 from gpufleet.scheduler.framework import FitError
-from gpufleet.scheduler.gpu import SCHEDULING_DIAGNOSIS_ANNOTATION
 from gpufleet.scheduler.snapshot import PodInfo
 from gpufleet.utils.clock import Clock, rfc3339
 

@@ -46,6 +46,7 @@ from typing import Any
 
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
+from gpufleet.api.gpu import GPUS_ANNOTATION
 from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
 from gpufleet.client.informer import SharedInformerFactory
@@ -75,7 +76,6 @@ from gpufleet.scheduler.framework import (
 )
 from gpufleet.scheduler.gang import GangPlacement, GangState
 from gpufleet.scheduler.gangcycle import GangCycles
-from gpufleet.scheduler.gpu import GPUS_ANNOTATION
 from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
 from gpufleet.scheduler.preemptor import Preemptor
 from gpufleet.scheduler.profile import Profile

@@ -14,12 +14,11 @@ from __future__ import annotations
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
+from fractions import Fraction
 from typing import Any
 
-from gpufleet.api import k8s
-from gpufleet.api.podgroup import POD_GROUP_LABEL
-from gpufleet.api.quantity import cpu_millis, format_quantity, to_int_bytes
-from gpufleet.scheduler.gpu import (
+from gpufleet.api import k8s, podresources
+from gpufleet.api.gpu import (
     GPU_INDICES_ANNOTATION,
     GPU_MEMORY_LABEL,
     GPU_RESOURCE,
@@ -28,6 +27,9 @@ from gpufleet.scheduler.gpu import (
     parse_gpu_indices,
     parse_gpus_annotation,
 )
+from gpufleet.api.podgroup import POD_GROUP_LABEL
+from gpufleet.api.quantity import format_quantity, whole_amount
+from gpufleet.api.taints import PREFER_NO_SCHEDULE, taint_tuples, toleration_tuples
 from gpufleet.scheduler.volumes import EMPTY as EMPTY_STORAGE
 from gpufleet.scheduler.volumes import StorageState
 
@@ -48,84 +50,27 @@ NO_PODS = 2**62
 _NONZERO_CPU = "\x00nonzero-cpu"
 _NONZERO_MEMORY = "\x00nonzero-memory"
 
-# Taint effects that keep a pod off a node (PreferNoSchedule only lowers the score).
-NO_SCHEDULE = "NoSchedule"
-NO_EXECUTE = "NoExecute"
-PREFER_NO_SCHEDULE = "PreferNoSchedule"
-
 
 @functools.lru_cache(maxsize=16384)
 def _amount(resource: str, quantity: str) -> int:
     # Kubernetes compares cpu in millicores (MilliValue) and everything else in whole units
     # (Value), both rounded up; manifests repeat a few quantities, hence the memo.
-    return cpu_millis(quantity) if resource == CPU else to_int_bytes(quantity)
+    return whole_amount(resource, quantity)
 
 
-def _container_requests(container: k8s.Container) -> dict[str, int]:
-    resources = container.resources
-    requests = (resources.requests if resources else None) or {}
-    limits = (resources.limits if resources else None) or {}
-    # A limit without a request is also the request (the API server defaults it so, but
-    # a pod built in a test or replayed from a trace may not have been through admission).
-    merged = {**limits, **requests} if limits else requests
-    out = {name: _amount(name, str(q)) for name, q in merged.items()}
-    out[_NONZERO_CPU] = out[CPU] if CPU in merged else DEFAULT_MILLI_CPU_REQUEST
-    out[_NONZERO_MEMORY] = out[MEMORY] if MEMORY in merged else DEFAULT_MEMORY_REQUEST
-    return out
-
-
-def _add_into(total: dict[str, int], more: Mapping[str, int]) -> None:
-    for name, amount in more.items():
-        total[name] = total.get(name, 0) + amount
-
-
-def _max_into(total: dict[str, int], other: Mapping[str, int]) -> None:
-    for name, amount in other.items():
-        if amount > total.get(name, 0):
-            total[name] = amount
+# What a container that requests no cpu/memory is scored as (the non-missing requests).
+_NON_MISSING = {CPU: Fraction(DEFAULT_MILLI_CPU_REQUEST, 1000), MEMORY: Fraction(DEFAULT_MEMORY_REQUEST)}
 
 
 def pod_requests(spec: k8s.PodSpec) -> dict[str, int]:
-    """A pod's effective requests, as Kubernetes' ``resource.PodRequests`` computes them.
-
-    Regular containers run together, so they add up. Init containers run one at a time
-    before them, so the pod needs the largest of them, but restartable ("sidecar") init
-    containers keep running: each later init container and all regular containers run
-    alongside the sidecars started before them. Pod overhead (the runtime's own cost) is
-    added last. Pod-level ``resources.requests`` replace the aggregate for what they name.
-    """
-    total: dict[str, int] = {}
-    for c in spec.containers:
-        _add_into(total, _container_requests(c))
-    init_peak: dict[str, int] = {}
-    sidecars: dict[str, int] = {}
-    for c in spec.init_containers or ():
-        requests = _container_requests(c)
-        if c.restart_policy == "Always":
-            _add_into(sidecars, requests)
-            _add_into(total, requests)
-            _max_into(init_peak, sidecars)
-        else:
-            during = dict(sidecars)
-            _add_into(during, requests)
-            _max_into(init_peak, during)
-    _max_into(total, init_peak)
-    pod_level = spec.resources.requests if spec.resources is not None and spec.resources.requests else None
-    if pod_level:
-        for name in (CPU, MEMORY):
-            if name in pod_level:
-                total[name] = _amount(name, str(pod_level[name]))
-        if CPU in pod_level:
-            total[_NONZERO_CPU] = total[CPU]
-        if MEMORY in pod_level:
-            total[_NONZERO_MEMORY] = total[MEMORY]
-    for name, q in (spec.overhead or {}).items():
-        amount = _amount(name, str(q))
-        total[name] = total.get(name, 0) + amount
-        if name == CPU:
-            total[_NONZERO_CPU] = total.get(_NONZERO_CPU, 0) + amount
-        elif name == MEMORY:
-            total[_NONZERO_MEMORY] = total.get(_NONZERO_MEMORY, 0) + amount
+    """A pod's effective requests as integers (cpu in millicores), by Kubernetes' rule
+    (:func:`gpufleet.api.podresources.pod_requests`), with the cpu and memory it is scored
+    as under two private keys (request-less containers counted as 100m and 200Mi)."""
+    # Kubernetes rounds the pod's total up, not each container.
+    exact, nonzero = podresources.pod_requests_and_non_missing(spec, _NON_MISSING)
+    total = {name: whole_amount(name, amount) for name, amount in exact.items()}
+    total[_NONZERO_CPU] = whole_amount(CPU, nonzero.get(CPU, Fraction(0)))
+    total[_NONZERO_MEMORY] = whole_amount(MEMORY, nonzero.get(MEMORY, Fraction(0)))
     return total
 
 
@@ -211,10 +156,7 @@ class PodInfo:
         self.scalar = {name: amount for name, amount in requests.items() if amount}
         text = self.annotations.get(GPU_INDICES_ANNOTATION)
         self.gpu_indices: tuple[int, ...] = parse_gpu_indices(text) if text else ()
-        self.tolerations = tuple(
-            (t.key or "", t.operator or "Equal", t.value or "", t.effect or "")
-            for t in spec.tolerations or ()
-        )
+        self.tolerations = toleration_tuples(spec.tolerations)
         self.spread_owner = spread_owner_uid(meta)
         # 'namespace/name' of the PodGroup the pod belongs to (gang scheduling), or "".
         group = self.labels.get(POD_GROUP_LABEL)
@@ -367,7 +309,7 @@ class NodeInfo:
         self.name = meta.name or ""
         self.labels = meta.labels or {}
         self.annotations = meta.annotations or {}
-        self.taints = tuple((t.key, t.value or "", t.effect) for t in spec.taints or ())
+        self.taints = taint_tuples(spec.taints)
         self.soft_taints = tuple(t for t in self.taints if t[2] == PREFER_NO_SCHEDULE)
         self.unschedulable = bool(spec.unschedulable)
         alloc = status.allocatable if status.allocatable is not None else (status.capacity or {})

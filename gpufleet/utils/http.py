@@ -7,9 +7,25 @@ tell whether it runs in the same process as the server or across the network.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+
+class BodyTooLarge(Exception):
+    """The request body is over the limit it was read with (the rest is left unread)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the request body is over {limit} bytes")
+        self.limit = limit
+
+
+class BodyIncomplete(Exception):
+    """The client went away before it had sent the whole body."""
+
+
+# Reads a body the HTTP adapter left unread: at most ``limit`` bytes, else BodyTooLarge.
+BodyReader = Callable[[int], Awaitable[bytes]]
 
 
 @dataclass
@@ -21,6 +37,30 @@ class RawRequest:
     # Header names in lower case.
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    # The peer's address, as the HTTP server saw it ("" in-process): the audit log's sourceIPs.
+    remote_addr: str = ""
+    # Set by the HTTP adapter: the body is still on the wire, read by read_body once the
+    # request is authenticated and admitted (an unauthenticated sender cannot make the server
+    # buffer it). In-process requests carry their body in ``body``.
+    reader: BodyReader | None = field(default=None, repr=False, compare=False)
+    # Set by the server once it knows who sent the request (the adapter then drains a
+    # refused body rather than cut the connection).
+    authenticated: bool = field(default=False, repr=False, compare=False)
+
+    async def read_body(self, limit: int) -> bytes:
+        """The body, read now if it is still on the wire; BodyTooLarge past ``limit`` bytes
+        (0: no limit)."""
+        if self.reader is not None:
+            reader, self.reader = self.reader, None
+            self.body = await reader(limit)
+        elif limit and len(self.body) > limit:
+            raise BodyTooLarge(limit)
+        return self.body
+
+    def declared_length(self) -> int | None:
+        """The Content-Length the client sent, if it sent a valid one."""
+        value = self.headers.get("content-length", "")
+        return int(value) if value.isascii() and value.isdigit() else None
 
     def param(self, name: str, default: str | None = None) -> str | None:
         for k, v in self.query:

@@ -19,11 +19,11 @@ from gpufleet.agent.resources import (
     PortRequest,
     PortsUnavailable,
     PortTable,
-    pod_gpus,
     port_env,
     port_requests,
     split_gpus,
 )
+from gpufleet.api.podresources import pod_gpu_request as pod_gpus
 
 # -- environment ------------------------------------------------------------------------------
 
@@ -198,6 +198,18 @@ def test_pod_gpus_and_split():
     assert pod_gpus(pod) == 3
     assert split_gpus(pod, [4, 5, 6]) == {"a": [4, 5], "b": [6], "c": [], "i": [4]}
     assert split_gpus(pod, [4, 5, 6, 7]) == {"a": [4, 5, 6, 7], "b": [4, 5, 6, 7], "c": [], "i": [4]}
+
+
+def test_a_sidecars_gpus_count_and_are_its_own():
+    # Kubernetes counts a restartable init container's GPUs with the containers' (the agent
+    # used to take max(containers, largest init container): 1 here, not 2).
+    pod = {"spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": 1}}}],
+                    "initContainers": [{"name": "s", "restartPolicy": "Always",
+                                        "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                                       {"name": "i", "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}
+    assert pod_gpus(pod) == 3  # while "i" runs, the sidecar already holds one
+    assert split_gpus(pod, [0, 1, 2]) == {"a": [0, 1, 2], "s": [0, 1, 2], "i": [0, 1]}
+    assert split_gpus(pod, [0, 1]) == {"a": [0], "s": [1], "i": [0, 1]}
 
 
 def test_ports_are_never_shared_and_env_names_them():

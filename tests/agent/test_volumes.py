@@ -236,6 +236,17 @@ def test_pod_memory_limit_needs_every_container_to_declare_one():
     assert pod_memory_limit(pod(lim, init=[sidecar])) == 2 * GiB
 
 
+def test_pod_memory_limit_counts_the_sidecars_an_init_container_runs_beside():
+    # Kubernetes' PodLimits: sidecar (1Gi) then init (2Gi) peak at 3Gi, above the 2Gi of the
+    # sidecar and container together (the agent used to say 2Gi); overhead is added on top.
+    gi = {"limits": {"memory": "1Gi"}}
+    pod = {"spec": {"containers": [{"name": "c", "resources": gi}],
+                    "initContainers": [{"name": "s", "restartPolicy": "Always", "resources": gi},
+                                       {"name": "i", "resources": {"limits": {"memory": "2Gi"}}}],
+                    "overhead": {"memory": "1Mi"}}}
+    assert pod_memory_limit(pod) == 3 * GiB + 2**20
+
+
 async def test_empty_dir_over_its_size_limit_is_reported_with_the_eviction_message(cp, tmp_path):
     vm = manager(cp, tmp_path)
     pod = make_pod([{"name": "scratch", "emptyDir": {"sizeLimit": "1Mi"}}, {"name": "free", "emptyDir": {}}])

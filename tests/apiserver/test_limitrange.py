@@ -7,6 +7,8 @@ from typing import Any
 
 from apiserver_helpers import PODS, Api
 
+from gpufleet.apiserver.admission.limitrange import violations
+
 LIMITS = "/api/v1/namespaces/default/limitranges"
 QUOTAS = "/api/v1/namespaces/default/resourcequotas"
 
@@ -98,3 +100,15 @@ async def test_quota_charges_the_defaulted_pod(api: Api) -> None:
     assert r.status == 403
     assert r.json["message"] == ('pods "three" is forbidden: exceeded quota: cpu, requested: limits.cpu=2, '
                                  "used: limits.cpu=4, limited: limits.cpu=4")
+
+
+def test_a_pod_item_bounds_the_containers_and_sidecars_but_not_the_overhead() -> None:
+    # Kubernetes' LimitRanger sums sidecars with the containers and leaves pod overhead out
+    # (the quota's pod totals, used here before, added the overhead).
+    lr = limit_range("per-pod", {"type": "Pod", "max": {"cpu": "2"}})
+    p = pod("p", container("a", {"cpu": "1"}, {"cpu": "1"}))
+    p["spec"]["overhead"] = {"cpu": "500m"}
+    p["spec"]["initContainers"] = [{**container("log", {"cpu": "1"}, {"cpu": "1"}), "restartPolicy": "Always"}]
+    assert violations([lr], p) == []
+    p["spec"]["initContainers"][0]["resources"] = {"requests": {"cpu": "1500m"}, "limits": {"cpu": "1500m"}}
+    assert violations([lr], p) == ["maximum cpu usage per Pod is 2, but limit is 2500m"]

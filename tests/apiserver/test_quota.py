@@ -287,3 +287,16 @@ async def test_kubectl_reports_the_quota_refusal(store_url: str, tmp_path: Any) 
     finally:
         await web.stop()
         await store.close()
+
+
+def test_overhead_is_charged_to_requests_and_only_to_limits_a_pod_sets() -> None:
+    # Kubernetes' PodLimits adds spec.overhead only to limits that are set; the quota's own
+    # arithmetic used to make up limits.cpu/limits.memory from the overhead alone.
+    from gpufleet.api.quota import object_usage
+
+    p = pod("p", cpu="1", limits={"memory": "1Gi"}, overhead={"cpu": "250m", "memory": "64Mi"})
+    usage = {k: str(v) for k, v in object_usage("pods", p).items()}
+    assert usage["requests.cpu"] == "5/4"
+    assert usage["requests.memory"] == str(64 * 2**20 + 2**30)  # the memory limit is its request
+    assert usage["limits.memory"] == str(2**30 + 64 * 2**20)
+    assert "limits.cpu" not in usage

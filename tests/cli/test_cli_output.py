@@ -129,3 +129,19 @@ def test_quantities_and_labels():
     assert selector_text({"matchLabels": {"app": "web"},
                           "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}]}) \
         == "app=web,tier in (a,b)"
+
+
+def test_describe_node_counts_a_pod_as_kubernetes_does() -> None:
+    # kubectl's PodRequestsAndLimits: sidecars add to the containers and overhead is added;
+    # describe used to take max(containers, init containers) without overhead (1 cpu here).
+    from gpufleet.cli.commands.describe import pod_resources
+
+    one = {"requests": {"cpu": "1"}, "limits": {"cpu": "1"}}
+    pod = {"spec": {"containers": [{"name": "a", "resources": one}],
+                    "initContainers": [{"name": "log", "restartPolicy": "Always", "resources": one}],
+                    "overhead": {"cpu": "100m"}}}
+    requests, limits = pod_resources(pod)
+    assert format_quantity("cpu", requests["cpu"]) == "2100m"
+    assert format_quantity("cpu", limits["cpu"]) == "2100m"
+    assert format_quantity("cpu", parse_quantity("0.5")) == "500m"
+    assert format_quantity("nvidia.com/gpu", parse_quantity("0.5")) == "0.5"

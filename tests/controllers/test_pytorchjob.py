@@ -400,3 +400,22 @@ async def test_elastic_members_are_told_apart_and_reachable_without_cluster_dns(
     pods = await eventually(lambda: _count(client, "apart", 2))
     assert env_of(pods["apart-worker-0"])["PET_LOCAL_ADDR"]["fieldRef"]["fieldPath"] == "status.podIP"
     assert not pods["apart-worker-0"]["spec"].get("hostAliases")
+
+
+def test_a_replica_templates_gpus_count_init_containers_and_sidecars() -> None:
+    # What the elastic resize compares with a node's idle GPUs: Kubernetes' pod request.
+    # The controller used to sum the regular containers only (1 here for both templates).
+    from gpufleet.api.k8s import PodTemplateSpec
+    from gpufleet.controllers import pytorchjob
+
+    def gpus(n: int) -> dict[str, Any]:
+        return {"limits": {"nvidia.com/gpu": str(n)}}
+
+    warm = PodTemplateSpec.model_validate({"spec": {
+        "containers": [{"name": "pytorch", "image": "t", "resources": gpus(1)}],
+        "initContainers": [{"name": "warmup", "image": "t", "resources": gpus(4)}]}})
+    assert pytorchjob.pod_gpu_request(warm) == 4
+    side = PodTemplateSpec.model_validate({"spec": {
+        "containers": [{"name": "pytorch", "image": "t", "resources": gpus(1)}],
+        "initContainers": [{"name": "profiler", "image": "t", "restartPolicy": "Always", "resources": gpus(1)}]}})
+    assert pytorchjob.pod_gpu_request(side) == 2

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpufleet.api import k8s
-from gpufleet.scheduler.gpu import (
+from gpufleet.api.gpu import (
     GPU_INDICES_ANNOTATION,
     GPU_PRODUCT_LABEL,
     GPUS_ANNOTATION,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sched_factories import make_node, make_pod
 
+from gpufleet.api.gpu import RACK_LABEL
 from gpufleet.scheduler.framework import Framework
 from gpufleet.scheduler.gang import GangState, GangWait, capacity, place_gang, plan_nodes
-from gpufleet.scheduler.gpu import RACK_LABEL
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 
 GROUP_LABEL = "scheduling.x-k8s.io/pod-group"

@@ -13,10 +13,10 @@ from test_scheduler_integration import eventually, node_object, pending_pod, pri
 from gpufleet.agent.agent import AgentConfig, NodeAgent
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.simulated import SimulatedRuntime
+from gpufleet.api.gpu import RACK_LABEL, SCHEDULING_DIAGNOSIS_ANNOTATION
 from gpufleet.cli.controlplane import ControlPlane
 from gpufleet.controllers.manager import start_controllers
 from gpufleet.scheduler import Scheduler
-from gpufleet.scheduler.gpu import RACK_LABEL, SCHEDULING_DIAGNOSIS_ANNOTATION
 
 NS = "default"
 GROUP_LABEL = "scheduling.x-k8s.io/pod-group"

@@ -8,8 +8,8 @@ import random
 from sched_factories import make_node, make_pod, node_info
 
 from gpufleet.api import k8s
+from gpufleet.api.gpu import ZONE_LABEL
 from gpufleet.scheduler.framework import Code, CycleState, Framework
-from gpufleet.scheduler.gpu import ZONE_LABEL
 from gpufleet.scheduler.plugins.defaultspread import DefaultSpread
 from gpufleet.scheduler.profile import Profile
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from sched_factories import make_node, make_pod
 
+from gpufleet.api.gpu import GPU_INDICES_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION, parse_gpu_indices
 from gpufleet.cli.controlplane import ControlPlane
 from gpufleet.scheduler import Profile, Scheduler
-from gpufleet.scheduler.gpu import GPU_INDICES_ANNOTATION, SCHEDULING_DIAGNOSIS_ANNOTATION, parse_gpu_indices
 
 NS = "default"
 HUGE_MESSAGE = (

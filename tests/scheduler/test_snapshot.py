@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sched_factories import make_node, make_pod, node_info, pod_info
 
-from gpufleet.scheduler.gpu import GPU_RESOURCE, parse_gpu_indices, parse_gpus_annotation
+from gpufleet.api.gpu import GPU_RESOURCE, parse_gpu_indices, parse_gpus_annotation
 from gpufleet.scheduler.snapshot import (
     DEFAULT_MEMORY_REQUEST,
     DEFAULT_MILLI_CPU_REQUEST,
@@ -36,6 +36,13 @@ class TestPodRequests:
             )
         )
         assert (p.cpu, p.memory, p.gpus) == (2000, GI + GI // 2, 0)
+
+    def test_the_pods_total_is_rounded_up_once_not_each_container(self):
+        # Kubernetes takes MilliValue() of PodRequests' total: 0.5m + 0.5m is 1 millicore
+        # (rounding each container first made it 2); the same for bytes.
+        p = PodInfo(make_pod("p", containers=[container("a", cpu="0.5m", memory="0.5"),
+                                              container("b", cpu="0.5m", memory="0.5")]))
+        assert (p.cpu, p.memory) == (1, 1)
 
     def test_limits_are_the_requests_when_none_are_given(self):
         c = {"name": "a", "image": "x", "resources": {"limits": {"cpu": "2", "nvidia.com/gpu": "4"}}}

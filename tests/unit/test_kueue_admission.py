@@ -3,8 +3,8 @@ sharing, preemption of whole workloads, and the shape check against the nodes.""
 
 from __future__ import annotations
 
+from gpufleet.api.gpu import GPU_RESOURCE as GPU
 from gpufleet.queueing.admission import (
-    GPU,
     IN_CLUSTER_QUEUE,
     IN_COHORT_RECLAMATION,
     WAIT_INADMISSIBLE,

@@ -260,3 +260,15 @@ def test_fits():
     assert fits({"example.com/fpga": "0"}, free) == []
     assert fits({}, free) == []
     assert fits(None, None) == []
+
+
+def test_whole_amount_rounds_up_cpu_to_millicores_and_the_rest_to_units() -> None:
+    from fractions import Fraction
+
+    from gpufleet.api.quantity import whole_amount
+
+    assert whole_amount("cpu", "0.5m") == 1
+    assert whole_amount("cpu", "1.5") == 1500
+    assert whole_amount("memory", "1.5") == 2
+    assert whole_amount("nvidia.com/gpu", 2) == 2
+    assert whole_amount("cpu", Fraction(1, 1000)) == 1

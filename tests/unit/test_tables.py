@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.api.podresources import pod_gpu_request as pod_gpus
 from gpufleet.api.registry import REGISTRY, ResourceType
 from gpufleet.apiserver import tables
 from gpufleet.apiserver.tables import (
@@ -16,7 +17,6 @@ from gpufleet.apiserver.tables import (
     format_endpoints,
     format_label_selector,
     human_duration,
-    pod_gpus,
     pod_status,
     register_printer,
     to_table,
@@ -352,6 +352,15 @@ def test_pod_gpus_add_up_containers_and_take_the_largest_init() -> None:
     pod["spec"]["initContainers"] = [container("warmup", gpus=8)]
     assert pod_gpus(pod) == 8
     assert pod_gpus(make_pod()) == 0
+
+
+def test_pod_gpus_count_only_the_sidecars_an_init_container_runs_beside() -> None:
+    # warmup (2) runs before the sidecar (1) starts: Kubernetes' peak is 2; the table added
+    # every sidecar to the largest init container and showed 3.
+    pod = make_pod(containers=[container("a")])
+    pod["spec"]["initContainers"] = [container("warmup", gpus=2), container("log", gpus=1, restartPolicy="Always")]
+    assert pod_gpus(pod) == 2
+    assert row("Pod", pod)["GPUs"] == 2
 
 
 def test_finished_pods_carry_a_completed_row_condition() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from gpufleet.api import quota as q
+from gpufleet.api import podresources
 from gpufleet.api.quantity import format_quantity, parse_quantity
 from gpufleet.apiserver.admission import AdmissionContext
 from gpufleet.apiserver.errors import forbidden
@@ -151,7 +151,10 @@ def violations(limit_ranges: list[dict[str, Any]], pod: dict[str, Any]) -> list[
                     res = c.get("resources") or {}
                     _check("Container", item, res.get("requests") or {}, res.get("limits") or {}, errors)
         for item in _items(lr, "Pod"):
-            _check("Pod", item, _shown(q.pod_requests(pod)), _shown(q.pod_limits(pod)), errors)
+            # The LimitRanger bounds what the containers ask for: pod overhead is left out.
+            requests = podresources.pod_requests(pod, exclude_overhead=True)
+            limits = podresources.pod_limits(pod, exclude_overhead=True)
+            _check("Pod", item, _shown(requests), _shown(limits), errors)
     return errors
 
 

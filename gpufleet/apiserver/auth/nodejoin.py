@@ -27,6 +27,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.quantity import parse_quantity
 from gpufleet.apiserver.admission import AdmissionContext, UserInfo
 from gpufleet.apiserver.auth.nodecreds import CertificateRequestError, NodeCredentials
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
 
 BOOTSTRAP_GROUP = "bootstrap.gpufleet.io"
 REGISTERED_BY = "gpufleet.io/registered-by"
-GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass

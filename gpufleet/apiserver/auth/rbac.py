@@ -335,6 +335,12 @@ def _admin_rules() -> list[dict[str, Any]]:
     ]
 
 
+# Kubernetes' system:monitoring: the health endpoints and the metrics, for scrapers (bound to
+# the group system:monitoring; bind the ClusterRole to a ServiceAccount or user for others).
+MONITORING = "system:monitoring"
+_MONITORING_URLS = ["/healthz", "/healthz/*", "/livez", "/livez/*", "/readyz", "/readyz/*", "/metrics",
+                    "/metrics/slis"]
+
 _DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/readyz", "/version",
                    "/version/", "/openapi", "/openapi/*"]
 
@@ -379,6 +385,7 @@ def bootstrap_policy() -> list[dict[str, Any]]:
         _cluster_role("edit", _edit_rules()),
         _cluster_role("view", _view_rules()),
         _cluster_role("system:discovery", [{"nonResourceURLs": _DISCOVERY_URLS, "verbs": ["get"]}]),
+        _cluster_role(MONITORING, [{"nonResourceURLs": _MONITORING_URLS, "verbs": ["get"]}]),
         _cluster_role("system:basic-user", [
             _rule(["authorization.k8s.io"], ["selfsubjectaccessreviews", "selfsubjectrulesreviews"], ["create"]),
             _rule(["authentication.k8s.io"], ["selfsubjectreviews"], ["create"]),
@@ -395,6 +402,7 @@ def bootstrap_policy() -> list[dict[str, Any]]:
         _cluster_binding("cluster-admin", "cluster-admin", SUPERUSER_GROUP),
         _cluster_binding("system:discovery", "system:discovery", AUTHENTICATED_GROUP),
         _cluster_binding("system:basic-user", "system:basic-user", AUTHENTICATED_GROUP),
+        _cluster_binding(MONITORING, MONITORING, MONITORING),
         _cluster_binding("system:node", "system:node", NODES_GROUP),
         _cluster_binding("system:node-bootstrapper", "system:node-bootstrapper", BOOTSTRAPPERS_GROUP),
     ]

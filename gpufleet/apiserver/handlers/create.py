@@ -11,7 +11,7 @@ from gpufleet.utils.http import RawResponse
 async def create(scope: Scope) -> RawResponse:
     if scope.subresource:
         raise method_not_allowed()
-    body = parse_body(scope.req)
+    body = await parse_body(scope.req)
     obj, warnings = await scope.generic.create(
         scope.rt, scope.ns, body, field_validation=scope.req.param("fieldValidation"), user=scope.user,
         dry_run=scope.dry_run, manager=scope.manager,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from gpufleet.api.registry import ResourceType
@@ -14,8 +15,11 @@ from gpufleet.api.selectors import (
 )
 from gpufleet.apiserver import params
 from gpufleet.apiserver.errors import bad_request
-from gpufleet.apiserver.handlers.scope import Scope, include_object, json_response, wants_table
+from gpufleet.apiserver.handlers.scope import JSON, Scope, dumps, include_object, wants_table
 from gpufleet.utils.http import RawRequest, RawResponse
+
+# Lists longer than this are encoded off the event loop.
+OFF_LOOP_ITEMS = 500
 
 
 def selectors(req: RawRequest, rt: ResourceType) -> tuple[LabelSelector | None, FieldSelector | None]:
@@ -56,12 +60,18 @@ async def list_(scope: Scope) -> RawResponse:
     if limit is not None and limit <= 0:
         limit = None  # Kubernetes: a non-positive limit means no limit
     items, rev, token = await scope.generic.list(rt, scope.ns, label_sel, field_sel, limit, req.param("continue"))
+    # A long list is rendered in a worker thread: the loop keeps answering others meanwhile.
+    large = len(items) > OFF_LOOP_ITEMS
     if wants_table(req):
-        return json_response(200, scope.strategy.table(
-            items, resource_version=str(rev), continue_token=token, now=scope.api.clock.now(),
-            include_object=include_object(req)))
+        include = include_object(req)
+
+        def table() -> bytes:
+            return dumps(scope.strategy.table(items, resource_version=str(rev), continue_token=token,
+                                              now=scope.api.clock.now(), include_object=include))
+        body = await asyncio.to_thread(table) if large else table()
+        return RawResponse(200, {"content-type": JSON}, body)
     meta: dict[str, Any] = {"resourceVersion": str(rev)}
     if token:
         meta["continue"] = token
-    return json_response(200, {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta,
-                               "items": items})
+    doc = {"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta, "items": items}
+    return RawResponse(200, {"content-type": JSON}, await asyncio.to_thread(dumps, doc) if large else dumps(doc))

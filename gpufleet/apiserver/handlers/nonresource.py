@@ -1,5 +1,5 @@
-"""Non-resource paths: the discovery documents (/api, /apis, their groups and versions) and
-OpenAPI (/openapi/v3, /openapi/v2)."""
+"""Non-resource paths: the discovery documents (/api, /apis, their groups and versions),
+/metrics (Prometheus text, telemetry.py) and OpenAPI (/openapi/v3, /openapi/v2)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ async def get(api: ApiServer, req: RawRequest, path: str) -> RawResponse:
         found = json_response(200, doc) if doc else _extra_resources(api, parts[1], parts[2])
         if found is not None:
             return found
+    if path == "/metrics" and req.method.upper() in ("GET", "HEAD"):
+        body, content_type = api.telemetry.metrics.render()
+        return RawResponse(200, {"content-type": content_type}, body)
     if path == "/openapi/v3":
         return json_response(200, openapi.openapi_v3_index(registry))
     if parts[:2] == ["openapi", "v3"] and len(parts) >= 4:

@@ -15,6 +15,7 @@ from gpufleet.apiserver import managedfields
 from gpufleet.apiserver.errors import ApiException, bad_request, conflict, invalid, not_found
 from gpufleet.apiserver.genericregistry import rv
 from gpufleet.apiserver.handlers.scope import Scope, json_response, truthy, written
+from gpufleet.apiserver.limits import off_loop
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_yaml
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import rfc3339
@@ -55,7 +56,7 @@ async def patch(scope: Scope, view: View | None = None, write: Write | None = No
         assert current is not None
         base = view(current) if view is not None else current
         try:
-            patched = apply_patch(base, req.body, ctype, rt.kind)
+            patched = await off_loop(apply_patch, base, req.body, ctype, rt.kind)
         except PatchError as e:
             if e.status_code == 400:
                 raise bad_request(str(e)) from None
@@ -92,7 +93,7 @@ async def server_side_apply(scope: Scope, current: dict[str, Any] | None) -> Raw
     if not manager:
         raise bad_request("PATCH: fieldManager is required for apply requests (e.g. ?fieldManager=my-tool)")
     try:
-        applied = decode_yaml(req.body)
+        applied = await off_loop(decode_yaml, req.body)
     except PatchError as e:
         raise bad_request(f"the apply patch could not be decoded: {e}") from None
     if not isinstance(applied, dict):
@@ -104,8 +105,8 @@ async def server_side_apply(scope: Scope, current: dict[str, Any] | None) -> Raw
     if current is None:
         applied.setdefault("metadata", {}).setdefault("name", name)
     try:
-        new = managedfields.apply(
-            current, applied, manager=manager, kind=rt.kind, api_version=rt.api_version,
+        new = await off_loop(
+            managedfields.apply, current, applied, manager=manager, kind=rt.kind, api_version=rt.api_version,
             force=truthy(req.param("force")), now=rfc3339(scope.api.clock.now()), subresource=sub,
             ignore_status="status" in rt.subresources and sub != "status",
         )

@@ -8,7 +8,7 @@ from gpufleet.utils.http import RawResponse
 
 
 async def update(scope: Scope) -> RawResponse:
-    body = parse_body(scope.req)
+    body = await parse_body(scope.req)
     obj, warnings = await scope.generic.update(
         scope.rt, scope.ns, scope.name, body, subresource=scope.subresource,
         field_validation=scope.req.param("fieldValidation"), user=scope.user, dry_run=scope.dry_run,

@@ -84,5 +84,5 @@ class Binding(Subresource):
         from gpufleet.apiserver.handlers.scope import json_response
 
         self.check_verb(scope)
-        body = parse_body(scope.req)
+        body = await parse_body(scope.req)
         return json_response(201, await scope.api.bind_pod(scope.rt, scope.ns, scope.name, body, scope.user))

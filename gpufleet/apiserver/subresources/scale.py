@@ -76,7 +76,7 @@ class Scale(Subresource):
         if scope.info.verb == "get":
             return json_response(200, scale_view(rt, current))
         if scope.info.verb == "update":
-            body = parse_body(scope.req)
+            body = await parse_body(scope.req)
             if not isinstance(body, dict):
                 raise bad_request("the request body must be a Scale object")
             return json_response(200, await self.write(scope, body, current))

@@ -25,6 +25,6 @@ class Token(Subresource):
         if issuer is None:
             raise ApiException(404, "NotFound", "the server could not find the requested resource")
         self.check_verb(scope)
-        obj, warnings = await issuer.create(scope.api, scope.rt, scope.ns, scope.name, parse_body(scope.req),
+        obj, warnings = await issuer.create(scope.api, scope.rt, scope.ns, scope.name, await parse_body(scope.req),
                                             scope.user, scope.dry_run)
         return written(201, obj, warnings)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from gpufleet.api import storage
+from gpufleet.api import podresources, storage
+from gpufleet.api.gpu import GPU_LABEL_PREFIX, GPU_MEMORY_LABEL, GPU_PRODUCT_LABEL, GPU_RESOURCE
 from gpufleet.api.registry import REGISTRY, ResourceType
 from gpufleet.cli.describe_text import (
     Doc,
@@ -42,8 +43,6 @@ from gpufleet.cli.output import (
     run,
 )
 from gpufleet.client.errors import ApiError, NotFound
-
-GPU = "nvidia.com/gpu"
 
 
 def register(app: typer.Typer) -> None:
@@ -583,8 +582,8 @@ def _gpus(doc: Doc, node: dict[str, Any]) -> None:
     list it publishes in its status (one row per device)."""
     labels = meta(node).get("labels") or {}
     status = node.get("status") or {}
-    capacity = (status.get("capacity") or {}).get(GPU)
-    gpu_labels = {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.")}
+    capacity = (status.get("capacity") or {}).get(GPU_RESOURCE)
+    gpu_labels = {k: v for k, v in labels.items() if k.startswith(GPU_LABEL_PREFIX)}
     devices = {k: v for k, v in status.items()
                if k not in _NODE_STATUS_FIELDS and isinstance(v, list) and v and all(isinstance(d, dict) for d in v)}
     if capacity is None and not gpu_labels and not devices:
@@ -592,11 +591,11 @@ def _gpus(doc: Doc, node: dict[str, Any]) -> None:
     doc.title(0, "GPUs:")
     if capacity is not None:
         doc.kv(1, "Count", capacity)
-        doc.kv(1, "Allocatable", (status.get("allocatable") or {}).get(GPU, "0"))
-    if "nvidia.com/gpu.product" in gpu_labels:
-        doc.kv(1, "Product", gpu_labels["nvidia.com/gpu.product"])
-    if "nvidia.com/gpu.memory" in gpu_labels:
-        memory = gpu_labels["nvidia.com/gpu.memory"]
+        doc.kv(1, "Allocatable", (status.get("allocatable") or {}).get(GPU_RESOURCE, "0"))
+    if GPU_PRODUCT_LABEL in gpu_labels:
+        doc.kv(1, "Product", gpu_labels[GPU_PRODUCT_LABEL])
+    if GPU_MEMORY_LABEL in gpu_labels:
+        memory = gpu_labels[GPU_MEMORY_LABEL]
         # GPU feature discovery publishes the per-device memory in MiB.
         doc.kv(1, "Memory", f"{memory} MiB" if memory.isdigit() else memory)
     for key, items in devices.items():
@@ -614,61 +613,42 @@ async def _node_pods(session: Session, doc: Doc, node: dict[str, Any]) -> None:
             if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
     allocatable = {k: parse_quantity(v) for k, v in ((node.get("status") or {}).get("allocatable") or {}).items()}
     doc.kv(0, "Non-terminated Pods", f"({len(pods)} in total)")
-    totals_req: dict[str, Decimal] = {}
-    totals_lim: dict[str, Decimal] = {}
+    totals_req: dict[str, Fraction] = {}
+    totals_lim: dict[str, Fraction] = {}
     rows = []
     for p in pods:
         req, lim = pod_resources(p)
         for k, v in req.items():
-            totals_req[k] = totals_req.get(k, Decimal(0)) + v
+            totals_req[k] = totals_req.get(k, Fraction(0)) + v
         for k, v in lim.items():
-            totals_lim[k] = totals_lim.get(k, Decimal(0)) + v
+            totals_lim[k] = totals_lim.get(k, Fraction(0)) + v
 
-        def show(values: dict[str, Decimal], r: str) -> str:
-            v = values.get(r, Decimal(0))
+        def show(values: dict[str, Fraction], r: str) -> str:
+            v = values.get(r, Fraction(0))
             return f"{format_quantity(r, v)} ({percent(v, allocatable.get(r))})"
 
         rows.append([meta(p).get("namespace", ""), meta(p).get("name", ""), show(req, "cpu"), show(lim, "cpu"),
-                     show(req, "memory"), show(lim, "memory"), format_quantity(GPU, req.get(GPU, Decimal(0))),
+                     show(req, "memory"), show(lim, "memory"), format_quantity(GPU_RESOURCE, req.get(GPU_RESOURCE, Fraction(0))),
                      age(meta(p).get("creationTimestamp"))])
     if rows:
         doc.table(1, ["Namespace", "Name", "CPU Requests", "CPU Limits", "Memory Requests", "Memory Limits",
                       "GPUs", "Age"], rows)
     doc.title(0, "Allocated resources:")
     doc.title(1, "(Total limits may be over 100 percent, i.e., overcommitted.)")
-    resources = ["cpu", "memory"] + sorted((set(totals_req) | set(totals_lim) | {GPU if GPU in allocatable else ""})
+    resources = ["cpu", "memory"] + sorted((set(totals_req) | set(totals_lim) | {GPU_RESOURCE if GPU_RESOURCE in allocatable else ""})
                                            - {"cpu", "memory", ""})
     doc.table(1, ["Resource", "Requests", "Limits"], [
-        [r, f"{format_quantity(r, totals_req.get(r, Decimal(0)))} "
-            f"({percent(totals_req.get(r, Decimal(0)), allocatable.get(r))})",
-         f"{format_quantity(r, totals_lim.get(r, Decimal(0)))} "
-         f"({percent(totals_lim.get(r, Decimal(0)), allocatable.get(r))})"]
+        [r, f"{format_quantity(r, totals_req.get(r, Fraction(0)))} "
+            f"({percent(totals_req.get(r, Fraction(0)), allocatable.get(r))})",
+         f"{format_quantity(r, totals_lim.get(r, Fraction(0)))} "
+         f"({percent(totals_lim.get(r, Fraction(0)), allocatable.get(r))})"]
         for r in resources])
 
 
-def pod_resources(pod: Mapping[str, Any]) -> tuple[dict[str, Decimal], dict[str, Decimal]]:
-    """A pod's effective requests and limits, as the scheduler counts them: the sum over its
-    containers, or the largest init container when that is larger."""
-    spec = pod.get("spec") or {}
-
-    def collect(containers: Any, which: str) -> list[dict[str, Decimal]]:
-        out = []
-        for c in containers or []:
-            values = ((c.get("resources") or {}).get(which)) or {}
-            out.append({k: q for k, v in values.items() if (q := parse_quantity(v)) is not None})
-        return out
-
-    result = []
-    for which in ("requests", "limits"):
-        total: dict[str, Decimal] = {}
-        for values in collect(spec.get("containers"), which):
-            for k, v in values.items():
-                total[k] = total.get(k, Decimal(0)) + v
-        for values in collect(spec.get("initContainers"), which):
-            for k, v in values.items():
-                total[k] = max(total.get(k, Decimal(0)), v)
-        result.append(total)
-    return result[0], result[1]
+def pod_resources(pod: Mapping[str, Any]) -> tuple[dict[str, Fraction], dict[str, Fraction]]:
+    """A pod's effective requests and limits, as `kubectl describe node` counts them
+    (Kubernetes' PodRequests and PodLimits: sidecars, init containers and overhead)."""
+    return podresources.pod_requests(pod), podresources.pod_limits(pod)
 
 
 async def _describe_namespace(session: Session, rt: ResourceType, ns: dict[str, Any], doc: Doc) -> None:

@@ -12,12 +12,20 @@ from gpufleet.cli.commands.up import (
     AdmissionConfigOption,
     AdvertiseAddressOption,
     ApiAudiencesOption,
+    AuditLogMaxAgeOption,
+    AuditLogMaxBackupOption,
+    AuditLogMaxSizeOption,
+    AuditLogPathOption,
+    AuditPolicyOption,
     EncryptionConfigOption,
     GatewayPortOption,
     HpaSyncPeriodOption,
     InsecureOption,
     LocalPathHelp,
+    MaxInflightOption,
+    MaxMutatingInflightOption,
     MaxNodeGpusOption,
+    MaxRequestBodyOption,
     NodeNameAllowedOption,
     PodSecurityDefaultOption,
     SaIssuerOption,
@@ -27,6 +35,8 @@ from gpufleet.cli.commands.up import (
     TlsCertOption,
     TlsKeyOption,
     TokenFileOption,
+    apply_limits,
+    audit_options,
     check_advertise_address,
     check_port_free,
     encryption_config,
@@ -76,6 +86,14 @@ def register(app: typer.Typer) -> None:
         encryption_provider_config: Path | None = EncryptionConfigOption,
         max_node_gpus: int | None = MaxNodeGpusOption,
         node_name_allowed: list[str] = NodeNameAllowedOption,
+        audit_policy_file: Path | None = AuditPolicyOption,
+        audit_log_path: str | None = AuditLogPathOption,
+        audit_log_maxsize: int = AuditLogMaxSizeOption,
+        audit_log_maxbackup: int = AuditLogMaxBackupOption,
+        audit_log_maxage: int = AuditLogMaxAgeOption,
+        max_request_body_bytes: int = MaxRequestBodyOption,
+        max_requests_inflight: int = MaxInflightOption,
+        max_mutating_requests_inflight: int = MaxMutatingInflightOption,
     ) -> None:
         """Run the API server (and controllers) without a local node agent."""
         from gpufleet.cli.commands.up import _serve
@@ -94,6 +112,8 @@ def register(app: typer.Typer) -> None:
                                          "choose a directory you can write to", param_hint="--store") from None
         pod_security = pod_security_config(pod_security_default, admission_config_file)
         encryption = encryption_config(encryption_provider_config)
+        audit = audit_options(audit_policy_file, audit_log_path, audit_log_maxsize, audit_log_maxbackup,
+                              audit_log_maxage)
         check_port_free(host, port)
         state_dir = state_dir.expanduser().resolve()
         cp = ControlPlane(store_url=store, host=host, port=port, state_dir=state_dir, run_controllers=controllers,
@@ -101,7 +121,8 @@ def register(app: typer.Typer) -> None:
                                              service_account_signing_key_file=service_account_signing_key_file,
                                              service_account_key_files=service_account_key_file,
                                              service_account_issuers=service_account_issuer,
-                                             api_audiences=api_audiences))
+                                             api_audiences=api_audiences),
+                          **audit)
         cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
@@ -109,6 +130,7 @@ def register(app: typer.Typer) -> None:
         cp.pod_security = pod_security
         cp.encryption_provider_config = encryption
         cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
+        apply_limits(cp, max_request_body_bytes, max_requests_inflight, max_mutating_requests_inflight)
         if leader_elect:
             from gpufleet.client.leaderelection import LeaderElectionConfig
 

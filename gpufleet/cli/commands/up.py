@@ -186,14 +186,69 @@ def encryption_config(path: Path | None) -> Path | None:
     except EncryptionConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--encryption-provider-config") from None
     return path
+
+
 MaxNodeGpusOption = typer.Option(None, "--max-node-gpus", min=0, help="Refuse a node that claims more "
                                  "than this many GPUs (nvidia.com/gpu in its capacity; 422). Default: any.")
 NodeNameAllowedOption = typer.Option([], "--node-name-allowed", help="Only nodes of these names join (a name or "
                                      "a shell pattern such as gpu-*; repeatable). Default: any name.")
+AuditPolicyOption = typer.Option(
+    None, "--audit-policy-file", help="An audit Policy (audit.k8s.io/v1): which requests are logged, at which "
+    "level (None, Metadata, Request, RequestResponse); the first matching rule decides. Needs --audit-log-path.")
+AuditLogPathOption = typer.Option(
+    None, "--audit-log-path", help="The file audit events are appended to, one audit.k8s.io/v1 Event per line "
+    "(mode 0600; '-' is standard output). Audit logging is off without it.")
+AuditLogMaxSizeOption = typer.Option(0, "--audit-log-maxsize", min=0, help="Megabytes the audit log may reach "
+                                     "before it is rotated (0: never).")
+AuditLogMaxBackupOption = typer.Option(0, "--audit-log-maxbackup", min=0, help="Rotated audit logs kept "
+                                       "(0: all).")
+AuditLogMaxAgeOption = typer.Option(0, "--audit-log-maxage", min=0, help="Days a rotated audit log is kept "
+                                    "(0: no limit).")
+
+
+def audit_options(policy_file: Path | None, log_path: str | None, max_size: int = 0, max_backup: int = 0,
+                  max_age: int = 0) -> dict:
+    """ControlPlane keyword arguments for the audit flags of up and server."""
+    if policy_file is None and not log_path:
+        return {}
+    if policy_file is None or not log_path:
+        missing, given = ("--audit-policy-file", "--audit-log-path") if policy_file is None else \
+            ("--audit-log-path", "--audit-policy-file")
+        raise typer.BadParameter(f"{given} needs {missing} too: the policy says what is logged, the path where",
+                                 param_hint=missing)
+    from gpufleet.apiserver.audit import LogOptions, PolicyError, load_policy
+
+    try:
+        policy = load_policy(policy_file.expanduser().resolve())
+    except PolicyError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--audit-policy-file") from None
+    path = log_path if log_path == "-" else str(Path(log_path).expanduser().resolve())
+    if path != "-" and Path(path).is_dir():
+        raise typer.BadParameter(f"{path} is a directory: give a file name", param_hint="--audit-log-path")
+    return dict(audit_policy=policy, audit_log_path=path,
+                audit_log_options=LogOptions(max_size, max_backup, max_age))
 
 
 GatewayPortOption = typer.Option(8080, "--gateway-port", help="Port of the service gateway "
                                  "(/services/<namespace>/<name>/...); 0 picks a free one, -1 runs none.")
+MaxRequestBodyOption = typer.Option(3 * 1024 * 1024, "--max-request-body-bytes", min=0, help="The largest request "
+                                    "body accepted; a larger one gets 413 RequestEntityTooLarge before it is read "
+                                    "(0: no limit).")
+MaxInflightOption = typer.Option(400, "--max-requests-inflight", min=0, help="Read-only requests worked on at "
+                                 "once; past it 429 TooManyRequests with Retry-After (0: no limit). A quarter of "
+                                 "the seats is kept for nodes and the control plane, one user holds at most a "
+                                 "quarter of the rest; system:masters is never limited.")
+MaxMutatingInflightOption = typer.Option(200, "--max-mutating-requests-inflight", min=0, help="The same for "
+                                         "mutating requests (create, update, patch, delete).")
+
+
+def apply_limits(cp, max_request_body_bytes: int, max_requests_inflight: int,
+                 max_mutating_requests_inflight: int) -> None:
+    cp.max_request_body_bytes = max_request_body_bytes
+    cp.max_requests_inflight = max_requests_inflight
+    cp.max_mutating_requests_inflight = max_mutating_requests_inflight
+
+
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
                                    "each HorizontalPodAutoscaler.")
 LocalPathHelp = ("Where the StorageClass local-path, made at the first start, keeps each volume on its node "
@@ -238,6 +293,14 @@ def register(app: typer.Typer) -> None:
         encryption_provider_config: Path | None = EncryptionConfigOption,
         max_node_gpus: int | None = MaxNodeGpusOption,
         node_name_allowed: list[str] = NodeNameAllowedOption,
+        audit_policy_file: Path | None = AuditPolicyOption,
+        audit_log_path: str | None = AuditLogPathOption,
+        audit_log_maxsize: int = AuditLogMaxSizeOption,
+        audit_log_maxbackup: int = AuditLogMaxBackupOption,
+        audit_log_maxage: int = AuditLogMaxAgeOption,
+        max_request_body_bytes: int = MaxRequestBodyOption,
+        max_requests_inflight: int = MaxInflightOption,
+        max_mutating_requests_inflight: int = MaxMutatingInflightOption,
     ) -> None:
         """Start a local cluster: API server, scheduler, controllers and a node agent (runs until interrupted).
 
@@ -256,6 +319,8 @@ def register(app: typer.Typer) -> None:
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
         pod_security = pod_security_config(pod_security_default, admission_config_file)
         encryption = encryption_config(encryption_provider_config)
+        audit = audit_options(audit_policy_file, audit_log_path, audit_log_maxsize, audit_log_maxbackup,
+                              audit_log_maxage)
         check_port_free(host, port)
         state_dir = private_dir(state_dir.expanduser().resolve())
         cp = ControlPlane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
@@ -263,7 +328,8 @@ def register(app: typer.Typer) -> None:
                               insecure, tls_cert_file, tls_key_file, tls_ca_file, token_auth_file,
                               service_account_signing_key_file=service_account_signing_key_file,
                               service_account_key_files=service_account_key_file,
-                              service_account_issuers=service_account_issuer, api_audiences=api_audiences))
+                              service_account_issuers=service_account_issuer, api_audiences=api_audiences),
+                          **audit)
         cp.advertise_address = check_advertise_address(advertise_address)
         cp.gateway_port = gateway_port if gateway_port >= 0 else None
         cp.hpa_sync_period = hpa_sync_period
@@ -273,6 +339,7 @@ def register(app: typer.Typer) -> None:
         cp.pod_security = pod_security
         cp.encryption_provider_config = encryption
         cp.max_node_gpus, cp.node_name_allowed = max_node_gpus, list(node_name_allowed)
+        apply_limits(cp, max_request_body_bytes, max_requests_inflight, max_mutating_requests_inflight)
         local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host,
                            keep_pods=keep_pods) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))

@@ -83,6 +83,7 @@ The package: ``model`` (names, labels, the facts read from a job and its pods), 
 with the table of phase transitions), ``controller`` (events, snapshot, apply).
 """
 
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.controllers.pytorchjob.controller import PyTorchJobController
 from gpufleet.controllers.pytorchjob.decide import TRANSITIONS, Memory, Observed, Settings, decide, phase
 from gpufleet.controllers.pytorchjob.model import (
@@ -118,4 +119,5 @@ __all__ = [
     "decide",
     "gang_wait_reason",
     "phase",
+    "pod_gpu_request",
 ]

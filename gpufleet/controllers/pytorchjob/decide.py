@@ -31,6 +31,7 @@ from gpufleet.api.kubeflow import (
     replicas_of,
     run_policy,
 )
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.client import objects
 from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.controllers._common import find_condition, is_being_deleted, pod_phase, status_dict, timestamp
@@ -56,7 +57,6 @@ from gpufleet.controllers.pytorchjob.model import (
     leader,
     pod_attempt,
     pod_gang_size,
-    pod_gpu_request,
     pod_member,
     pod_name,
     rendezvous_name,
@@ -450,8 +450,7 @@ def resize_step(job: Any, current: list[Any], own: list[Any], cluster_pods: list
     lo, hi = elastic_bounds(job)
     workers = replicas_of(job, WORKER)
     template = replica_specs(job)[WORKER].template
-    tspec = template.spec.to_dict() if template is not None and template.spec is not None else {}
-    need = pod_gpu_request(tspec)
+    need = pod_gpu_request(template) if template is not None else 0
     job_priority = max((_priority(p.spec) for p in current), default=0)
     mine = {objects.uid_of(p) for p in own}
     waiting = [p for p in cluster_pods
@@ -460,7 +459,7 @@ def resize_step(job: Any, current: list[Any], own: list[Any], cluster_pods: list
     free = free_gpus(nodes, cluster_pods)
     if workers > lo:
         blocked = [p for p in waiting if _priority(p.spec) > job_priority
-                   and pod_gpu_request(p.spec.to_dict() if p.spec else {}) > max(free.values(), default=0)]
+                   and pod_gpu_request(p) > max(free.values(), default=0)]
         if blocked:
             why = (f"pod {objects.namespace_of(blocked[0])}/{objects.name_of(blocked[0])} of higher priority "
                    f"waits for GPUs")

@@ -19,7 +19,7 @@ from gpufleet.api.kubeflow import (
     replica_specs,
     replicas_of,
 )
-from gpufleet.api.quantity import parse_quantity
+from gpufleet.api.podresources import container_gpu_request
 from gpufleet.client import objects
 from gpufleet.controllers._common import find_condition, is_being_deleted, pod_phase, status_dict
 
@@ -42,7 +42,6 @@ CHECKPOINT_ANNOTATION = "gpufleet.io/checkpoint-dir"
 AUTOSCALE_ANNOTATION = "gpufleet.io/elastic-autoscale"
 ELASTIC_REASON_ANNOTATION = "gpufleet.io/elastic-reason"
 CHECKPOINT_ENV = "GPUFLEET_CHECKPOINT_DIR"
-GPU_RESOURCE = "nvidia.com/gpu"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
 PODGROUP_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
 DEFAULT_CHECKPOINT_ROOT = "/var/tmp/gpufleet/checkpoints"
@@ -99,21 +98,8 @@ def nproc_per_node(job: PyTorchJob, container: dict[str, Any]) -> str:
         return str(ep.n_proc_per_node)
     if job.spec is not None and job.spec.nproc_per_node:
         return job.spec.nproc_per_node
-    gpus = _container_gpus(container)
+    gpus = container_gpu_request(container)
     return str(gpus) if gpus > 0 else "1"
-
-
-def _container_gpus(container: dict[str, Any]) -> int:
-    res = container.get("resources") or {}
-    value = (res.get("limits") or {}).get(GPU_RESOURCE) or (res.get("requests") or {}).get(GPU_RESOURCE)
-    try:
-        return int(parse_quantity(value)) if value is not None else 0
-    except ValueError:
-        return 0
-
-
-def pod_gpu_request(pod_spec: dict[str, Any]) -> int:
-    return sum(_container_gpus(c) for c in pod_spec.get("containers") or [])
 
 
 def checkpoint_dir(job: PyTorchJob, root: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.kubeflow import (
     DEFAULT_CONTAINER_NAME,
     DEFAULT_PORT_NAME,
@@ -19,7 +20,9 @@ from gpufleet.api.kubeflow import (
     replicas_of,
     run_policy,
 )
+from gpufleet.api.podresources import pod_gpu_request
 from gpufleet.api.quantity import parse_quantity
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples
 from gpufleet.client import objects
 from gpufleet.controllers._common import is_being_deleted, owner_reference, pod_from_template, pod_phase
 from gpufleet.controllers.pytorchjob.model import (
@@ -28,7 +31,6 @@ from gpufleet.controllers.pytorchjob.model import (
     CHECKPOINT_ANNOTATION,
     CHECKPOINT_ENV,
     GANG_SIZE_ANNOTATION,
-    GPU_RESOURCE,
     JOB_NAME_LABEL,
     JOB_ROLE_LABEL,
     KIND,
@@ -46,7 +48,6 @@ from gpufleet.controllers.pytorchjob.model import (
     node_rank,
     nproc_per_node,
     pod_attempt,
-    pod_gpu_request,
     pod_member,
     pod_name,
     rendezvous_name,
@@ -285,12 +286,12 @@ def free_gpus(nodes: list[Any], pods: list[Any]) -> dict[str, int]:
     for p in pods:
         node = p.spec.node_name if p.spec is not None else None
         if node and pod_phase(p) not in ("Succeeded", "Failed"):
-            used[node] = used.get(node, 0) + pod_gpu_request(p.spec.to_dict())
+            used[node] = used.get(node, 0) + pod_gpu_request(p)
     out: dict[str, int] = {}
     for node in nodes:
         if node.spec is not None and node.spec.unschedulable:
             continue
-        if any(t.effect in ("NoSchedule", "NoExecute") for t in (node.spec.taints if node.spec else None) or []):
+        if taint_tuples(node.spec.taints if node.spec else None, (NO_SCHEDULE, NO_EXECUTE)):
             continue
         status = node.status
         ready = any(c.type == "Ready" and c.status == "True" for c in (status.conditions if status else None) or [])

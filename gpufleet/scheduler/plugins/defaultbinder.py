@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.gpu import GPU_INDICES_ANNOTATION, format_gpu_indices
 from gpufleet.scheduler.framework import GPU_INDICES_KEY, OK, Code, CycleState, FrameworkHandle, Status
-from gpufleet.scheduler.gpu import GPU_INDICES_ANNOTATION, format_gpu_indices
 from gpufleet.scheduler.snapshot import PodInfo
 
 

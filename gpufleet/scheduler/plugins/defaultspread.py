@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.gpu import ZONE_LABEL
 from gpufleet.scheduler.framework import MAX_NODE_SCORE, OK, SKIP, CycleState, Status
-from gpufleet.scheduler.gpu import ZONE_LABEL
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo
 
 _STATE_KEY = "DefaultSpread/counts"

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.gpu import GPU_MEMORY_MIN_ANNOTATION
 from gpufleet.scheduler.framework import NODE_ADD, NODE_ANNOTATION, NODE_LABEL, OK, SKIP, CycleState, Status
-from gpufleet.scheduler.gpu import GPU_MEMORY_MIN_ANNOTATION
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 
 _STATE_KEY = "GPUMemory/min-mib"

@@ -23,6 +23,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.gpu import (
+    GPU_TOPOLOGY_ANNOTATION,
+    SAME_GROUP,
+)
 from gpufleet.scheduler.framework import (
     GPU_INDICES_KEY,
     MAX_NODE_SCORE,
@@ -35,10 +39,6 @@ from gpufleet.scheduler.framework import (
     CycleState,
     FrameworkHandle,
     Status,
-)
-from gpufleet.scheduler.gpu import (
-    GPU_TOPOLOGY_ANNOTATION,
-    SAME_GROUP,
 )
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 

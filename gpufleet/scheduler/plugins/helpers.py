@@ -1,13 +1,14 @@
-"""Small pieces several plugins share: score normalization and taint toleration."""
+"""Small pieces several plugins share: score normalization (and, re-exported, taint
+toleration, whose rule lives in gpufleet.api.taints)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
+from gpufleet.api.taints import TolerationTuple as Toleration
+from gpufleet.api.taints import tolerated
+from gpufleet.api.taints import tolerates_taint as tolerates
 from gpufleet.scheduler.framework import MAX_NODE_SCORE
 
-# (key, operator, value, effect), as PodInfo.tolerations holds them.
-Toleration = tuple[str, str, str, str]
+__all__ = ["Toleration", "default_normalize_score", "tolerated", "tolerates"]
 
 
 def default_normalize_score(
@@ -24,22 +25,3 @@ def default_normalize_score(
         scores[:] = [max_score - max_score * s // highest for s in scores]
     else:
         scores[:] = [max_score * s // highest for s in scores]
-
-
-def tolerates(toleration: Toleration, key: str, value: str, effect: str) -> bool:
-    """Kubernetes' ``Toleration.ToleratesTaint``: an empty toleration key (with Exists)
-    matches every key, an empty effect every effect; an unknown operator matches nothing."""
-    t_key, operator, t_value, t_effect = toleration
-    if t_effect and t_effect != effect:
-        return False
-    if t_key and t_key != key:
-        return False
-    if operator == "Exists":
-        return True
-    if operator in ("", "Equal"):
-        return t_value == value
-    return False
-
-
-def tolerated(tolerations: Iterable[Toleration], key: str, value: str, effect: str) -> bool:
-    return any(tolerates(t, key, value, effect) for t in tolerations)

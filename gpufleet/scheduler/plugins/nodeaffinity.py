@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.api import k8s
+from gpufleet.api.gpu import GPU_PRODUCT_LABEL
 from gpufleet.api.selectors import Operator, Requirement, SelectorError
 from gpufleet.scheduler.framework import NODE_ADD, NODE_LABEL, OK, SKIP, CycleState, Status
-from gpufleet.scheduler.gpu import GPU_PRODUCT_LABEL
 from gpufleet.scheduler.plugins.helpers import default_normalize_score
 from gpufleet.scheduler.snapshot import NodeInfo, PodInfo, Snapshot
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.quantity import format_quantity
 from gpufleet.scheduler.framework import (
     MAX_NODE_SCORE,
@@ -28,7 +29,6 @@ from gpufleet.scheduler.framework import (
     CycleState,
     Status,
 )
-from gpufleet.scheduler.gpu import GPU_RESOURCE
 from gpufleet.scheduler.profile import LEAST_ALLOCATED, MOST_ALLOCATED, SCORING_STRATEGIES
 from gpufleet.scheduler.snapshot import CPU, MEMORY, PODS, NodeInfo, PodInfo
 

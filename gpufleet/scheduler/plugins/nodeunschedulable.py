@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.taints import NO_SCHEDULE, tolerated
 from gpufleet.scheduler.framework import NODE_ADD, NODE_TAINT, OK, Status
-from gpufleet.scheduler.plugins.helpers import tolerated
-from gpufleet.scheduler.snapshot import NO_SCHEDULE, NodeInfo, PodInfo
+from gpufleet.scheduler.snapshot import NodeInfo, PodInfo
 
 UNSCHEDULABLE_TAINT_KEY = "node.kubernetes.io/unschedulable"
 REASON = "node(s) were unschedulable"

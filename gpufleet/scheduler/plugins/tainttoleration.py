@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, tolerated
 from gpufleet.scheduler.framework import NODE_ADD, NODE_TAINT, OK, SKIP, CycleState, Status
-from gpufleet.scheduler.plugins.helpers import default_normalize_score, tolerated
-from gpufleet.scheduler.snapshot import NO_EXECUTE, NO_SCHEDULE, PREFER_NO_SCHEDULE, NodeInfo, PodInfo
+from gpufleet.scheduler.plugins.helpers import default_normalize_score
+from gpufleet.scheduler.snapshot import NodeInfo, PodInfo
 
 _PREFERENCE_KEY = "TaintToleration/prefer-no-schedule-tolerations"
 
