@@ -7,17 +7,17 @@ runtime (one PodWorker each), and serves their logs and its usage over HTTP.
 It talks to the control plane only through the client, and keeps working when the control
 plane is away: containers keep running, writes are retried, and the informers list again
 when the API is back.
+
+registration.py holds the Node, its status and the Lease; agentlogs.py the logs and usage it
+serves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
-import os
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,16 +25,17 @@ from typing import Any
 import httpx
 import psutil
 
-from gpufleet.agent import logfiles, node
+from gpufleet.agent import node
 from gpufleet.agent import stats as stats_mod
+from gpufleet.agent.agentlogs import LogsAndStatsMixin
 from gpufleet.agent.apiproxy import ApiRelay
-from gpufleet.agent.httpserver import AgentHttpServer, LogAnswer
+from gpufleet.agent.httpserver import AgentHttpServer
 from gpufleet.agent.localpath import LocalPathCleanup
 from gpufleet.agent.podworker import PodWorker, WorkerContext
+from gpufleet.agent.registration import RegistrationMixin
 from gpufleet.agent.resources import GPUTable, PortTable
 from gpufleet.agent.runtime.base import PodNetworkUnavailable, RecoveredContainer, RecoveredSandbox, Runtime
 from gpufleet.client import (
-    AlreadyExists,
     ApiError,
     Client,
     EventRecorder,
@@ -42,15 +43,13 @@ from gpufleet.client import (
     NotFound,
     TransportError,
 )
-from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
+from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.files import private_dir, tighten_dir_files
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "gpufleet-agent"
-# Node label: "nvml" (GPUs found by NVML) or "declared" (--gpus, --gpu-inventory, simulated).
-INVENTORY_LABEL = "gpufleet.io/inventory"
 
+COMPONENT = "gpufleet-agent"
 
 @dataclass
 class AgentConfig:
@@ -96,7 +95,7 @@ class AgentConfig:
     checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
 
 
-class NodeAgent:
+class NodeAgent(RegistrationMixin, LogsAndStatsMixin):
     def __init__(self, client: Client, runtime: Runtime, devices: Any, config: AgentConfig,
                  clock: Clock = REAL_CLOCK) -> None:
         self.client = client
@@ -409,61 +408,6 @@ class NodeAgent:
         port = self._relay.port(address)
         return (address, port) if port else None
 
-    # -- devices ------------------------------------------------------------------------
-
-    async def _call_devices(self, method: str, *args: Any) -> Any:
-        fn = getattr(self.devices, method)
-        # NVML calls block for milliseconds; keep them off the event loop.
-        if getattr(self.devices, "name", "") == "nvml":
-            result = await asyncio.to_thread(fn, *args)
-        else:
-            result = fn(*args)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
-    async def _fingerprint(self) -> list[Any]:
-        try:
-            return list(await self._call_devices("fingerprint"))
-        except Exception:
-            log.exception("agent %s: fingerprinting GPUs failed", self.name)
-            return list(self._gpus)
-
-    async def _reserve(self, indices: list[int]) -> dict[str, str]:
-        return dict(await self._call_devices("reserve", list(indices)))
-
-    async def _serving_credentials(self) -> Any:
-        """The serving certificate (kept, or asked for), waiting while the API is unreachable."""
-        from gpufleet.agent.servingcert import ensure_serving
-
-        backoff = 0.2
-        while True:
-            try:
-                return await ensure_serving(self.client, self.name, self.state_dir)
-            except TransportError as exc:
-                log.warning("agent %s: cannot reach the API for a serving certificate (%s); retrying in %.1fs",
-                            self.name, exc, backoff)
-                await self.clock.sleep(backoff)
-                backoff = min(backoff * 2, self.config.api_retry_max)
-
-    def _gpu_labels(self) -> dict[str, str]:
-        from gpufleet.agent.devices import node_gpu_labels
-
-        # Where the GPU count comes from: NVML's inventory, or what the agent was told
-        # (--gpus, --gpu-inventory). The API server bounds either with --max-node-gpus.
-        source = "nvml" if getattr(self.devices, "name", "") == "nvml" else "declared"
-        return {**node_gpu_labels(self._gpus), INVENTORY_LABEL: source}
-
-    def _gpu_annotation(self) -> str:
-        from gpufleet.agent.devices import node_gpu_annotation
-
-        return node_gpu_annotation(self._gpus)
-
-    def _allocatable(self) -> dict[str, Any]:
-        if self.settings is None:
-            return {}
-        return node.resources(self.settings, self._gpus)[1]
-
     def _describe_uid(self, uid: str) -> str:
         w = self.workers.get(uid)
         if w is not None:
@@ -485,111 +429,6 @@ class NodeAgent:
         log.warning("agent %s: the Node object was deleted; registering again", self.name)
         self._need_register = True
         self._lease_exists = False
-        self._last_status = None
-        self._last_meta = None
-
-    async def _node_loop(self) -> None:
-        backoff = 0.2
-        while True:
-            try:
-                if self._need_register:
-                    await self._register()
-                await self._renew_lease()
-                await self._sync_node()
-                self._registered.set()
-                backoff = 0.2
-                await self.clock.sleep(self.config.heartbeat_interval)
-            except asyncio.CancelledError:
-                raise
-            except NotFound:
-                self._need_register = True
-                continue
-            except (TransportError, ApiError) as exc:
-                log.warning("agent %s: cannot reach the API (%s); retrying in %.1fs", self.name, exc, backoff)
-                await self.clock.sleep(backoff)
-                backoff = min(backoff * 2, self.config.api_retry_max, self.config.heartbeat_interval)
-            except Exception:
-                log.exception("agent %s: heartbeat failed", self.name)
-                await self.clock.sleep(self.config.heartbeat_interval)
-
-    async def _register(self) -> None:
-        assert self.settings is not None
-        self._gpus = await self._fingerprint()
-        now = self.clock.now()
-        try:
-            current = await self.client.get("nodes", self.name, raw=True)
-        except NotFound:
-            current = None
-        if current is None:
-            body = node.new_node(self.settings, self._gpus, self._gpu_labels(), self._gpu_annotation(), now)
-            try:
-                created = await self.client.create(body, raw=True)
-            except AlreadyExists:
-                return  # registered by an earlier attempt that timed out; the next pass updates it
-            self._node_uid = created["metadata"].get("uid")
-            self._last_status = created.get("status")
-            self._last_status_at = self.clock.monotonic()
-            self._last_meta = self._wanted_meta()
-            log.info("agent %s: registered the node", self.name)
-        else:
-            self._node_uid = current["metadata"].get("uid")
-            self._last_meta = None
-            self._last_status = None
-            await self._sync_node(current)
-            log.info("agent %s: the node was already registered; updated it", self.name)
-        self._need_register = False
-
-    def _wanted_meta(self) -> dict[str, Any]:
-        assert self.settings is not None
-        return {"labels": node.node_labels(self.settings, self._gpu_labels()),
-                "annotations": {node.GPUS_ANNOTATION: self._gpu_annotation()}}
-
-    async def _sync_node(self, current: dict[str, Any] | None = None) -> None:
-        """Labels and GPU annotation when they changed, status when it changed or is due."""
-        assert self.settings is not None
-        self._gpus = await self._fingerprint()
-        meta = self._wanted_meta()
-        if meta != self._last_meta:
-            await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
-            self._last_meta = meta
-        cached = current or (self._node_informer.get(self.name) if self._node_informer else None)
-        existing = (cached or {}).get("status") or self._last_status or {}
-        status = node.node_status(self.settings, self._gpus, existing, self.clock.now())
-        # Conditions other components own (NetworkUnavailable, ...) stay as they are.
-        mine = {c["type"] for c in status["conditions"]}
-        status["conditions"] += [c for c in existing.get("conditions") or [] if c.get("type") not in mine]
-        due = self.clock.monotonic() - self._last_status_at >= self.config.node_status_report_interval
-        cached_ready = next((c.get("status") for c in existing.get("conditions") or []
-                             if c.get("type") == "Ready"), None)
-        changed = (self._last_status is None or node.comparable(status) != node.comparable(self._last_status)
-                   or cached_ready not in (None, "True"))
-        if not (changed or due):
-            return
-        await self.client.patch("nodes", self.name, {"status": status}, subresource="status", raw=True)
-        self._last_status = status
-        self._last_status_at = self.clock.monotonic()
-
-    async def _renew_lease(self) -> None:
-        now = self.clock.now()
-        lease = node.new_lease(self.name, self._node_uid, self.config.lease_duration_seconds, now)
-        if self._lease_exists:
-            try:
-                await self.client.patch("leases", self.name, {"spec": lease["spec"]}, node.LEASE_NAMESPACE,
-                                        raw=True)
-                return
-            except NotFound:
-                self._lease_exists = False
-        try:
-            await self.client.create(lease, node.LEASE_NAMESPACE, raw=True)
-        except AlreadyExists:
-            # Left by an earlier run, maybe owned by a Node object that was since replaced.
-            patch = {"spec": lease["spec"]}
-            if "ownerReferences" in lease["metadata"]:
-                patch["metadata"] = {"ownerReferences": lease["metadata"]["ownerReferences"]}
-            await self.client.patch("leases", self.name, patch, node.LEASE_NAMESPACE, raw=True)
-        self._lease_exists = True
-
-    # -- pods -----------------------------------------------------------------------------
 
     def _on_pod(self, pod: dict[str, Any]) -> None:
         meta = pod.get("metadata") or {}
@@ -640,190 +479,3 @@ class NodeAgent:
     def worker_for(self, namespace: str, name: str) -> PodWorker | None:
         uid = self._uid_by_key.get(f"{namespace}/{name}")
         return self.workers.get(uid) if uid else None
-
-    # -- logs -----------------------------------------------------------------------------
-
-    async def container_logs(self, namespace: str, pod: str, container: str,
-                             params: Mapping[str, str]) -> LogAnswer:
-        worker = self.worker_for(namespace, pod)
-        pod_dir: Path | None = None
-        if worker is not None:
-            pod_dir = logfiles.pod_log_dir(self.state_dir, namespace, pod, worker.uid)
-            names = [r.name for r in worker.records if not r.init]
-            all_names = [r.name for r in worker.records]
-        else:
-            pod_dir = self._newest_pod_dir(namespace, pod)
-            if pod_dir is None:
-                return LogAnswer(404, "NotFound", f'pods "{pod}" not found')
-            names = all_names = sorted(p.name for p in pod_dir.iterdir() if p.is_dir())
-        if not container:
-            if len(names) != 1:
-                return LogAnswer(400, "BadRequest", f"a container name must be specified for pod {pod}, "
-                                                    f"choose one of: [{' '.join(names)}]")
-            container = names[0]
-        if container not in all_names:
-            return LogAnswer(400, "BadRequest", f"container {container} is not valid for pod {pod}")
-        cdir = pod_dir / container
-        found = logfiles.attempts(cdir)
-        previous = _truthy(params.get("previous"))
-        rec = worker.record_for(container) if worker is not None else None
-        if previous:
-            if len(found) < 2:
-                return LogAnswer(400, "BadRequest",
-                                 f'previous terminated container "{container}" in pod "{pod}" not found')
-            attempt = found[-2]
-        else:
-            if not found:
-                reason = ((rec.state.get("waiting") or {}).get("reason") if rec is not None else "") or \
-                    "ContainerCreating"
-                return LogAnswer(400, "BadRequest",
-                                 f'container "{container}" in pod "{pod}" is waiting to start: {reason}')
-            attempt = found[-1]
-        try:
-            opts = logfiles.LogOptions(
-                tail_lines=int(params["tailLines"]) if params.get("tailLines") else None,
-                timestamps=_truthy(params.get("timestamps")),
-                limit_bytes=int(params["limitBytes"]) if params.get("limitBytes") else None,
-            )
-            if params.get("sinceSeconds"):
-                opts.since_time = self.clock.now() - float(params["sinceSeconds"])
-            elif params.get("sinceTime"):
-                opts.since_time = parse_rfc3339(params["sinceTime"])
-        except ValueError as exc:
-            return LogAnswer(400, "BadRequest", f"invalid log options: {exc}")
-        path = cdir / f"{attempt}.log"
-        if _truthy(params.get("follow")) and not previous:
-            def running() -> bool:
-                return (rec is not None and rec.running and rec.handle is not None
-                        and _attempt_of(rec) == attempt and worker is not None and not worker.done)
-
-            return LogAnswer(stream=_limited(logfiles.follow_log(path, opts, running), opts.limit_bytes))
-        body = logfiles.read_log(path, opts)
-        if opts.limit_bytes is not None:
-            body = body[: opts.limit_bytes]
-        return LogAnswer(body=body)
-
-    def _newest_pod_dir(self, namespace: str, pod: str) -> Path | None:
-        base = self.state_dir / "pods"
-        prefix = f"{namespace}_{pod}_"
-        try:
-            dirs = [base / n for n in os.listdir(base) if n.startswith(prefix)]
-        except OSError:
-            return None
-        dirs = [d for d in dirs if d.is_dir()]
-        if not dirs:
-            return None
-        return max(dirs, key=lambda d: d.stat().st_mtime)
-
-    # -- stats ----------------------------------------------------------------------------
-
-    def _invalidate_stats(self) -> None:
-        self._stats_cache = None
-
-    async def sample(self, max_age: float = 1.0) -> stats_mod.NodeSample:
-        async with self._stats_lock:
-            now = self.clock.monotonic()
-            if self._stats_cache is not None and now - self._stats_cache[0] < max_age:
-                return self._stats_cache[1]
-            result = await self._collect()
-            self._stats_cache = (now, result)
-            return result
-
-    async def _collect(self) -> stats_mod.NodeSample:
-        pods: list[stats_mod.PodSample] = []
-        gpu_owner: dict[int, tuple[str, str]] = {}
-        for worker in list(self.workers.values()):
-            containers = []
-            for rec in worker.records:
-                if not rec.running or rec.handle is None:
-                    continue
-                try:
-                    st = await self.runtime.stats(rec.handle)
-                except Exception:
-                    st = None
-                containers.append(stats_mod.ContainerSample(
-                    name=rec.name,
-                    start_time=(rec.state.get("running") or {}).get("startedAt"),
-                    cpu_millis=st.cpu_millis if st else 0.0,
-                    memory_bytes=st.memory_bytes if st else 0,
-                    restart_count=rec.restart_count,
-                    gpus=list(rec.gpus),
-                ))
-                for i in rec.gpus:
-                    gpu_owner.setdefault(i, (worker.key, rec.name))
-            if containers:
-                pods.append(stats_mod.PodSample(worker.name, worker.namespace, worker.uid, worker.start_time,
-                                                containers))
-        try:
-            gpu_stats = await self._call_devices("stats")
-        except Exception:
-            log.exception("agent %s: reading GPU stats failed", self.name)
-            gpu_stats = {}
-        gpus = []
-        for g in self._gpus:
-            st = gpu_stats.get(g.index)
-            owner = gpu_owner.get(g.index, ("", ""))
-            gpus.append(stats_mod.GPUSample(
-                index=g.index, uuid=g.uuid, model=g.model, health=getattr(g, "health", "Healthy"),
-                group=getattr(g, "group", ""),
-                utilization_pct=st.utilization_pct if st else 0.0,
-                memory_used_mib=st.memory_used_mib if st else 0,
-                memory_total_mib=st.memory_total_mib if st else getattr(g, "memory_mib", 0),
-                temperature_c=st.temperature_c if st else None,
-                power_w=st.power_w if st else None,
-                pod=owner[0], container=owner[1],
-            ))
-        if self.runtime.name == "simulated":
-            # A simulated node is busy with what its pods pretend to use, not with this machine's load.
-            cpu = sum(c.cpu_millis for p in pods for c in p.containers)
-            used = sum(c.memory_bytes for p in pods for c in p.containers)
-            total = self.settings.memory_bytes if self.settings else used
-        else:
-            cpu = psutil.cpu_percent(interval=None) / 100.0 * (psutil.cpu_count() or 1) * 1000
-            vm = psutil.virtual_memory()
-            used, total = vm.total - vm.available, vm.total
-        return stats_mod.NodeSample(
-            node_name=self.name, time=self.clock.now(), start_time=self._started_at, cpu_millis=cpu,
-            memory_used_bytes=used, memory_total_bytes=total, memory_available_bytes=max(total - used, 0),
-            pods=pods, gpus=gpus,
-        )
-
-    async def stats_summary(self) -> dict[str, Any]:
-        return stats_mod.summary(await self.sample())
-
-    async def metrics_text(self) -> bytes:
-        return stats_mod.prometheus_text(await self.sample())
-
-    async def workload_metrics(self, namespace: str | None = None) -> dict[str, Any]:
-        """The pods' own Prometheus metrics (see workloadmetrics), for the HPA's Pods metrics."""
-        from gpufleet.agent.workloadmetrics import scrape
-
-        pods = [(w.pod, w.ports, None) if w.uses_host_network() else (w.pod, None, w.pod_ip)
-                for w in list(self.workers.values())
-                if not w.removed and (namespace is None or w.namespace == namespace)]
-        return {"pods": await scrape(self.config.address, pods, rfc3339(self.clock.now()))}
-
-
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.lower() in ("true", "1", "yes")
-
-
-def _attempt_of(rec: Any) -> int:
-    return rec.restart_count
-
-
-async def _limited(stream: Any, limit: int | None) -> Any:
-    sent = 0
-    try:
-        async for chunk in stream:
-            if limit is not None:
-                chunk = chunk[: max(limit - sent, 0)]
-            if chunk:
-                sent += len(chunk)
-                yield chunk
-            if limit is not None and sent >= limit:
-                return
-    finally:
-        with contextlib.suppress(Exception):
-            await stream.aclose()
-

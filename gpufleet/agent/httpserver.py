@@ -10,7 +10,6 @@ these through the API: ``pods/log``, ``metrics.k8s.io`` and ``nodes/{name}/proxy
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -22,6 +21,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from gpufleet.utils.uvicornserver import ServerTask
 
 log = logging.getLogger(__name__)
 
@@ -130,39 +131,13 @@ def build_app(endpoints: AgentEndpoints,
     return app if verify is None else RequireToken(app, verify)
 
 
-class AgentHttpServer:
+class AgentHttpServer(ServerTask):
     """uvicorn as a task of the agent's event loop; with ``serving`` (the node's serving
     certificate and the API server's token key) it speaks TLS and checks proxy tokens."""
 
     def __init__(self, endpoints: AgentEndpoints, host: str, port: int, serving: Any = None) -> None:
         tls = dict(ssl_certfile=str(serving.cert_file), ssl_keyfile=str(serving.key_file)) if serving else {}
         app = build_app(endpoints, serving.verifier().verify if serving else None)
-        self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                     lifespan="off", timeout_graceful_shutdown=1, **tls)
-        self.server = uvicorn.Server(self.config)
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        self.server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
-        self._task = asyncio.create_task(self.server.serve(), name="agent-http")
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the agent's HTTP server stopped while starting")
-            await asyncio.sleep(0.01)
-
-    @property
-    def port(self) -> int:
-        for s in self.server.servers:
-            for sock in s.sockets:
-                return sock.getsockname()[1]
-        return self.config.port
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout=3)
-            except (TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
-
+        config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                lifespan="off", timeout_graceful_shutdown=1, **tls)
+        super().__init__(config, what="the agent's HTTP server", task_name="agent-http", stop_timeout=3)

@@ -95,15 +95,23 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
             return code == 0, output.strip() or f"command {command!r} exited with {code}"
 
         return exec_action
-    if probe.get("httpGet"):
-        spec = probe["httpGet"]
 
-        async def http_action(limit_s: float) -> tuple[bool, str]:
+    def connecting(spec: dict[str, Any], act: Callable[[str, int, float], Awaitable[tuple[bool, str]]]) -> ProbeAction:
+        """An httpGet or tcpSocket probe: ``act(host, port, limit_s)`` once its port resolves."""
+
+        async def action(limit_s: float) -> tuple[bool, str]:
             port = resolve_port(spec.get("port"))
             if port is None:
                 return False, f"unknown port {spec.get('port')!r}"
+            return await act(spec.get("host") or host, port, limit_s)
+
+        return action
+
+    if probe.get("httpGet"):
+        spec = probe["httpGet"]
+
+        async def http_action(target: str, port: int, limit_s: float) -> tuple[bool, str]:
             scheme = (spec.get("scheme") or "HTTP").lower()
-            target = spec.get("host") or host
             path = spec.get("path") or "/"
             if not path.startswith("/"):
                 path = "/" + path
@@ -120,15 +128,11 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
                 return True, ""
             return False, f"HTTP probe failed with statuscode: {resp.status_code}"
 
-        return http_action
+        return connecting(spec, http_action)
     if probe.get("tcpSocket"):
         spec = probe["tcpSocket"]
 
-        async def tcp_action(limit_s: float) -> tuple[bool, str]:
-            port = resolve_port(spec.get("port"))
-            if port is None:
-                return False, f"unknown port {spec.get('port')!r}"
-            target = spec.get("host") or host
+        async def tcp_action(target: str, port: int, limit_s: float) -> tuple[bool, str]:
             try:
                 _, writer = await asyncio.wait_for(asyncio.open_connection(target, port), limit_s)
             except (OSError, TimeoutError) as exc:
@@ -139,7 +143,7 @@ def make_action(probe: Mapping[str, Any], *, host: str, resolve_port: Callable[[
                 await writer.wait_closed()
             return True, ""
 
-        return tcp_action
+        return connecting(spec, tcp_action)
     return None
 
 

@@ -108,6 +108,18 @@ def _split(metrics: list[Any], index: int | None, plain: Callable[[int], Obj], v
     return metrics
 
 
+def _cpu_to_v1(metrics: list[Any], cpu_index: Callable[[list[Any]], int | None], field: str,
+               plain: Callable[[int], Obj], out: Obj, out_key: str, notes: dict[str, str], annotation: str) -> None:
+    """The cpu utilization entry of v2 ``metrics`` as v1's ``out[out_key]``; the rest in ``annotation``."""
+    index = cpu_index(metrics)
+    value = metrics[index]["resource"][field]["averageUtilization"] if index is not None else None
+    if value is not None:
+        out[out_key] = value
+    kept = _split(metrics, index, plain, value)
+    if kept:
+        notes[annotation] = _dumps(kept)
+
+
 def _join(kept: list[Any] | None, cpu_index: Callable[[list[Any]], int | None], plain: Callable[[int], Obj],
           value: int | None, set_value: Callable[[Obj, int], None]) -> list[Any] | None:
     metrics = copy.deepcopy(kept) if kept else []
@@ -140,14 +152,8 @@ def hpa_v2_to_v1(obj: Obj) -> Obj:
     if isinstance(spec, dict):
         v1spec: Obj = {k: copy.deepcopy(spec[k]) for k in ("scaleTargetRef", "minReplicas", "maxReplicas")
                        if k in spec}
-        metrics = list(spec.get("metrics") or [])
-        index = _cpu_target_index(metrics)
-        value = metrics[index]["resource"]["target"]["averageUtilization"] if index is not None else None
-        if value is not None:
-            v1spec["targetCPUUtilizationPercentage"] = value
-        kept = _split(metrics, index, _cpu_target, value)
-        if kept:
-            notes[METRICS_ANNOTATION] = _dumps(kept)
+        _cpu_to_v1(list(spec.get("metrics") or []), _cpu_target_index, "target", _cpu_target,
+                   v1spec, "targetCPUUtilizationPercentage", notes, METRICS_ANNOTATION)
         if spec.get("behavior") is not None:
             notes[BEHAVIOR_ANNOTATION] = _dumps(spec["behavior"])
         out["spec"] = v1spec
@@ -157,14 +163,8 @@ def hpa_v2_to_v1(obj: Obj) -> Obj:
                          if k in status}
         v1status["currentReplicas"] = status.get("currentReplicas", 0)
         v1status["desiredReplicas"] = status.get("desiredReplicas", 0)
-        current = list(status.get("currentMetrics") or [])
-        index = _cpu_current_index(current)
-        value = current[index]["resource"]["current"]["averageUtilization"] if index is not None else None
-        if value is not None:
-            v1status["currentCPUUtilizationPercentage"] = value
-        kept = _split(current, index, _cpu_current, value)
-        if kept:
-            notes[CURRENT_METRICS_ANNOTATION] = _dumps(kept)
+        _cpu_to_v1(list(status.get("currentMetrics") or []), _cpu_current_index, "current", _cpu_current,
+                   v1status, "currentCPUUtilizationPercentage", notes, CURRENT_METRICS_ANNOTATION)
         if status.get("conditions"):
             notes[CONDITIONS_ANNOTATION] = _dumps(status["conditions"])
         out["status"] = v1status

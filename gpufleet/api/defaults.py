@@ -335,6 +335,14 @@ def _default_priority_class(pc: k8s.PriorityClass) -> None:
 # --- storage ----------------------------------------------------------------------------
 
 
+def _pending(obj: k8s.PersistentVolume | k8s.PersistentVolumeClaim, status: type) -> None:
+    """A new volume or claim is Pending until the PV controller has looked at it."""
+    if obj.status is None:
+        obj.status = status()
+    if not obj.status.phase:
+        obj.status.phase = "Pending"
+
+
 def _default_persistent_volume(pv: k8s.PersistentVolume) -> None:
     # Kubernetes' SetDefaults_PersistentVolume: a new volume is Pending until the PV
     # controller has looked at it.
@@ -343,19 +351,13 @@ def _default_persistent_volume(pv: k8s.PersistentVolume) -> None:
             pv.spec.persistent_volume_reclaim_policy = "Retain"
         if pv.spec.volume_mode is None:
             pv.spec.volume_mode = "Filesystem"
-    if pv.status is None:
-        pv.status = k8s.PersistentVolumeStatus()
-    if not pv.status.phase:
-        pv.status.phase = "Pending"
+    _pending(pv, k8s.PersistentVolumeStatus)
 
 
 def _default_persistent_volume_claim(pvc: k8s.PersistentVolumeClaim) -> None:
     if pvc.spec is not None and pvc.spec.volume_mode is None:
         pvc.spec.volume_mode = "Filesystem"
-    if pvc.status is None:
-        pvc.status = k8s.PersistentVolumeClaimStatus()
-    if not pvc.status.phase:
-        pvc.status.phase = "Pending"
+    _pending(pvc, k8s.PersistentVolumeClaimStatus)
 
 
 def _default_storage_class(sc: k8s.StorageClass) -> None:

@@ -68,7 +68,7 @@ def encode_params(params: Params) -> list[tuple[str, str]]:
 def encode_body(
     json: Any, content: bytes | str | None, headers: Mapping[str, str] | None
 ) -> tuple[bytes, dict[str, str]]:
-    out_headers = {k.lower(): v for k, v in (headers or {}).items()}
+    out_headers = lower_keys(headers or {})
     if json is not None:
         if content is not None:
             raise ValueError("pass json or content, not both")
@@ -98,7 +98,35 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         yield buf.rstrip(b"\r")
 
 
-class LocalTransport:
+def lower_keys(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
+
+
+class EncodingTransport:
+    """``request`` over ``_send``: the body (json or content) and headers encoded once, here,
+    for every transport."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        json: Any = None,
+        content: bytes | str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> RawResponse:
+        """Send one request and return the whole answer, whatever its status."""
+        body, hdrs = encode_body(json, content, headers)
+        return await self._send(method, path, params, body, hdrs)
+
+    async def _send(
+        self, method: str, path: str, params: Params, body: bytes, hdrs: dict[str, str]
+    ) -> RawResponse:  # pragma: no cover - each transport's
+        raise NotImplementedError
+
+
+class LocalTransport(EncodingTransport):
     """Calls an in-process API server's handler directly: no sockets, same semantics.
     ``token`` is sent as a bearer token, as over HTTP, for a server that authenticates."""
 
@@ -127,19 +155,11 @@ class LocalTransport:
             headers.setdefault("content-length", str(len(body)))
         return RawRequest(method=method.upper(), path=path, query=query, headers=headers, body=body)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params = None,
-        json: Any = None,
-        content: bytes | str | None = None,
-        headers: Mapping[str, str] | None = None,
+    async def _send(
+        self, method: str, path: str, params: Params, body: bytes, hdrs: dict[str, str]
     ) -> RawResponse:
-        body, hdrs = encode_body(json, content, headers)
         resp = await self.handler.handle(self._request(method, path, params, body, hdrs))
-        out = RawResponse(status=resp.status, headers={k.lower(): v for k, v in resp.headers.items()})
+        out = RawResponse(status=resp.status, headers=lower_keys(resp.headers))
         if resp.stream is not None:
             # A buffered call on a streaming answer (a log without follow served as a stream)
             # reads it to the end, as an HTTP client would.
@@ -154,7 +174,7 @@ class LocalTransport:
     ) -> AsyncIterator[bytes]:
         body, hdrs = encode_body(None, None, headers)
         resp = await self.handler.handle(self._request(method, path, params, body, hdrs))
-        resp_headers = {k.lower(): v for k, v in resp.headers.items()}
+        resp_headers = lower_keys(resp.headers)
         if resp.status >= 400:
             data = resp.body or b""
             if resp.stream is not None:
@@ -238,7 +258,7 @@ def _load_cert_chain(ctx: ssl.SSLContext, cert: str | bytes, key: str | bytes) -
                 os.unlink(path)
 
 
-class HttpTransport:
+class HttpTransport(EncodingTransport):
     """HTTP/1.1 with keep-alive to a real API server (ours or Kubernetes')."""
 
     def __init__(
@@ -274,17 +294,9 @@ class HttpTransport:
             trust_env=False,
         )
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params = None,
-        json: Any = None,
-        content: bytes | str | None = None,
-        headers: Mapping[str, str] | None = None,
+    async def _send(
+        self, method: str, path: str, params: Params, body: bytes, hdrs: dict[str, str]
     ) -> RawResponse:
-        body, hdrs = encode_body(json, content, headers)
         try:
             resp = await self._client.request(
                 method.upper(), path, params=encode_params(params) or None, content=body or None, headers=hdrs
@@ -293,7 +305,7 @@ class HttpTransport:
             raise TransportError(f"{method.upper()} {self.server_url}{path}: {_describe(exc)}") from exc
         return RawResponse(
             status=resp.status_code,
-            headers={k.lower(): v for k, v in resp.headers.items()},
+            headers=lower_keys(resp.headers),
             body=resp.content,
         )
 
@@ -311,7 +323,7 @@ class HttpTransport:
                 if resp.status_code >= 400:
                     data = await resp.aread()
                     raise error_from_response(
-                        resp.status_code, data, {k.lower(): v for k, v in resp.headers.items()}
+                        resp.status_code, data, lower_keys(resp.headers)
                     )
                 async for line in _lines(resp.aiter_bytes()):
                     yield line
@@ -333,7 +345,7 @@ def _never_sent(exc: TransportError) -> bool:
     return isinstance(exc.__cause__, httpx.ConnectError | httpx.ConnectTimeout)
 
 
-class FailoverTransport:
+class FailoverTransport(EncodingTransport):
     """Several API servers sharing one store, tried in turn: a request that cannot connect
     goes to the next server at once; any other transport failure moves later requests to the
     next server but is raised (the server may have acted on it). Streams fail over the same
@@ -356,21 +368,13 @@ class FailoverTransport:
         if self._current == index:
             self._current = (index + 1) % len(self.transports)
 
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Params = None,
-        json: Any = None,
-        content: bytes | str | None = None,
-        headers: Mapping[str, str] | None = None,
+    async def _send(
+        self, method: str, path: str, params: Params, body: bytes, hdrs: dict[str, str]
     ) -> RawResponse:
         for attempt in range(len(self.transports)):
             index = self._current
             try:
-                return await self.transports[index].request(
-                    method, path, params=params, json=json, content=content, headers=headers)
+                return await self.transports[index]._send(method, path, params, body, dict(hdrs))
             except TransportError as exc:
                 self._failed(index)
                 if not _never_sent(exc) or attempt + 1 == len(self.transports):

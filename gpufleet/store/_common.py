@@ -1,5 +1,6 @@
-"""What both backends share: the stored JSON form, the watch fan-out and its event pump,
-and the periodic housekeeping (ttl sweep, history compaction).
+"""What both backends share above their SQL (the rows and queries are in _rows.py): the
+watch fan-out and its event pump, the periodic housekeeping (ttl sweep, history
+compaction), and StoreBase, the settings, watch and writes over each backend's one write.
 
 The fan-out keeps one number, ``delivered``: every event up to it has been handed to every
 registered watch, in revision order. Events reach it two ways. After a local commit the
@@ -18,85 +19,16 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
-import orjson
-
-from gpufleet.store.base import Expired, TransformError, WatchEvent
+from gpufleet.store._rows import Codec, Events, list_page
+from gpufleet.store.base import Expired, ListResult, WatchEvent
 from gpufleet.utils.clock import Clock
 
 log = logging.getLogger(__name__)
 
 # Rows read per history query (pump catch-up and watch replay).
 PAGE = 500
-
-Events = list[WatchEvent]
-
-
-def encode(obj: dict[str, Any]) -> str:
-    """The stored form of an object. resourceVersion is left out: the revision column is the
-    truth, and every read stamps it back (see ``decode``)."""
-    md = obj.get("metadata")
-    if isinstance(md, dict) and "resourceVersion" in md:
-        obj = {**obj, "metadata": {k: v for k, v in md.items() if k != "resourceVersion"}}
-    return orjson.dumps(obj).decode()
-
-
-def decode(text: str | bytes, revision: int) -> dict[str, Any]:
-    obj = orjson.loads(text)
-    md = obj.get("metadata")
-    if not isinstance(md, dict):
-        md = obj["metadata"] = {}
-    md["resourceVersion"] = str(revision)
-    return obj
-
-
-class Codec(Protocol):
-    """The stored text of an object and back (store/encryption.py's ValueCodec)."""
-
-    def encode(self, resource: str, namespace: str, name: str, obj: dict[str, Any]) -> str: ...
-
-    def decode(self, resource: str, namespace: str, name: str, text: str | bytes,
-               revision: int) -> dict[str, Any]: ...
-
-    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool: ...
-
-
-def event_from_row(
-    revision: int,
-    type_: str,
-    resource: str,
-    namespace: str,
-    name: str,
-    value: str | bytes,
-    prev_revision: int | None,
-    prev_value: str | bytes | None,
-    codec: Codec,
-) -> WatchEvent:
-    try:
-        obj = codec.decode(resource, namespace, name, value, revision)
-        prev = None if prev_value is None else codec.decode(resource, namespace, name, prev_value,
-                                                            prev_revision or 0)
-    except TransformError as exc:
-        # One value this server cannot read must not stop the event pump (every watch of
-        # every resource): the watches that meet it end with the error instead.
-        stub = {"metadata": {"name": name, "resourceVersion": str(revision),
-                             **({"namespace": namespace} if namespace else {})}}
-        return WatchEvent(type=type_, resource=resource, namespace=namespace, name=name,  # type: ignore[arg-type]
-                          revision=revision, object=stub, prev=None, error=exc)
-    return WatchEvent(
-        type=type_,  # type: ignore[arg-type]
-        resource=resource,
-        namespace=namespace,
-        name=name,
-        revision=revision,
-        object=obj,
-        prev=prev,
-    )
-
-
-def key_str(resource: str, namespace: str, name: str) -> str:
-    return f'{resource} "{namespace}/{name}"' if namespace else f'{resource} "{name}"'
 
 
 class StoreWatch:
@@ -457,3 +389,98 @@ class HousekeepingMixin:
                 raise
             except Exception:
                 log.exception("store housekeeping failed")
+
+
+class StoreBase(HousekeepingMixin):
+    """What the two backends share above their SQL: the settings, the event hub, the watch,
+    and create/update/delete over one ``_write_one`` each backend provides."""
+
+    _codec: Codec
+    _hub: EventHub
+
+    def _setup(self, *, clock: Clock, history: int, housekeeping_interval: float | None, codec: Codec | None,
+               watch_buffer: int) -> None:
+        if codec is None:
+            from gpufleet.store.encryption import IDENTITY as codec
+        self._codec = codec
+        self._clock = clock
+        self._history = history
+        self._housekeeping_interval = housekeeping_interval
+        self._hub = EventHub(
+            read_after=self._read_after,
+            read_replay=self._read_replay,
+            compacted_revision=self._compacted,
+            current_revision=self.revision,
+            buffer=watch_buffer,
+        )
+
+    async def _read_after(self, revision: int, limit: int) -> Events:  # pragma: no cover - the backend's
+        raise NotImplementedError
+
+    async def _write_one(
+        self, type_: str, resource: str, namespace: str, name: str, text: str | None, ttl: float | None,
+        expected: int | None,
+    ) -> tuple[int, str]:  # pragma: no cover - provided by the backend
+        """Write one event of ``type_`` (ADDED, MODIFIED, DELETED; ``text`` None for a delete)
+        and publish it; returns its revision and the stored text of the object it leaves."""
+        raise NotImplementedError
+
+    async def _list_rows(
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[int, list[Any]]:  # pragma: no cover - provided by the backend
+        """The revision read at and the rows (namespace, name, revision, value) of
+        objects_query, in one snapshot."""
+        raise NotImplementedError
+
+    async def list(
+        self,
+        resource: str,
+        namespace: str | None = None,
+        *,
+        limit: int | None = None,
+        after: tuple[str, str] | None = None,
+    ) -> ListResult:
+        rev, rows = await self._list_rows(resource, namespace, after, limit)
+        return list_page(self._codec, resource, rows, rev, limit)
+
+    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
+        """Whether the object at ``revision`` was stored with another encryption key than
+        writes use now (an unchanged update rewrites it then)."""
+        return self._codec.is_stale(resource, namespace, name, revision)
+
+    async def watch(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
+        w = self._hub.register(resource, namespace, from_revision)
+        try:
+            await w.fill_replay()
+        except BaseException:
+            await w.close()
+            raise
+        return w
+
+    async def create(
+        self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
+    ) -> dict[str, Any]:
+        text = self._codec.encode(resource, namespace, name, obj)
+        rev, _ = await self._write_one("ADDED", resource, namespace, name, text, ttl, None)
+        return self._codec.decode(resource, namespace, name, text, rev)
+
+    async def update(
+        self,
+        resource: str,
+        namespace: str,
+        name: str,
+        obj: dict[str, Any],
+        *,
+        expected_revision: int | None = None,
+        ttl: float | None = None,
+    ) -> dict[str, Any]:
+        """ttl None keeps the object's current expiry (if any)."""
+        text = self._codec.encode(resource, namespace, name, obj)
+        rev, _ = await self._write_one("MODIFIED", resource, namespace, name, text, ttl, expected_revision)
+        return self._codec.decode(resource, namespace, name, text, rev)
+
+    async def delete(
+        self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
+    ) -> dict[str, Any]:
+        rev, text = await self._write_one("DELETED", resource, namespace, name, None, None, expected_revision)
+        return self._codec.decode(resource, namespace, name, text, rev)

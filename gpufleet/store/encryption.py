@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives import padding
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from gpufleet.store._common import decode, encode
+from gpufleet.store._rows import decode, encode
 from gpufleet.store.base import TransformError
 
 PREFIX = "k8s:enc:"

@@ -26,16 +26,18 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.pq import TransactionStatus
 
-from gpufleet.store._common import (
+from gpufleet.store._common import StoreBase
+from gpufleet.store._rows import (
     Codec,
-    EventHub,
     Events,
-    HousekeepingMixin,
-    StoreWatch,
+    already_exists,
+    conflict,
     event_from_row,
+    events_query,
     key_str,
+    not_found,
+    objects_query,
 )
-from gpufleet.store.base import AlreadyExists, Conflict, ListResult, NotFound
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -210,7 +212,7 @@ class _Pool:
                 await conn.close()
 
 
-class PostgresStore(HousekeepingMixin):
+class PostgresStore(StoreBase):
     """``PostgresStore("postgresql://user@host:5432/db")``.
 
     history: revisions of event history kept for watches (older ones are compacted).
@@ -232,21 +234,10 @@ class PostgresStore(HousekeepingMixin):
     ) -> None:
         # libpq knows postgresql:// and postgres://; both are accepted by open_store.
         self._url = url
-        if codec is None:
-            from gpufleet.store.encryption import IDENTITY as codec
-        self._codec: Codec = codec
-        self._clock = clock
-        self._history = history
-        self._housekeeping_interval = housekeeping_interval
+        self._setup(clock=clock, history=history, housekeeping_interval=housekeeping_interval, codec=codec,
+                    watch_buffer=watch_buffer)
         self._pool = _Pool(url, pool_size)
         self._listen_task: asyncio.Task[None] | None = None
-        self._hub = EventHub(
-            read_after=self._read_after,
-            read_replay=self._read_replay,
-            compacted_revision=self._compacted,
-            current_revision=self.revision,
-            buffer=watch_buffer,
-        )
 
     # -- lifecycle
 
@@ -318,11 +309,6 @@ class PostgresStore(HousekeepingMixin):
             cur = await conn.execute(sql, args)
             return await cur.fetchall()
 
-    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
-        """Whether the object at ``revision`` was stored with another encryption key than
-        writes use now (an unchanged update rewrites it then)."""
-        return self._codec.is_stale(resource, namespace, name, revision)
-
     async def revision(self) -> int:
         return (await self._fetchone("SELECT revision FROM meta WHERE id = 0"))[0]
 
@@ -331,39 +317,23 @@ class PostgresStore(HousekeepingMixin):
 
     async def get(self, resource: str, namespace: str, name: str) -> dict[str, Any]:
         if _has_nul(resource, namespace, name):
-            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+            raise not_found(resource, namespace, name)
         row = await self._fetchone(
             "SELECT revision, value::text FROM objects WHERE resource = %s AND namespace = %s AND name = %s",
             (resource, namespace, name),
         )
         if row is None:
-            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+            raise not_found(resource, namespace, name)
         return self._codec.decode(resource, namespace, name, row[1], row[0])
 
-    async def list(
-        self,
-        resource: str,
-        namespace: str | None = None,
-        *,
-        limit: int | None = None,
-        after: tuple[str, str] | None = None,
-    ) -> ListResult:
+    async def _list_rows(
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[int, list[Any]]:
         if _has_nul(resource, namespace or ""):
-            return ListResult(items=[], revision=await self.revision())
+            return await self.revision(), []
         if after is not None and _has_nul(*after):
             after = _after_without_nul(after)
-        inner = "SELECT namespace, name, revision, value FROM objects WHERE resource = %s"
-        args: list[Any] = [resource]
-        if namespace is not None:
-            inner += " AND namespace = %s"
-            args.append(namespace)
-        if after is not None:
-            inner += " AND (namespace, name) > (%s, %s)"
-            args.extend(after)
-        inner += " ORDER BY namespace, name"
-        if limit:
-            inner += " LIMIT %s"
-            args.append(limit + 1)
+        inner, args = objects_query("%s", resource, namespace, after, limit)
         # One statement, one snapshot: the revision matches the rows (and comes back even when
         # there are none).
         rows = await self._fetchall(
@@ -372,14 +342,7 @@ class PostgresStore(HousekeepingMixin):
             " ORDER BY o.namespace, o.name",
             args,
         )
-        rev = rows[0][0]
-        rows = [r for r in rows if r[1] is not None]
-        next_key = None
-        if limit and len(rows) > limit:
-            rows = rows[:limit]
-            next_key = (rows[-1][1], rows[-1][2])
-        items = [self._codec.decode(resource, r[1], r[2], r[4], r[3]) for r in rows]
-        return ListResult(items=items, revision=rev, next_key=next_key)
+        return rows[0][0], [r[1:] for r in rows if r[1] is not None]
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = await self._fetchall(
@@ -393,16 +356,7 @@ class PostgresStore(HousekeepingMixin):
     ) -> tuple[int, Events]:
         if _has_nul(resource or "", namespace or ""):
             return await self._compacted(), []
-        inner = f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > %s AND revision <= %s"
-        args: list[Any] = [after, upto]
-        if resource is not None:
-            inner += " AND resource = %s"
-            args.append(resource)
-        if namespace is not None:
-            inner += " AND namespace = %s"
-            args.append(namespace)
-        inner += " ORDER BY revision LIMIT %s"
-        args.append(limit)
+        inner, args = events_query("%s", _EVENT_COLUMNS, resource, namespace, after, upto, limit)
         # The compaction point and the rows from one snapshot, so a concurrent compaction
         # cannot remove rows between the check and the read.
         rows = await self._fetchall(
@@ -413,32 +367,18 @@ class PostgresStore(HousekeepingMixin):
         compacted = rows[0][0]
         return compacted, [event_from_row(*r[1:], self._codec) for r in rows if r[1] is not None]
 
-    async def watch(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
-        w = self._hub.register(resource, namespace, from_revision)
-        try:
-            await w.fill_replay()
-        except BaseException:
-            await w.close()
-            raise
-        return w
-
     # -- writes
 
-    async def _call_write(
-        self,
-        type_: str,
-        resource: str,
-        namespace: str,
-        name: str,
-        text: str | None,
-        ttl: float | None,
-        set_expiry: bool,
+    async def _write_one(
+        self, type_: str, resource: str, namespace: str, name: str, text: str | None, ttl: float | None,
         expected: int | None,
-    ) -> tuple[int, int | None, str | None]:
+    ) -> tuple[int, str]:
         if _has_nul(resource, namespace, name):
             if type_ == "ADDED":
                 raise ValueError(f"{key_str(resource, namespace, name)}: a key cannot hold a NUL character")
-            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+            raise not_found(resource, namespace, name)
+        # A create sets the expiry (none without a ttl); an update without a ttl keeps it.
+        set_expiry = type_ == "ADDED" or ttl is not None
         expires_at = None if ttl is None else self._clock.now() + ttl
         row = await self._fetchone(
             "SELECT * FROM gpufleet_write(%s, %s, %s, %s, %s::json, %s, %s::float8, %s::bigint)",
@@ -446,52 +386,16 @@ class PostgresStore(HousekeepingMixin):
         )
         status, rev, prev_rev, prev_text = row
         if status == "exists":
-            raise AlreadyExists(f"{key_str(resource, namespace, name)} already exists")
+            raise already_exists(resource, namespace, name)
         if status == "missing":
-            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+            raise not_found(resource, namespace, name)
         if status == "conflict":
-            raise Conflict(
-                f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, expected {expected}",
-                current=self._codec.decode(resource, namespace, name, prev_text, prev_rev),
-            )
+            raise conflict(self._codec, resource, namespace, name, prev_rev, expected, prev_text)
         value = prev_text if type_ == "DELETED" else text
         assert value is not None
         self._hub.publish([event_from_row(rev, type_, resource, namespace, name, value, prev_rev, prev_text,
                                           self._codec)])
-        return rev, prev_rev, value
-
-    async def create(
-        self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
-    ) -> dict[str, Any]:
-        text = self._codec.encode(resource, namespace, name, obj)
-        rev, _, _ = await self._call_write("ADDED", resource, namespace, name, text, ttl, True, None)
-        return self._codec.decode(resource, namespace, name, text, rev)
-
-    async def update(
-        self,
-        resource: str,
-        namespace: str,
-        name: str,
-        obj: dict[str, Any],
-        *,
-        expected_revision: int | None = None,
-        ttl: float | None = None,
-    ) -> dict[str, Any]:
-        """ttl None keeps the object's current expiry (if any)."""
-        text = self._codec.encode(resource, namespace, name, obj)
-        rev, _, _ = await self._call_write(
-            "MODIFIED", resource, namespace, name, text, ttl, ttl is not None, expected_revision
-        )
-        return self._codec.decode(resource, namespace, name, text, rev)
-
-    async def delete(
-        self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
-    ) -> dict[str, Any]:
-        rev, _, value = await self._call_write(
-            "DELETED", resource, namespace, name, None, None, False, expected_revision
-        )
-        assert value is not None
-        return self._codec.decode(resource, namespace, name, value, rev)
+        return rev, value
 
     async def sweep_expired(self) -> int:
         now = self._clock.now()

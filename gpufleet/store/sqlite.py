@@ -27,16 +27,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from gpufleet.store._common import (
+from gpufleet.store._common import StoreBase
+from gpufleet.store._rows import (
     Codec,
-    EventHub,
     Events,
-    HousekeepingMixin,
-    StoreWatch,
+    already_exists,
+    conflict,
     event_from_row,
-    key_str,
+    events_query,
+    not_found,
+    objects_query,
 )
-from gpufleet.store.base import AlreadyExists, Conflict, ListResult, NotFound, WatchEvent
+from gpufleet.store.base import WatchEvent
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.files import private_file, tighten
 
@@ -84,7 +86,7 @@ def _parse_url(url: str) -> str:
     return rest
 
 
-class SQLiteStore(HousekeepingMixin):
+class SQLiteStore(StoreBase):
     """``SQLiteStore("sqlite:///abs/path.db")`` or ``"sqlite://:memory:"``.
 
     history: revisions of event history kept for watches (older ones are compacted).
@@ -112,25 +114,14 @@ class SQLiteStore(HousekeepingMixin):
         if synchronous.lower() not in ("full", "normal", "extra", "off"):
             raise ValueError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
         self._path = _parse_url(url)
-        if codec is None:
-            from gpufleet.store.encryption import IDENTITY as codec
-        self._codec: Codec = codec
-        self._clock = clock
-        self._history = history
+        self._setup(clock=clock, history=history, housekeeping_interval=housekeeping_interval, codec=codec,
+                    watch_buffer=watch_buffer)
         self._synchronous = synchronous.upper()
         self._busy_timeout = busy_timeout
-        self._housekeeping_interval = housekeeping_interval
         self._poll_interval = poll_interval
         self._db: sqlite3.Connection | None = None
         self._poll_task: asyncio.Task[None] | None = None
         self._data_version = 0
-        self._hub = EventHub(
-            read_after=self._read_after,
-            read_replay=self._read_replay,
-            compacted_revision=self._compacted,
-            current_revision=self.revision,
-            buffer=watch_buffer,
-        )
 
     # -- lifecycle
 
@@ -231,11 +222,6 @@ class SQLiteStore(HousekeepingMixin):
 
     # -- reads
 
-    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
-        """Whether the object at ``revision`` was stored with another encryption key than
-        writes use now (an unchanged update rewrites it then)."""
-        return self._codec.is_stale(resource, namespace, name, revision)
-
     async def revision(self) -> int:
         return self._conn.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
 
@@ -248,41 +234,19 @@ class SQLiteStore(HousekeepingMixin):
             (resource, namespace, name),
         ).fetchone()
         if row is None:
-            raise NotFound(f"{key_str(resource, namespace, name)} not found")
+            raise not_found(resource, namespace, name)
         return self._codec.decode(resource, namespace, name, row[1], row[0])
 
-    async def list(
-        self,
-        resource: str,
-        namespace: str | None = None,
-        *,
-        limit: int | None = None,
-        after: tuple[str, str] | None = None,
-    ) -> ListResult:
-        sql = "SELECT namespace, name, revision, value FROM objects WHERE resource = ?"
-        args: list[Any] = [resource]
-        if namespace is not None:
-            sql += " AND namespace = ?"
-            args.append(namespace)
-        if after is not None:
-            sql += " AND (namespace, name) > (?, ?)"
-            args.extend(after)
-        sql += " ORDER BY namespace, name"
-        if limit:
-            sql += " LIMIT ?"
-            args.append(limit + 1)
+    async def _list_rows(
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+    ) -> tuple[int, list[Any]]:
+        sql, args = objects_query("?", resource, namespace, after, limit)
 
         def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
             rev = db.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
             return rev, db.execute(sql, args).fetchall()
 
-        rev, rows = self._read_txn(read)
-        next_key = None
-        if limit and len(rows) > limit:
-            rows = rows[:limit]
-            next_key = (rows[-1][0], rows[-1][1])
-        items = [self._codec.decode(resource, r[0], r[1], r[3], r[2]) for r in rows]
-        return ListResult(items=items, revision=rev, next_key=next_key)
+        return self._read_txn(read)
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = self._conn.execute(
@@ -294,16 +258,7 @@ class SQLiteStore(HousekeepingMixin):
     async def _read_replay(
         self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int
     ) -> tuple[int, Events]:
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE revision > ? AND revision <= ?"
-        args: list[Any] = [after, upto]
-        if resource is not None:
-            sql += " AND resource = ?"
-            args.append(resource)
-        if namespace is not None:
-            sql += " AND namespace = ?"
-            args.append(namespace)
-        sql += " ORDER BY revision LIMIT ?"
-        args.append(limit)
+        sql, args = events_query("?", _EVENT_COLUMNS, resource, namespace, after, upto, limit)
 
         def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
             compacted = db.execute("SELECT compacted FROM meta WHERE id = 0").fetchone()[0]
@@ -313,80 +268,42 @@ class SQLiteStore(HousekeepingMixin):
         compacted, rows = self._read_txn(read)
         return compacted, [event_from_row(*r, self._codec) for r in rows]
 
-    async def watch(self, resource: str | None, namespace: str | None, from_revision: int) -> StoreWatch:
-        w = self._hub.register(resource, namespace, from_revision)
-        try:
-            await w.fill_replay()
-        except BaseException:
-            await w.close()
-            raise
-        return w
-
     # -- writes
 
     def _expiry(self, ttl: float | None) -> float | None:
         return None if ttl is None else self._clock.now() + ttl
 
-    async def create(
-        self, resource: str, namespace: str, name: str, obj: dict[str, Any], *, ttl: float | None = None
-    ) -> dict[str, Any]:
-        text = self._codec.encode(resource, namespace, name, obj)
+    async def _write_one(
+        self, type_: str, resource: str, namespace: str, name: str, text: str | None, ttl: float | None,
+        expected: int | None,
+    ) -> tuple[int, str]:
         expires_at = self._expiry(ttl)
 
-        def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
+        def op(db: sqlite3.Connection, rev: int) -> tuple[tuple[int, str], Events]:
             new = rev + 1
-            cur = db.execute(
-                "INSERT INTO objects (resource, namespace, name, revision, value, expires_at)"
-                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
-                (resource, namespace, name, new, text, expires_at),
-            )
-            if cur.rowcount == 0:
-                raise AlreadyExists(f"{key_str(resource, namespace, name)} already exists")
-            db.execute(
-                f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'ADDED', ?, ?, ?, ?, NULL, NULL)",
-                (new, resource, namespace, name, text),
-            )
-            return new, [event_from_row(new, "ADDED", resource, namespace, name, text, None, None,
-                                        self._codec)]
-
-        new = self._write(op)
-        await asyncio.sleep(0)
-        return self._codec.decode(resource, namespace, name, text, new)
-
-    def _current(
-        self, db: sqlite3.Connection, resource: str, namespace: str, name: str
-    ) -> tuple[int, str, Any]:
-        row = db.execute(
-            "SELECT revision, value, expires_at FROM objects WHERE resource = ? AND namespace = ? AND name = ?",
-            (resource, namespace, name),
-        ).fetchone()
-        if row is None:
-            raise NotFound(f"{key_str(resource, namespace, name)} not found")
-        return row
-
-    async def update(
-        self,
-        resource: str,
-        namespace: str,
-        name: str,
-        obj: dict[str, Any],
-        *,
-        expected_revision: int | None = None,
-        ttl: float | None = None,
-    ) -> dict[str, Any]:
-        """ttl None keeps the object's current expiry (if any)."""
-        text = self._codec.encode(resource, namespace, name, obj)
-        expires_at = self._expiry(ttl)
-
-        def op(db: sqlite3.Connection, rev: int) -> tuple[int, Events]:
-            prev_rev, prev_text, prev_expires = self._current(db, resource, namespace, name)
-            if expected_revision is not None and prev_rev != expected_revision:
-                raise Conflict(
-                    f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, "
-                    f"expected {expected_revision}",
-                    current=self._codec.decode(resource, namespace, name, prev_text, prev_rev),
+            if type_ == "ADDED":
+                assert text is not None
+                cur = db.execute(
+                    "INSERT INTO objects (resource, namespace, name, revision, value, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (resource, namespace, name, new, text, expires_at),
                 )
-            new = rev + 1
+                if cur.rowcount == 0:
+                    raise already_exists(resource, namespace, name)
+                db.execute(
+                    f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'ADDED', ?, ?, ?, ?, NULL, NULL)",
+                    (new, resource, namespace, name, text),
+                )
+                return (new, text), [event_from_row(new, "ADDED", resource, namespace, name, text, None, None,
+                                                    self._codec)]
+            prev_rev, prev_text, prev_expires = self._current(db, resource, namespace, name)
+            if expected is not None and prev_rev != expected:
+                raise conflict(self._codec, resource, namespace, name, prev_rev, expected, prev_text)
+            if type_ == "DELETED":
+                return (new, prev_text), [
+                    self._delete_row(db, new, resource, namespace, name, prev_rev, prev_text)
+                ]
+            assert text is not None
             db.execute(
                 "UPDATE objects SET revision = ?, value = ?, expires_at = ?"
                 " WHERE resource = ? AND namespace = ? AND name = ?",
@@ -398,31 +315,22 @@ class SQLiteStore(HousekeepingMixin):
             )
             ev = event_from_row(new, "MODIFIED", resource, namespace, name, text, prev_rev, prev_text,
                                 self._codec)
-            return new, [ev]
+            return (new, text), [ev]
 
-        new = self._write(op)
+        result = self._write(op)
         await asyncio.sleep(0)
-        return self._codec.decode(resource, namespace, name, text, new)
+        return result
 
-    async def delete(
-        self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None
-    ) -> dict[str, Any]:
-        def op(db: sqlite3.Connection, rev: int) -> tuple[tuple[int, str], Events]:
-            prev_rev, prev_text, _ = self._current(db, resource, namespace, name)
-            if expected_revision is not None and prev_rev != expected_revision:
-                raise Conflict(
-                    f"{key_str(resource, namespace, name)} was modified: revision {prev_rev}, "
-                    f"expected {expected_revision}",
-                    current=self._codec.decode(resource, namespace, name, prev_text, prev_rev),
-                )
-            new = rev + 1
-            return (new, prev_text), [
-                self._delete_row(db, new, resource, namespace, name, prev_rev, prev_text)
-            ]
-
-        new, text = self._write(op)
-        await asyncio.sleep(0)
-        return self._codec.decode(resource, namespace, name, text, new)
+    def _current(
+        self, db: sqlite3.Connection, resource: str, namespace: str, name: str
+    ) -> tuple[int, str, Any]:
+        row = db.execute(
+            "SELECT revision, value, expires_at FROM objects WHERE resource = ? AND namespace = ? AND name = ?",
+            (resource, namespace, name),
+        ).fetchone()
+        if row is None:
+            raise not_found(resource, namespace, name)
+        return row
 
     def _delete_row(
         self,

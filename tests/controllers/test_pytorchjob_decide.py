@@ -197,6 +197,16 @@ def test_a_lost_member_of_this_attempt_is_a_restart():
     assert "pod train-worker-1 was lost" in condition(actions, "Restarting")["message"]
 
 
+def test_a_gang_lost_whole_is_a_restart_not_a_fresh_start():
+    # Every member on one node that died: the node lifecycle deletes them at once, so no
+    # member is left running to compare with; they were created, so they were lost.
+    created = Memory(created=(0, frozenset({("Master", 0), ("Worker", 0), ("Worker", 1)})))
+    actions = run(job(conditions=conds("Created", "Running")), [], memory=created)
+    assert actions.reason == "Restart"
+    assert "pod train-master-0 was lost" in condition(actions, "Restarting")["message"]
+    assert not [c for c in actions.creates if c.body.get("kind") == "Pod"]
+
+
 def test_restart_policy_never_fails_the_job_and_keeps_the_failed_pod():
     pods = [*gang()[:2], pod("worker", 1, "Failed", exit_code=1)]
     actions = run(job(conditions=conds("Created", "Running"), restart="Never"), pods)

@@ -16,6 +16,7 @@ from gpufleet.api.selectors import (
     parse_label_selector,
     qualified_name_errors,
 )
+from gpufleet.api.validation import validate_labels
 
 WEB = {"app": "web", "tier": "fe", "env": "prod"}
 DB = {"app": "db", "tier": "be"}
@@ -291,6 +292,21 @@ def test_validation_helpers():
     assert label_value_errors("my_value") == []
     assert label_value_errors("a b")
     assert label_value_errors("v" * 64)
+
+
+def test_selector_key_errors_read_as_the_object_validators_and_kubernetes_write_them():
+    # apimachinery's RegexError joins its examples with "',  or '" (two spaces); the selector
+    # parser once wrote one space, unlike the same rule checked on an object's labels.
+    with pytest.raises(SelectorError) as err:
+        parse_label_selector("a_=b")
+    assert str(err.value) == (
+        'unable to parse requirement: key: Invalid value: "a_": name part must consist of alphanumeric '
+        "characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  "
+        "or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+    )
+    errs: list = []
+    validate_labels({"a_": "b"}, "metadata.labels", errs)
+    assert str(err.value).endswith(": " + errs[0].detail)
 
 
 _label_word = st.from_regex(r"[a-z0-9]([a-z0-9._-]{0,8}[a-z0-9])?", fullmatch=True)

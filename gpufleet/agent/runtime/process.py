@@ -73,6 +73,9 @@ Not honoured: SandboxSpec.directory (a sandbox lives under the state dir, hidden
 other pods), ports and sysctls (the node's network and kernel settings), seccomp profiles,
 and ContainerSpec.stdin/tty (a container's stdin is /dev/null).
 
+The parts: process_launch.py (the launch and the sandbox arguments), process_exec.py
+(exec), process_recovery.py (recovery), process_records.py and process_host.py.
+
 cpu and memory limits and OOM detection use the container's cgroup (cgroups.py), which
 every process of the sandbox is in.
 """
@@ -81,196 +84,64 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
-import grp
 import json
 import logging
-import marshal
 import os
-import pwd
 import secrets
-import select
 import shutil
 import signal
-import socket
-import struct
-import subprocess
 import sys
-import termios
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 
 from gpufleet.agent.runtime import monitor as mon
-from gpufleet.agent.runtime._common import exit_code, safe_name, signal_name, terminated_reason, within
+from gpufleet.agent.runtime._common import safe_name, signal_name, terminated_reason, within
 from gpufleet.agent.runtime.base import (
     ContainerHandle,
     ContainerSpec,
     ContainerState,
     ContainerStats,
-    Mount,
     PulledImage,
-    RecoveredContainer,
-    RecoveredSandbox,
     RegistryAuth,
     RuntimeError_,
     SandboxHandle,
     SandboxSpec,
 )
 from gpufleet.agent.runtime.cgroups import Cgroup, Cgroups
-from gpufleet.agent.runtime.gpuenv import CUDA_VISIBLE_DEVICES, gpu_env
+from gpufleet.agent.runtime.process_exec import ExecMixin
+from gpufleet.agent.runtime.process_host import (
+    _GONE_MESSAGE,
+    _KILL_SETTLE_S,
+    DEFAULT_HOST_IMAGES,
+    DEFAULT_USER,
+    _has_cap_sys_admin,
+    _make_container_dir,
+    _node_address,
+    _probe_bwrap,
+    _read_text,
+    _run,
+    _shm_ready,
+    _write_file,
+    _write_json,
+)
+from gpufleet.agent.runtime.process_launch import LaunchMixin
+from gpufleet.agent.runtime.process_records import _Ctr, _Pid, _Sandbox
+from gpufleet.agent.runtime.process_recovery import RecoveryMixin
 from gpufleet.agent.runtime.sandbox import (
     DEFAULT_SHM_BYTES,
-    MASKED_PATHS,
-    NVIDIA_CONTROL_DEVICES,
-    ExpandedDir,
-    Identity,
-    Passwd,
-    Plan,
-    bwrap_args,
-    child_entries,
-    expansion_chain,
     hostname_for,
     hosts_file,
     resolv_conf,
-    resolve_identity,
-    root_entries,
-    user_chain,
-    view_to_node,
-    visible_hidden,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
 
-_INHERITED_ENV = ("PATH",)
-# Joins the cgroups before exec'ing the program, so not one allocation happens outside
-# them. Arguments: the cgroup.procs files, "--", the program and its arguments.
-_JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 126; shift; done; shift; exec "$@"'
-# After SIGKILL the kernel needs a moment to reap; this bounds how long we wait for it.
-_KILL_SETTLE_S = 10.0
-# How long start() waits for the monitor to report the program running.
-_START_TIMEOUT_S = 60.0
-_GONE_MESSAGE = (
-    "The container could not be located when the agent started again: its monitor ended "
-    "without recording how it exited"
-)
-DEFAULT_HOST_IMAGES = ("host", "localhost/gpufleet/host")
-DEFAULT_USER = (65534, 65534)
 
-
-def _package_root() -> str:
-    import gpufleet
-
-    return str(Path(gpufleet.__file__).resolve().parent.parent)
-
-
-class _Pid:
-    """A process known by pid and start time, with a pidfd where the kernel has them."""
-
-    def __init__(self, pid: int | None, start: int | None) -> None:
-        self.pid = pid
-        self.start = start
-        self.fd: int | None = None
-        if pid is not None and start is not None:
-            with contextlib.suppress(OSError, AttributeError):
-                fd = os.pidfd_open(pid)
-                # The pidfd names whatever has the pid now: it is ours only if the start
-                # time still matches once it is open.
-                if mon.start_time(pid) == start:
-                    self.fd = fd
-                else:
-                    os.close(fd)
-
-    def alive(self) -> bool:
-        if self.pid is None or self.start is None:
-            return False
-        if self.fd is not None:
-            readable, _, _ = select.select([self.fd], [], [], 0)
-            if readable:
-                return False
-        return mon.start_time(self.pid) == self.start
-
-    def signal(self, sig: int) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.fd, sig)
-            return
-        if self.alive():
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, sig)  # type: ignore[arg-type]
-
-    async def wait(self, clock: Clock) -> None:
-        if self.fd is not None:
-            loop = asyncio.get_running_loop()
-            fut: asyncio.Future[None] = loop.create_future()
-            fd = self.fd
-
-            def ready() -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            loop.add_reader(fd, ready)
-            try:
-                if not self.alive():
-                    return
-                await fut
-            finally:
-                loop.remove_reader(fd)
-            return
-        # No pidfd (before Linux 5.3): look now and then.
-        while True:
-            if not self.alive():
-                return
-            await asyncio.sleep(0.2)
-
-    def close(self) -> None:
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
-
-
-@dataclass(eq=False)
-class _Ctr:
-    handle: ContainerHandle
-    dir: Path
-    info: dict
-    env: dict[str, str]
-    cgroup: Cgroup | None
-    main: _Pid
-    sandbox: _Pid
-    monitor: _Pid
-    sandboxed: bool
-    ident: Identity
-    memory_limit: int | None = None
-    started_mono: float = 0.0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
-    final: ContainerState | None = None
-    watcher: asyncio.Task[None] | None = None
-    stopping: bool = False
-    last_cpu: tuple[float, float] | None = None  # (cpu seconds, monotonic time)
-
-    @property
-    def started_at(self) -> float | None:
-        return self.info.get("started_at")
-
-    def close(self) -> None:
-        for p in (self.main, self.sandbox, self.monitor):
-            p.close()
-
-
-@dataclass
-class _Sandbox:
-    id: str
-    dir: Path
-    record: dict
-
-
-class ProcessRuntime:
+class ProcessRuntime(LaunchMixin, ExecMixin, RecoveryMixin):
     name = "process"
 
     def __init__(
@@ -469,73 +340,6 @@ class ProcessRuntime:
 
     # --- start ------------------------------------------------------------------------
 
-    def _log_path(self, spec: ContainerSpec) -> str:
-        if spec.log_path:
-            return spec.log_path
-        return str(
-            self.state_dir / "logs" / safe_name(spec.pod_uid) / safe_name(spec.name) / f"{spec.attempt}.log"
-        )
-
-    async def _userns_available(self) -> bool:
-        if self._userns is None:
-            rc, _ = await _run(
-                self._setpriv, f"--reuid={self.default_user[0]}", f"--regid={self.default_user[1]}",
-                "--clear-groups", "--", self._unshare, "--user", "--map-root-user", "--", "true",
-            )
-            self._userns = rc == 0
-        return self._userns
-
-    async def _identity(self, spec: ContainerSpec) -> Identity:
-        sec = spec.security
-        uid = os.geteuid()
-        # Only uid 0 without privileged needs a user namespace (privileged is the node's root).
-        wants_userns = self._root and sec.run_as_user == 0 and not sec.privileged
-        userns = await self._userns_available() if wants_userns else False
-        lookup: dict[int, Passwd] = {}
-        for u in {uid, sec.run_as_user if sec.run_as_user is not None else self.default_user[0]}:
-            pw = _passwd(u)
-            if pw is not None:
-                lookup[u] = pw
-        return resolve_identity(
-            sec,
-            default_user=self.default_user,
-            agent_uid=uid,
-            agent_gid=os.getegid(),
-            userns_available=userns,
-            lookup=lookup,
-            pod=f"{spec.pod_name}_{spec.namespace}({spec.pod_uid})",
-            container=spec.name,
-        )
-
-    def _devices(self, spec: ContainerSpec) -> list[str]:
-        if not spec.gpus:
-            return []
-        out = []
-        for g in spec.gpus:
-            p = self.device_dir / f"nvidia{g.index}"
-            if os.path.exists(p):
-                out.append(str(p))
-        if out:
-            for name in NVIDIA_CONTROL_DEVICES:
-                p = self.device_dir / name
-                if os.path.exists(p):
-                    out.append(str(p))
-        return out
-
-    def _env(self, spec: ContainerSpec, ident: Identity, gpus_renumbered: bool, hostname: str | None) -> dict[str, str]:
-        env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
-        env["HOME"] = ident.home
-        if hostname:
-            env["HOSTNAME"] = hostname
-        env.update(spec.env)
-        # The GPUs the agent assigned are the only ones the process may see, whatever the
-        # pod's own env says.
-        env.update(gpu_env(spec.gpus))
-        if gpus_renumbered:
-            env[CUDA_VISIBLE_DEVICES] = ",".join(str(i) for i in range(len(spec.gpus)))
-            env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-        return env
-
     async def start(self, spec: ContainerSpec) -> ContainerHandle:
         # Kubernetes: command replaces the image's entrypoint; args alone run as given,
         # since a host process has no entrypoint to pass them to.
@@ -588,233 +392,6 @@ class ProcessRuntime:
         )
         self._adopt(rec)
         return handle
-
-    def _check_mounts(self, spec: ContainerSpec, tmp: str, hidden: list[str]) -> tuple[list[ExpandedDir], list[Mount]]:
-        """The node directories to show as tmpfs copies so that every volume's mount point
-        can be made (the node's filesystem is read-only in the container: a missing mount
-        point under it goes on a copy, e.g. /var/run/secrets/kubernetes.io/serviceaccount);
-        refuses, before bwrap would, one that cannot be made at all."""
-        chains: dict[str, None] = {}
-        mounts = list(spec.mounts)
-        for i, m in enumerate(spec.mounts):
-            where = f"cannot mount {m.host_path} at {m.container_path}"
-            if not os.path.isabs(m.container_path):
-                raise RuntimeError_(f"{where}: the mount path must be absolute", "CreateContainerConfigError")
-            if not os.path.exists(m.host_path):
-                raise RuntimeError_(f"{where}: {m.host_path} does not exist on the node", "CreateContainerError")
-            earlier = spec.mounts[:i]
-            path = os.path.normpath(m.container_path)
-            while path != "/":
-                node = view_to_node(path, mounts=earlier, shared=self.shared_paths, hidden=hidden, tmp_dir=tmp)
-                if node is not None and os.path.exists(node):
-                    break
-                path = os.path.dirname(path)
-            if path in ("/", os.path.normpath(m.container_path)):
-                continue
-            writable = ["/tmp", *self.shared_paths, *(e.container_path for e in earlier if not e.read_only)]
-            if any(path == w or path.startswith(w.rstrip("/") + "/") for w in writable):
-                continue
-            node = view_to_node(path, mounts=earlier, shared=self.shared_paths, hidden=hidden, tmp_dir=tmp)
-            real = os.path.realpath(node) if node is not None and node == path else ""
-            top = real.split("/")[1] if real.count("/") >= 1 and real != "/" else ""
-            if real and os.path.isdir(real) and top and top not in ("proc", "dev", "tmp", "sys") \
-                    and not any(real == h or real.startswith(h.rstrip("/") + "/") for h in hidden):
-                for d in expansion_chain(real):
-                    chains.setdefault(d, None)
-                # bwrap makes mount points with the node's view of symlinks: name the real place.
-                dest = os.path.join(real, os.path.relpath(os.path.normpath(m.container_path), path))
-                mounts[i] = Mount(m.host_path, dest, m.read_only)
-                continue
-            raise RuntimeError_(
-                f"{where}: {path} is part of the node's filesystem, read-only in the container, and has no "
-                f"{os.path.relpath(m.container_path, path)} to mount on (use a path that exists on the node, "
-                "one under /tmp or another volume, or a new top-level directory)",
-                "CreateContainerError",
-            )
-        out = []
-        for d in chains:
-            try:
-                out.append(ExpandedDir(d, os.stat(d).st_mode, child_entries(d, _listing(d))))
-            except OSError as e:
-                raise RuntimeError_(f"cannot show {d} in the container: {e.strerror or e}", "CreateContainerError") from e
-        return out, mounts
-
-    def _prepare(self, spec: ContainerSpec, argv: list[str], ident: Identity, sb: _Sandbox | None,
-                 cid: str, cdir: Path) -> dict:
-        """What the monitor is to start: the command line, environment and the record."""
-        tmp = str(cdir / "tmp")
-        sandboxed = self._bwrap is not None
-        devices = self._devices(spec) if sandboxed else []
-        # A privileged container sees the node's whole /dev: there CUDA counts every GPU.
-        renumbered = not spec.security.privileged and any(
-            os.path.basename(d).removeprefix("nvidia").isdigit() for d in devices
-        )
-        hostname = hostname_for(sb.record["hostname"] if sb else spec.pod_name)
-        env = self._env(spec, ident, renumbered, hostname if sandboxed else None)
-        hidden = [str(self.state_dir), *self.hidden_paths]
-        shared = list(self.shared_paths)
-        expanded: list[ExpandedDir] = []
-        if sandboxed:
-            expanded, mounts = self._check_mounts(spec, tmp, visible_hidden(hidden, shared))
-            default_cwd = "/tmp"
-        else:
-            mounts = []
-            default_cwd = tmp
-        cwd = spec.working_dir or default_cwd
-        if not os.path.isabs(cwd):
-            cwd = os.path.join(default_cwd, cwd)
-
-        def node_path(p: str) -> str | None:
-            if not sandboxed:
-                return p
-            return view_to_node(p, mounts=mounts, shared=shared, hidden=visible_hidden(hidden, shared), tmp_dir=tmp)
-
-        make_cwd = False
-        node_cwd = node_path(cwd)
-        if node_cwd is None:
-            raise RuntimeError_(f"working directory {cwd} is not available in the container", "CreateContainerError")
-        if not os.path.isdir(node_cwd):
-            # Kubernetes creates a missing workingDir. Inside a volume or /tmp that is a
-            # directory on the node; elsewhere the node's filesystem is read-only, and
-            # bwrap can only add it at the top level of the container's root.
-            writable = [*(m.host_path for m in mounts if not m.read_only), *shared, tmp] if sandboxed else None
-            if writable is None or any(node_cwd == w or node_cwd.startswith(w.rstrip("/") + "/") for w in writable):
-                try:
-                    _make_dirs_for(node_cwd, ident)
-                except OSError as e:
-                    raise RuntimeError_(f"cannot create the working directory {cwd}: {e.strerror or e}",
-                                        "CreateContainerError") from e
-            elif os.path.dirname(cwd.rstrip("/")) == "/":
-                make_cwd = True
-            else:
-                raise RuntimeError_(
-                    f"cannot create the working directory {cwd}: the node's filesystem is read-only in the "
-                    "container (use a path inside a volume or /tmp)",
-                    "CreateContainerError",
-                )
-
-        exe = _resolve(argv[0], env.get("PATH", os.defpath), cwd, node_path, ident)
-        if exe is None:
-            raise RuntimeError_(
-                f'executable file "{argv[0]}" not found (PATH={env.get("PATH", "")})', "RunContainerError"
-            )
-        chain = user_chain(ident, setpriv=self._setpriv, unshare=self._unshare)
-        command = [*chain, exe, *argv[1:]]
-        if sandboxed:
-            # Mount points inside the container's /tmp are its own placeholders: made here
-            # traversable, rather than by bwrap with the modes of the node's directories
-            # (the node's /tmp/x may well be private to its owner).
-            for target in [*shared, *(m.container_path for m in mounts)]:
-                if target.startswith("/tmp/"):
-                    parent = os.path.dirname(target.rstrip("/"))
-                    os.makedirs(tmp + parent[len("/tmp"):], mode=0o755, exist_ok=True)
-            if sb is not None:
-                hosts_path, hostname_path = str(sb.dir / "hosts"), str(sb.dir / "hostname")
-                resolv = sb.dir / "resolv.conf"
-                resolv_path = str(resolv) if resolv.exists() else None
-                shm_dir = sb.record.get("shm_dir")
-                shm_bytes = int(sb.record.get("shm_bytes") or DEFAULT_SHM_BYTES)
-            else:
-                hosts_path, hostname_path = str(cdir / "hosts"), str(cdir / "hostname")
-                _write_file(Path(hosts_path), hosts_file(hostname, self.node_address, [], _read_text("/etc/hosts")))
-                _write_file(Path(hostname_path), hostname + "\n")
-                resolv_path, shm_dir, shm_bytes = None, None, DEFAULT_SHM_BYTES
-            plan = Plan(
-                hostname=hostname,
-                root=root_entries(_listing("/")),
-                tmp_dir=tmp,
-                hosts_path=hosts_path,
-                hostname_path=hostname_path,
-                resolv_path=resolv_path,
-                shm_dir=shm_dir,
-                shm_bytes=shm_bytes,
-                devices=devices,
-                shared=shared,
-                hidden=[(h, os.path.isdir(h)) for h in visible_hidden(hidden, shared) if os.path.exists(h)],
-                hidden_in_mounts=_hidden_in_mounts(hidden, mounts),
-                mounts=mounts,
-                empty_file=str(self._empty),
-                privileged=spec.security.privileged,
-                read_only_root=spec.security.read_only_root_filesystem,
-                mask_proc=not spec.security.unmasked_proc,
-                masked=[(p, os.path.isdir(p)) for p in MASKED_PATHS if os.path.exists(p)],
-                cwd=cwd,
-                make_cwd=make_cwd,
-                expanded=expanded,
-            )
-            program = [*bwrap_args(self._bwrap, plan), *command]  # type: ignore[arg-type]
-            spawn_cwd = "/"
-        else:
-            program = command
-            spawn_cwd = cwd
-
-        log_path = self._log_path(spec)
-        record = {
-            "id": cid,
-            "pod_uid": spec.pod_uid,
-            "namespace": spec.namespace,
-            "pod_name": spec.pod_name,
-            "container": spec.name,
-            "attempt": spec.attempt,
-            "gpus": [g.index for g in spec.gpus],
-            "node_name": spec.node_name,
-            "sandbox_id": spec.sandbox.id if spec.sandbox else "",
-            "log_path": log_path,
-            "memory_limit": spec.memory_limit_bytes,
-            "cgroup": None,
-            "sandboxed": sandboxed,
-            "cwd": cwd,
-            "user": {"uid": ident.uid, "gid": ident.gid, "groups": list(ident.groups), "mode": ident.mode,
-                     "capabilities": None if ident.capabilities is None else list(ident.capabilities),
-                     "home": ident.home, "outer_uid": ident.outer_uid, "outer_gid": ident.outer_gid},
-            "command": [exe, *argv[1:]],
-        }
-        return {
-            "argv": program,
-            "env": env,
-            "cwd": spawn_cwd,
-            "sandboxed": sandboxed,
-            "program": argv[0],
-            "cgroup_procs": [],
-            "oom_file": None,
-            "log_path": log_path,
-            "record": record,
-        }
-
-    async def _launch(self, cdir: Path, launch: dict) -> dict:
-        """Starts the monitor and waits for its word: the pids, or why it could not start."""
-        env = {"PATH": os.environ.get("PATH", os.defpath), "PYTHONPATH": _package_root()}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                self.monitor_python, "-S", "-m", "gpufleet.agent.runtime.monitor", str(cdir),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-                start_new_session=True, env=env, cwd="/",
-            )
-        except OSError as e:
-            raise RuntimeError_(f"cannot start the container's monitor: {e.strerror or e}", "RunContainerError") from e
-        assert proc.stdin is not None and proc.stdout is not None
-        # marshal (format 4, read by any Python 3): the monitor has no json to import.
-        proc.stdin.write(marshal.dumps(launch, 4))
-        with contextlib.suppress(ConnectionError):
-            await proc.stdin.drain()
-        proc.stdin.close()
-        try:
-            line = await asyncio.wait_for(proc.stdout.readline(), _START_TIMEOUT_S)
-        except TimeoutError:
-            line = b""
-        if not line:
-            state = mon.read_state(str(cdir)) or {}
-            pid = state.get("monitor_pid")
-            if pid and mon.alive(pid, state.get("monitor_start")):
-                # Stuck: its death takes the sandbox with it (bwrap --die-with-parent).
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(proc.wait(), _KILL_SETTLE_S)
-            msg = state.get("message") or f"the container's monitor did not report (see {cdir}/monitor.log)"
-            return {"error": msg}
-        await proc.wait()
-        return json.loads(line)
 
     def _cgroup_for(self, spec: ContainerSpec) -> Cgroup | None:
         if self.cgroups is None or not self.cgroups.supported:
@@ -922,108 +499,6 @@ class ProcessRuntime:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
 
-    def _exec_argv(self, rec: _Ctr, command: list[str], *, tty: bool = False) -> list[str] | str:
-        """The command line that runs ``command`` in the container, or why it cannot."""
-        if not command:
-            return "no command"
-        cwd = rec.info.get("cwd") or "/"
-        # The container's own view of its files, volumes included, through its root.
-        prefix = f"/proc/{rec.main.pid}/root" if rec.sandboxed else ""
-
-        def node_path(p: str) -> str | None:
-            return prefix + p
-
-        exe = _resolve(command[0], rec.env.get("PATH", os.defpath), cwd, node_path)
-        if exe is None:
-            return f'executable file "{command[0]}" not found'
-        chain = user_chain(rec.ident, setpriv=self._setpriv, unshare=self._unshare, for_exec=True)
-        inner = [*chain, exe, *command[1:]]
-        if tty:
-            # A session of its own with the terminal as its controlling one (--wait: setsid
-            # forks when it leads a group already, and the exit status must be the command's).
-            inner = [shutil.which("setsid") or "/usr/bin/setsid", "--ctty", "--wait", *inner]
-        if rec.sandboxed:
-            ns = ["--mount", "--pid", "--uts", "--ipc"]
-            if rec.ident.mode == "userns":
-                ns.append("--user")
-            program = [self._nsenter, f"--target={rec.main.pid}", *ns, f"--wdns={cwd}", "--", *inner]
-        else:
-            program = inner
-        if rec.cgroup is not None:
-            program = ["/bin/sh", "-c", _JOIN_CGROUPS, "gpufleet-exec", *rec.cgroup.procs_files, "--", *program]
-        return program
-
-    async def exec(
-        self,
-        handle: ContainerHandle,
-        command: list[str],
-        timeout: float,  # noqa: ASYNC109 - the signature is base.Runtime's
-    ) -> tuple[int, str]:
-        """The command inside the container: its namespaces, user, working directory,
-        environment and cgroup. A timeout kills it and answers -1."""
-        rec = self._containers.get(handle.id)
-        if rec is None or rec.done.is_set() or not rec.main.alive():
-            return -1, "container is not running"
-        program = self._exec_argv(rec, command)
-        if isinstance(program, str):
-            return (127 if "not found" in program else -1), program
-        try:
-            p = await asyncio.create_subprocess_exec(
-                *program, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, env=rec.env, cwd="/" if rec.sandboxed else rec.info.get("cwd"),
-                start_new_session=True,
-            )
-        except OSError as e:
-            return 126, f"cannot run {command[0]}: {e.strerror or e}"
-        out = asyncio.ensure_future(p.communicate())
-        if not await within(out, self.clock, timeout):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(p.pid, signal.SIGKILL)
-            for pid in _descendants(p.pid):
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(out, _KILL_SETTLE_S)
-            return -1, f"command timed out after {timeout:g}s"
-        stdout, _ = out.result()
-        assert p.returncode is not None
-        return exit_code(p.returncode), stdout.decode(errors="replace")
-
-    async def exec_stream(self, handle: ContainerHandle, command: list[str], tty: bool = False) -> ExecStream:
-        """An interactive process in the container (kubectl exec): its stdin, stdout and
-        stderr as streams, or with tty one terminal for all three."""
-        rec = self._containers.get(handle.id)
-        if rec is None or rec.done.is_set() or not rec.main.alive():
-            raise RuntimeError_("container is not running")
-        program = self._exec_argv(rec, command, tty=tty)
-        if isinstance(program, str):
-            raise RuntimeError_(program)
-        cwd = "/" if rec.sandboxed else rec.info.get("cwd")
-        if not tty:
-            p = await asyncio.create_subprocess_exec(
-                *program, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=rec.env, cwd=cwd, start_new_session=True,
-            )
-            assert p.stdin is not None and p.stdout is not None
-            return ExecStream(p, p.stdin, p.stdout, p.stderr, None)
-        master, slave = _open_pty(rec)
-        try:
-            p = await asyncio.create_subprocess_exec(
-                *program, stdin=slave, stdout=slave, stderr=slave, env={**rec.env, "TERM": rec.env.get("TERM", "xterm")},
-                cwd=cwd, start_new_session=True,
-            )
-        finally:
-            os.close(slave)
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(master, "rb", 0))
-        wfd = os.dup(master)
-        transport, protocol = await loop.connect_write_pipe(
-            lambda: asyncio.streams.FlowControlMixin(), os.fdopen(wfd, "wb", 0)
-        )
-        writer = asyncio.StreamWriter(transport, protocol, None, loop)
-        return ExecStream(p, writer, reader, None, wfd)
-
     async def stats(self, handle: ContainerHandle) -> ContainerStats | None:
         rec = self._containers.get(handle.id)
         if rec is None or rec.done.is_set():
@@ -1060,93 +535,6 @@ class ProcessRuntime:
                 cpu += t.user + t.system
                 rss += p.memory_info().rss
         return cpu, rss
-
-    # --- recovery -----------------------------------------------------------------------
-
-    async def recover(self, node_name: str) -> tuple[list[RecoveredSandbox], list[RecoveredContainer]]:
-        """What earlier runs of the agent left under the state dir: each pod sandbox, and
-        each container with its pod, attempt and GPUs, running (its program alive, same
-        start time) or exited (with the code its monitor recorded, or
-        ContainerStatusUnknown when its monitor died without recording one)."""
-        sandboxes: list[RecoveredSandbox] = []
-        base = self.state_dir / "sandboxes"
-        for d in sorted(base.iterdir()) if base.is_dir() else []:
-            sb = self._sandboxes.get(d.name) or self._load_sandbox(d.name)
-            if sb is None:
-                continue
-            await self._ensure_shm(sb)
-            r = sb.record
-            sandboxes.append(RecoveredSandbox(SandboxHandle(id=sb.id), r.get("pod_uid", ""), r.get("namespace", ""),
-                                              r.get("pod_name", ""), tuple(r.get("gpus") or ())))
-        containers: list[RecoveredContainer] = []
-        root = self.state_dir / "containers"
-        for state_file in sorted(root.glob(f"*/*/*/{mon.STATE}")) if root.is_dir() else []:
-            cdir = state_file.parent
-            cid = str(cdir.relative_to(root))
-            rec = self._containers.get(cid)
-            if rec is None:
-                rec = self._recover_one(cid, cdir, node_name)
-                if rec is None:
-                    continue
-            info = rec.info
-            if rec.final is None and rec.main.alive():
-                state = ContainerState("running", started_at=rec.started_at)
-            else:
-                state = await self.state(rec.handle)
-            containers.append(RecoveredContainer(
-                handle=rec.handle, pod_uid=info.get("pod_uid", ""), name=info.get("container", ""),
-                attempt=int(info.get("attempt") or 0), gpus=tuple(info.get("gpus") or ()), state=state,
-                namespace=info.get("namespace", ""), pod_name=info.get("pod_name", ""),
-                sandbox_id=info.get("sandbox_id", ""), log_path=info.get("log_path", ""),
-            ))
-        return sandboxes, containers
-
-    def _recover_one(self, cid: str, cdir: Path, node_name: str) -> _Ctr | None:
-        info = mon.read_state(str(cdir))
-        if info is None:
-            return None
-        if info.get("node_name") and node_name and info["node_name"] != node_name:
-            return None
-        monitor = _Pid(info.get("monitor_pid"), info.get("monitor_start"))
-        if info.get("phase") in ("starting", "failed") and not monitor.alive():
-            # A start that never got going (the agent got, or would have got, the error).
-            monitor.close()
-            shutil.rmtree(cdir, ignore_errors=True)
-            return None
-        main = _Pid(info.get("pid"), info.get("pid_start"))
-        sandbox = _Pid(info.get("sandbox_pid"), info.get("sandbox_start"))
-        cgroup = None
-        if info.get("cgroup") and self.cgroups is not None and self.cgroups.supported:
-            with contextlib.suppress(OSError):
-                cgroup = self.cgroups.create(info["cgroup"])
-        env: dict[str, str] = {}
-        if main.alive() or sandbox.alive():
-            # The sandbox's init runs with exactly the container's environment (the
-            # program may have rewritten its own); nothing kept it on disk.
-            env = _environ(sandbox.pid if sandbox.alive() else main.pid)  # type: ignore[arg-type]
-        u = info.get("user") or {}
-        caps = u.get("capabilities")
-        ident = Identity(int(u.get("uid", self.default_user[0])), int(u.get("gid", self.default_user[1])),
-                         tuple(u.get("groups") or ()), u.get("mode", "host"), None if caps is None else tuple(caps),
-                         u.get("home", "/"), int(u.get("outer_uid", 0)), int(u.get("outer_gid", 0)))
-        rec = _Ctr(
-            handle=ContainerHandle(id=cid, pid=info.get("pid")),
-            dir=cdir,
-            info=info,
-            env=env,
-            cgroup=cgroup,
-            main=main,
-            sandbox=sandbox,
-            monitor=monitor,
-            sandboxed=bool(info.get("sandboxed")),
-            ident=ident,
-            memory_limit=info.get("memory_limit"),
-            started_mono=self.clock.monotonic(),
-        )
-        self._adopt(rec)
-        return rec
-
-    # --- forget -----------------------------------------------------------------------
 
     async def remove(self, handle: ContainerHandle) -> None:
         rec = self._containers.pop(handle.id, None)
@@ -1193,287 +581,3 @@ class ProcessRuntime:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await rec.watcher
             rec.close()
-
-
-@dataclass
-class ExecStream:
-    """An interactive process in a container. ``stdin``/``stdout`` (and ``stderr``
-    without a tty) are its streams; with a tty they are one terminal and ``resize``
-    sets its size."""
-
-    process: asyncio.subprocess.Process
-    stdin: asyncio.StreamWriter
-    stdout: asyncio.StreamReader
-    stderr: asyncio.StreamReader | None
-    pty: int | None
-
-    def resize(self, rows: int, cols: int) -> None:
-        if self.pty is not None:
-            fcntl.ioctl(self.pty, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-
-    async def wait(self) -> int:
-        return exit_code(await self.process.wait())
-
-    def close(self) -> None:
-        """Closes our end of its input (the terminal's output side closes at its end)."""
-        with contextlib.suppress(Exception):
-            self.stdin.close()
-
-
-# --- small helpers ------------------------------------------------------------------------
-
-
-def _probe_bwrap(name: str | None) -> tuple[str | None, str]:
-    if name is None:
-        return None, "sandboxing is disabled"
-    path = shutil.which(name)
-    if path is None:
-        return None, f"{name} (bubblewrap) is not installed"
-    try:
-        p = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--", "true"],
-            capture_output=True, timeout=30, check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"{path} cannot run: {e}"
-    if p.returncode != 0:
-        return None, f"{path} cannot build a sandbox here: {p.stderr.decode(errors='replace').strip()}"
-    return path, ""
-
-
-_TIOCSPTLCK = 0x40045431
-_TIOCGPTPEER = 0x5441
-
-
-def _open_pty(rec: _Ctr) -> tuple[int, int]:
-    """A terminal (master, slave) for an exec. In a sandbox it is one of the container's own
-    /dev/pts (opened through its root), so the program finds its name there; the slave
-    belongs to the container's user, as a login's terminal does."""
-    if not rec.sandboxed or rec.main.pid is None:
-        return os.openpty()
-    try:
-        master = os.open(f"/proc/{rec.main.pid}/root/dev/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError:
-        return os.openpty()
-    try:
-        fcntl.ioctl(master, _TIOCSPTLCK, struct.pack("i", 0))
-        slave = fcntl.ioctl(master, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
-    except OSError:
-        os.close(master)
-        return os.openpty()
-    ident = rec.ident
-    if os.geteuid() == 0 and ident.mode != "agent":
-        uid = ident.outer_uid if ident.mode == "userns" else ident.uid
-        with contextlib.suppress(OSError):
-            os.fchown(slave, uid, -1)
-    return master, slave
-
-
-def _hidden_in_mounts(hidden: Sequence[str], mounts: Sequence[Mount]) -> list[tuple[str, bool]]:
-    """Hidden paths seen through a volume (a hostPath of a directory above the agent's
-    state, say): where they appear in the container, to hide them there too."""
-    out = []
-    for h in hidden:
-        h = os.path.normpath(h)
-        if not os.path.exists(h):
-            continue
-        for m in mounts:
-            base = os.path.normpath(m.host_path)
-            if h == base or h.startswith(base.rstrip("/") + "/"):
-                out.append((os.path.normpath(m.container_path + h[len(base):]), os.path.isdir(h)))
-    return out
-
-
-def _make_dirs_for(path: str, ident: Identity) -> None:
-    """mkdir -p, the new directories owned by the container's user (on the node), so a
-    working directory created for it is its own to write in."""
-    new = []
-    p = os.path.abspath(path)
-    while not os.path.exists(p):
-        new.append(p)
-        p = os.path.dirname(p)
-    os.makedirs(path, exist_ok=True)
-    if os.geteuid() != 0:
-        return
-    uid, gid = (ident.outer_uid, ident.outer_gid) if ident.mode == "userns" else (ident.uid, ident.gid)
-    for d in new:
-        os.chown(d, uid, gid)
-
-
-def _make_container_dir(cdir: Path) -> None:
-    try:
-        cdir.mkdir(parents=True)
-        os.chmod(cdir, 0o700)
-        tmp = cdir / "tmp"
-        tmp.mkdir()
-        # The container's /tmp, as the node's own /tmp is.
-        os.chmod(tmp, 0o1777)
-    except OSError as e:
-        raise RuntimeError_(f"cannot create the container's directory: {e.strerror or e}", "CreateContainerError") from e
-
-
-def _shm_ready(record: dict) -> bool:
-    """Whether the sandbox's /dev/shm is in place (a reboot takes tmpfs mounts away)."""
-    d = record.get("shm_dir")
-    if not d or not os.path.isdir(d):
-        return False
-    return not record.get("shm_mounted") or os.path.ismount(d)
-
-
-def _has_cap_sys_admin() -> bool:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("CapEff:"):
-                return bool(int(line.split()[1], 16) & (1 << 21))
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def _node_address() -> str:
-    """The node's address for the pod's own name in /etc/hosts (pods share its network)."""
-    with contextlib.suppress(OSError):
-        addr = socket.gethostbyname(socket.gethostname())
-        if not addr.startswith("127."):
-            return addr
-    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        # No packet is sent: connect() on UDP only picks the outgoing address.
-        s.connect(("10.255.255.255", 1))
-        return s.getsockname()[0]
-    return "127.0.1.1"
-
-
-def _passwd(uid: int) -> Passwd | None:
-    try:
-        pw = pwd.getpwuid(uid)
-    except KeyError:
-        return None
-    try:
-        groups = tuple(os.getgrouplist(pw.pw_name, pw.pw_gid))
-    except OSError:
-        groups = tuple(g.gr_gid for g in grp.getgrall() if pw.pw_name in g.gr_mem)
-    return Passwd(pw.pw_name, pw.pw_gid, pw.pw_dir, groups)
-
-
-def _listing(path: str) -> list[tuple[str, str, str]]:
-    out = []
-    for e in os.scandir(path):
-        if e.is_symlink():
-            out.append((e.name, "symlink", os.readlink(e.path)))
-        elif e.is_dir(follow_symlinks=False):
-            out.append((e.name, "dir", ""))
-        elif e.is_file(follow_symlinks=False):
-            out.append((e.name, "file", ""))
-    return out
-
-
-def _user_may_exec(path: str, ident: Identity | None) -> bool:
-    """Whether the container's user looks able to run the file at ``path`` on the node,
-    from the permission bits of the file and of every directory on the way. Only a hint
-    for choosing among PATH entries: ACLs, and network or VM filesystems that grant more
-    than their bits say, have the last word when the program runs."""
-    if ident is None or os.geteuid() != 0 or ident.mode == "agent":
-        return os.access(path, os.X_OK)
-    if ident.mode == "host" and ident.uid == 0:
-        return os.access(path, os.X_OK)
-    if ident.mode == "userns":
-        uid, gids = ident.outer_uid, {ident.outer_gid}
-    else:
-        uid, gids = ident.uid, {ident.gid, *ident.groups}
-
-    def allowed(st: os.stat_result) -> bool:
-        if st.st_uid == uid:
-            return bool(st.st_mode & 0o100)
-        if st.st_gid in gids:
-            return bool(st.st_mode & 0o010)
-        return bool(st.st_mode & 0o001)
-
-    try:
-        for p in {os.path.abspath(path), os.path.realpath(path)}:
-            d = os.path.dirname(p)
-            while True:
-                if not allowed(os.stat(d)):
-                    return False
-                if d == "/":
-                    break
-                d = os.path.dirname(d)
-        return allowed(os.stat(path))
-    except OSError:
-        return False
-
-
-def _resolve(exe: str, path_var: str, cwd: str, node_path, ident: Identity | None = None) -> str | None:
-    """The program as the container names it, if it exists there. Of the PATH entries
-    that have it, the first one its user looks able to run (as its shell would pass over
-    one it may not enter), else the first."""
-
-    def exists(p: str) -> str | None:
-        n = node_path(p)
-        return n if n is not None and os.path.isfile(n) and os.access(n, os.X_OK) else None
-
-    if "/" in exe:
-        p = exe if os.path.isabs(exe) else os.path.normpath(os.path.join(cwd, exe))
-        return p if exists(p) else None
-    first = None
-    for d in path_var.split(os.pathsep):
-        if d and os.path.isabs(d):
-            p = os.path.join(d, exe)
-            n = exists(p)
-            if n is None:
-                continue
-            if ident is None or _user_may_exec(n, ident):
-                return p
-            first = first or p
-    return first
-
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        data = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    env = {}
-    for item in data.split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep and k:
-            env[k.decode(errors="replace")] = v.decode(errors="replace")
-    return env
-
-
-def _descendants(pid: int) -> list[int]:
-    with contextlib.suppress(psutil.Error):
-        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
-    return []
-
-
-def _read_text(path: str) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _write_file(path: Path, text: str, mode: int = 0o644) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def _write_json(path: Path, data: dict) -> None:
-    _write_file(path, json.dumps(data, sort_keys=True), 0o600)
-
-
-async def _run(*argv: str) -> tuple[int, str]:
-    try:
-        p = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-        )
-    except OSError as e:
-        return 127, str(e)
-    _, err = await p.communicate()
-    assert p.returncode is not None
-    return p.returncode, err.decode(errors="replace")

@@ -502,12 +502,15 @@ def gang_trouble(job: Any, current: list[Any], wanted: set[tuple[str, int]], all
             node = getattr(p.spec, "node_name", None) or "no node"
             return f"pod {objects.name_of(p)} on node {node} was lost", True
     created = memory.created if memory.created is not None and memory.created[0] == gang_attempt(job) else None
-    if not resize_in_place(job) and current:
-        # A member this attempt created that no longer exists while others still run.
+    # The sync runs only once this controller's creates were seen, so a member this attempt
+    # created that no longer exists was lost, with the others (still running) or without them
+    # (the whole gang on one node that died, its pods deleted at once).
+    if not resize_in_place(job) and (current or created is not None):
         for member in sorted(created[1] if created is not None else ()):
             if member in wanted and member not in present:
                 return f"pod {pod_name(objects.name_of(job), *member)} was lost", True
-    elif current and leader(job) not in present and created is not None and leader(job) in created[1]:
+    elif (current or created is not None) and leader(job) not in present and created is not None \
+            and leader(job) in created[1]:
         return f"pod {pod_name(objects.name_of(job), *leader(job))} (the rendezvous host) was lost", True
     return None
 

@@ -1,24 +1,4 @@
-"""Label and field selectors with Kubernetes semantics.
-
-Label selectors come in two shapes that must agree exactly:
-- the string form of ``kubectl -l`` and ``?labelSelector=`` (``app=web,tier in (fe,be),!canary``),
-  parsed here by a port of apimachinery's ``labels.Parse`` grammar, with its error texts;
-- the structured form of ``Deployment.spec.selector`` (``matchLabels`` / ``matchExpressions``),
-  converted like ``metav1.LabelSelectorAsSelector``.
-
-Nil versus empty, which Kubernetes distinguishes and so do we:
-- ``LabelSelector.everything()`` has no requirements and matches every object. It is what an
-  empty string, an empty structured selector (``{}``) and an empty label set give.
-- ``LabelSelector.nothing()`` matches no object. It is what a *missing* structured selector
-  (``None``) gives: a PodDisruptionBudget or a controller without a selector selects nothing,
-  never everything. ``str()`` of it is "" like Kubernetes', so it cannot be sent as a string.
-``empty()`` is Kubernetes' ``Selector.Empty()``: true only for a selector that restricts
-nothing (``everything()``), false for ``nothing()``.
-
-Field selectors (``?fieldSelector=metadata.name=web,status.phase!=Running``) follow
-apimachinery's ``fields.ParseSelector``: only ``=``, ``==`` and ``!=``, comma-separated, with
-``\\,`` ``\\=`` and ``\\\\`` escapes in values.
-"""
+"""Label selectors: the ``kubectl -l`` string grammar and the structured ``LabelSelector`` form."""
 
 from __future__ import annotations
 
@@ -27,7 +7,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
+
+from gpufleet.api.validation.names import is_label_value, is_qualified_name
 
 
 class SelectorError(ValueError):
@@ -36,70 +18,10 @@ class SelectorError(ValueError):
 
 # --------------------------------------------------------------------------- validation
 
-_QUALIFIED_NAME_FMT = "([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]"
-_QUALIFIED_NAME_RE = re.compile(_QUALIFIED_NAME_FMT)
-_QUALIFIED_NAME_MSG = (
-    "must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an "
-    "alphanumeric character (e.g. 'MyName', or 'my.name', or '123-abc', regex used for "
-    f"validation is '{_QUALIFIED_NAME_FMT}')"
-)
-_DNS1123_SUBDOMAIN_FMT = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
-_DNS1123_SUBDOMAIN_RE = re.compile(_DNS1123_SUBDOMAIN_FMT)
-_LABEL_VALUE_FMT = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?"
-_LABEL_VALUE_RE = re.compile(_LABEL_VALUE_FMT)
-
-
-def qualified_name_errors(name: str) -> list[str]:
-    """Why ``name`` is not a valid label key (``[prefix/]name``); empty when it is valid.
-
-    The rules and texts of Kubernetes' ``validation.IsQualifiedName``: an optional DNS
-    subdomain prefix of at most 253 characters, then a name of at most 63 characters.
-    """
-    errors: list[str] = []
-    parts = name.split("/")
-    if len(parts) == 1:
-        local = parts[0]
-    elif len(parts) == 2:
-        prefix, local = parts
-        if not prefix:
-            errors.append("prefix part must be non-empty")
-        else:
-            if len(prefix) > 253:
-                errors.append("prefix part must be no more than 253 characters")
-            if not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix):
-                errors.append(
-                    "prefix part a lowercase RFC 1123 subdomain must consist of lower case "
-                    "alphanumeric characters, '-' or '.', and must start and end with an "
-                    "alphanumeric character (e.g. 'example.com', regex used for validation is "
-                    f"'{_DNS1123_SUBDOMAIN_FMT}')"
-                )
-    else:
-        return [
-            f"a qualified name {_QUALIFIED_NAME_MSG} with an optional DNS subdomain prefix "
-            "and '/' (e.g. 'example.com/MyName')"
-        ]
-    if not local:
-        errors.append("name part must be non-empty")
-    elif len(local) > 63:
-        errors.append("name part must be no more than 63 characters")
-    if not _QUALIFIED_NAME_RE.fullmatch(local):
-        errors.append(f"name part {_QUALIFIED_NAME_MSG}")
-    return errors
-
-
-def label_value_errors(value: str) -> list[str]:
-    """Why ``value`` is not a valid label value; empty when it is valid (Kubernetes'
-    ``validation.IsValidLabelValue``: at most 63 characters, may be empty)."""
-    errors: list[str] = []
-    if len(value) > 63:
-        errors.append("must be no more than 63 characters")
-    if not _LABEL_VALUE_RE.fullmatch(value):
-        errors.append(
-            "a valid label must be an empty string or consist of alphanumeric characters, '-', "
-            "'_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue', "
-            f"or 'my_value', or '12345', regex used for validation is '{_LABEL_VALUE_FMT}')"
-        )
-    return errors
+# Label keys and values follow apimachinery's ``IsQualifiedName`` and ``IsValidLabelValue``,
+# with their texts: the same functions the object validators use.
+qualified_name_errors = is_qualified_name
+label_value_errors = is_label_value
 
 
 def _quote(value: Any) -> str:
@@ -542,168 +464,3 @@ def parse_label_selector(text: str) -> LabelSelector:
     if not isinstance(text, str):
         raise SelectorError(f"a label selector must be a string, not {type(text).__name__}")
     return LabelSelector(_LabelParser(text).parse())
-
-
-# --------------------------------------------------------------------------- field selectors
-
-
-class FieldRequirement(NamedTuple):
-    field: str
-    operator: str  # "=" or "!="; "==" is read as "="
-    value: str
-
-
-_FIELD_OPERATORS = ("!=", "==", "=")
-
-
-def _split_terms(text: str) -> list[str]:
-    terms, start, escaped = [], 0, False
-    for i, ch in enumerate(text):
-        if escaped:
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch == ",":
-            terms.append(text[start:i])
-            start = i + 1
-    terms.append(text[start:])
-    return terms
-
-
-def _unescape_field_value(raw: str) -> str:
-    out: list[str] = []
-    escaped = False
-    for ch in raw:
-        if escaped:
-            if ch not in "\\,=":
-                raise SelectorError(f"invalid field selector: invalid escape sequence: \\{ch}")
-            out.append(ch)
-            escaped = False
-        elif ch == "\\":
-            escaped = True
-        elif ch in ",=":
-            raise SelectorError(f"invalid field selector: unescaped character in value: {ch}")
-        else:
-            out.append(ch)
-    if escaped:
-        raise SelectorError("invalid field selector: invalid escape sequence: \\")
-    return "".join(out)
-
-
-def escape_field_value(value: str) -> str:
-    """Escape ``\\``, ``,`` and ``=`` so that ``value`` can sit on the right of a field term."""
-    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
-
-
-def _scalar_text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
-    return ""  # objects and lists have no field-selector value
-
-
-def field_value(obj: Mapping[str, Any] | None, path: str) -> str:
-    """The text a field selector compares for the dotted ``path`` of a JSON object.
-
-    A missing field reads as "" (so ``spec.nodeName=`` finds unscheduled pods), booleans as
-    "true"/"false", whole numbers without a decimal point.
-    """
-    current: Any = obj
-    for part in path.split("."):
-        if not isinstance(current, Mapping) or part not in current:
-            return ""
-        current = current[part]
-    return _scalar_text(current)
-
-
-class FieldSelector:
-    """A conjunction of field equalities and inequalities."""
-
-    __slots__ = ("_requirements",)
-
-    def __init__(self, requirements: Iterable[FieldRequirement] = ()) -> None:
-        self._requirements = tuple(requirements)
-
-    @classmethod
-    def everything(cls) -> FieldSelector:
-        return cls()
-
-    @property
-    def requirements(self) -> list[FieldRequirement]:
-        return list(self._requirements)
-
-    def fields(self) -> list[str]:
-        """The distinct field paths used, in order (to check them against a kind's field labels)."""
-        return list(dict.fromkeys(r.field for r in self._requirements))
-
-    def matches(self, obj: Mapping[str, Any] | None) -> bool:
-        for field, operator, value in self._requirements:
-            equal = field_value(obj, field) == value
-            if equal != (operator == "="):
-                return False
-        return True
-
-    def empty(self) -> bool:
-        return not self._requirements
-
-    def requires_exact_match(self, field: str) -> str | None:
-        for r in self._requirements:
-            if r.field == field and r.operator == "=":
-                return r.value
-        return None
-
-    def only_name(self) -> str | None:
-        """The name when the selector is exactly ``metadata.name=X``, so a list can be
-        answered with a single get (what kubectl's wait/rollout/delete informers send)."""
-        if len(self._requirements) == 1:
-            field, operator, value = self._requirements[0]
-            if field == "metadata.name" and operator == "=":
-                return value
-        return None
-
-    def __str__(self) -> str:
-        return ",".join(f"{r.field}{r.operator}{escape_field_value(r.value)}" for r in self._requirements)
-
-    def __repr__(self) -> str:
-        return f"FieldSelector({str(self)!r})"
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, FieldSelector):
-            return NotImplemented
-        return self._requirements == other._requirements
-
-    def __hash__(self) -> int:
-        return hash(self._requirements)
-
-
-def parse_field_selector(text: str) -> FieldSelector:
-    """Parse ``?fieldSelector=``: ``field=value``, ``field==value`` or ``field!=value`` terms
-    joined by commas. Values may contain ``\\,`` ``\\=`` and ``\\\\``; field names are not
-    escaped and end at the first operator. Nothing is trimmed, as in Kubernetes. Terms are
-    sorted, as Kubernetes does, so equal selectors compare and print equal.
-    """
-    if not isinstance(text, str):
-        raise SelectorError(f"a field selector must be a string, not {type(text).__name__}")
-    requirements: list[FieldRequirement] = []
-    for term in sorted(_split_terms(text)):
-        if term == "":
-            continue
-        for i in range(len(term)):
-            op = next((o for o in _FIELD_OPERATORS if term.startswith(o, i)), None)
-            if op is not None:
-                break
-        else:
-            raise SelectorError(f"invalid selector: '{text}'; can't understand '{term}'")
-        field = term[:i]
-        if not field:
-            raise SelectorError(f"invalid selector: '{text}'; '{term}' has no field name")
-        value = _unescape_field_value(term[i + len(op) :])
-        requirements.append(FieldRequirement(field, "!=" if op == "!=" else "=", value))
-    return FieldSelector(requirements)

@@ -1,0 +1,249 @@
+"""apps and batch: Deployment, ReplicaSet and Job."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.api import k8s
+from gpufleet.api.validation.containers import RESTART_POLICIES
+from gpufleet.api.validation.core import (
+    Errs,
+    _immutable,
+    _int_or_string,
+    _nonneg,
+    selector_is_empty,
+    selector_matches,
+    validate_label_selector,
+    validate_object_meta,
+)
+from gpufleet.api.validation.errors import Unquoted, forbidden, go_quote, invalid, not_supported, required
+from gpufleet.api.validation.names import _PERCENT_RE, is_valid_percent
+from gpufleet.api.validation.pods import validate_pod_template
+
+
+def _validate_int_or_percent(value: Any, path: str, errs: Errs) -> None:
+    value = _int_or_string(value, path, errs)
+    if isinstance(value, str):
+        errs.extend(invalid(path, Unquoted(value), msg) for msg in is_valid_percent(value))
+    elif isinstance(value, int):
+        _nonneg(value, path, errs)
+
+
+def _percent_value(value: Any) -> int | None:
+    if isinstance(value, str) and _PERCENT_RE.fullmatch(value):
+        return int(value[:-1])
+    return None
+
+
+def _not_more_than_100_percent(value: Any, path: str, errs: Errs) -> None:
+    percent = _percent_value(value)
+    if percent is not None and percent > 100:
+        errs.append(invalid(path, Unquoted(value), "must not be greater than 100%"))
+
+
+def _is_zero(value: Any) -> bool:
+    return value == 0 or _percent_value(value) == 0
+
+
+def _validate_template_for_controller(
+    template: k8s.PodTemplateSpec | None,
+    selector: k8s.LabelSelector | None,
+    selector_usable: bool,
+    path: str,
+    errs: Errs,
+    *,
+    restart_policies: list[str],
+) -> None:
+    if template is None:
+        errs.append(required(path))
+        return
+    labels = template.metadata.labels if template.metadata is not None else None
+    if selector_usable and not selector_is_empty(selector) and not selector_matches(selector, labels):
+        errs.append(
+            invalid(
+                f"{path}.metadata.labels", dict(labels or {}), "`selector` does not match template `labels`"
+            )
+        )
+    validate_pod_template(template, path, errs)
+    if template.spec is None:
+        return
+    restart = template.spec.restart_policy
+    if restart is None and "Always" not in restart_policies:
+        errs.append(
+            required(
+                f"{path}.spec.restartPolicy",
+                "valid values: " + ", ".join(go_quote(p) for p in restart_policies),
+            )
+        )
+    elif restart not in (None, "") and restart not in restart_policies:
+        if restart in RESTART_POLICIES:  # otherwise the PodSpec check already said so
+            errs.append(not_supported(f"{path}.spec.restartPolicy", restart, restart_policies))
+
+
+def _validate_replicated_selector(selector: k8s.LabelSelector | None, path: str, errs: Errs) -> bool:
+    if selector is None:
+        errs.append(required(path))
+        return False
+    usable = validate_label_selector(selector, path, errs)
+    if selector_is_empty(selector):
+        errs.append(invalid(path, selector, "empty selector is invalid for deployment"))
+    return usable
+
+
+def _validate_deployment(d: k8s.Deployment, errs: Errs) -> None:
+    validate_object_meta(d.metadata, errs)
+    spec = d.spec
+    _nonneg(spec.replicas, "spec.replicas", errs)
+    usable = _validate_replicated_selector(spec.selector, "spec.selector", errs)
+    _validate_template_for_controller(
+        spec.template, spec.selector, usable, "spec.template", errs, restart_policies=["Always"]
+    )
+    if (
+        spec.template is not None
+        and spec.template.spec is not None
+        and spec.template.spec.active_deadline_seconds is not None
+    ):
+        errs.append(
+            invalid(
+                "spec.template.spec.activeDeadlineSeconds",
+                spec.template.spec.active_deadline_seconds,
+                "activeDeadlineSeconds in ReplicaSet is not Supported",
+            )
+        )
+    strategy = spec.strategy
+    if strategy is not None:
+        if strategy.type == "Recreate":
+            if strategy.rolling_update is not None:
+                errs.append(
+                    forbidden(
+                        "spec.strategy.rollingUpdate",
+                        "may not be specified when strategy `type` is 'Recreate'",
+                    )
+                )
+        elif strategy.type in (None, "RollingUpdate"):
+            ru = strategy.rolling_update
+            if ru is not None:
+                _validate_int_or_percent(
+                    ru.max_unavailable, "spec.strategy.rollingUpdate.maxUnavailable", errs
+                )
+                _validate_int_or_percent(ru.max_surge, "spec.strategy.rollingUpdate.maxSurge", errs)
+                # Unset means the 25% default, which is not zero.
+                if (
+                    ru.max_unavailable is not None
+                    and ru.max_surge is not None
+                    and _is_zero(ru.max_unavailable)
+                    and _is_zero(ru.max_surge)
+                ):
+                    errs.append(
+                        invalid(
+                            "spec.strategy.rollingUpdate.maxUnavailable",
+                            Unquoted(str(ru.max_unavailable)),
+                            "may not be 0 when `maxSurge` is 0",
+                        )
+                    )
+                _not_more_than_100_percent(
+                    ru.max_unavailable, "spec.strategy.rollingUpdate.maxUnavailable", errs
+                )
+        else:
+            errs.append(not_supported("spec.strategy.type", strategy.type, ["Recreate", "RollingUpdate"]))
+    _nonneg(spec.min_ready_seconds, "spec.minReadySeconds", errs)
+    _nonneg(spec.revision_history_limit, "spec.revisionHistoryLimit", errs)
+    if spec.progress_deadline_seconds is not None:
+        _nonneg(spec.progress_deadline_seconds, "spec.progressDeadlineSeconds", errs)
+        if spec.progress_deadline_seconds <= (spec.min_ready_seconds or 0):
+            errs.append(
+                invalid(
+                    "spec.progressDeadlineSeconds",
+                    spec.progress_deadline_seconds,
+                    "must be greater than minReadySeconds",
+                )
+            )
+
+
+def _validate_replica_set(rs: k8s.ReplicaSet, errs: Errs) -> None:
+    validate_object_meta(rs.metadata, errs)
+    spec = rs.spec
+    _nonneg(spec.replicas, "spec.replicas", errs)
+    _nonneg(spec.min_ready_seconds, "spec.minReadySeconds", errs)
+    usable = _validate_replicated_selector(spec.selector, "spec.selector", errs)
+    _validate_template_for_controller(
+        spec.template, spec.selector, usable, "spec.template", errs, restart_policies=["Always"]
+    )
+    if (
+        spec.template is not None
+        and spec.template.spec is not None
+        and spec.template.spec.active_deadline_seconds is not None
+    ):
+        errs.append(
+            invalid(
+                "spec.template.spec.activeDeadlineSeconds",
+                spec.template.spec.active_deadline_seconds,
+                "activeDeadlineSeconds in ReplicaSet is not Supported",
+            )
+        )
+
+
+def _validate_selector_immutable(new: Any, old: Any, errs: Errs) -> None:
+    _immutable(new.spec.selector, old.spec.selector, "spec.selector", errs)
+
+
+def _validate_job(job: k8s.Job, errs: Errs) -> None:
+    validate_object_meta(job.metadata, errs)
+    spec = job.spec
+    if spec is None:
+        errs.append(required("spec.template"))
+        return
+    for attr, alias in (
+        ("parallelism", "parallelism"),
+        ("completions", "completions"),
+        ("backoff_limit", "backoffLimit"),
+        ("backoff_limit_per_index", "backoffLimitPerIndex"),
+        ("max_failed_indexes", "maxFailedIndexes"),
+        ("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
+    ):
+        _nonneg(getattr(spec, attr), f"spec.{alias}", errs)
+    if spec.active_deadline_seconds is not None and spec.active_deadline_seconds <= 0:
+        # Kubernetes accepts 0, which fails the job the moment it starts; we reject it.
+        errs.append(
+            invalid("spec.activeDeadlineSeconds", spec.active_deadline_seconds, "must be greater than zero")
+        )
+    if spec.completion_mode is not None:
+        if spec.completion_mode not in ("NonIndexed", "Indexed"):
+            errs.append(not_supported("spec.completionMode", spec.completion_mode, ["NonIndexed", "Indexed"]))
+        elif spec.completion_mode == "Indexed" and spec.completions is None:
+            errs.append(required("spec.completions", "when completion mode is Indexed"))
+    if spec.backoff_limit_per_index is not None and spec.completion_mode != "Indexed":
+        errs.append(
+            required("spec.completionMode", "when backoffLimitPerIndex is specified, must be Indexed")
+        )
+    usable = True
+    if spec.selector is not None:
+        usable = validate_label_selector(spec.selector, "spec.selector", errs)
+    _validate_template_for_controller(
+        spec.template, spec.selector, usable, "spec.template", errs, restart_policies=["OnFailure", "Never"]
+    )
+
+
+def _without_scheduling_directives(template: k8s.PodTemplateSpec) -> k8s.PodTemplateSpec:
+    meta = template.metadata.model_copy(update={"labels": None, "annotations": None}) if template.metadata else None
+    spec = (template.spec.model_copy(update={"node_selector": None, "tolerations": None, "scheduling_gates": None})
+            if template.spec else None)
+    return template.model_copy(update={"metadata": meta, "spec": spec})
+
+
+def _validate_job_update(new: k8s.Job, old: k8s.Job, errs: Errs) -> None:
+    if new.spec is None or old.spec is None:
+        return
+    _immutable(new.spec.selector, old.spec.selector, "spec.selector", errs)
+    if old.spec.suspend and new.spec.template is not None and old.spec.template is not None:
+        # Kubernetes lets a queue steer a suspended Job before it starts (KEP-2926): the
+        # template's node selector, tolerations, labels, annotations and scheduling gates.
+        _immutable(_without_scheduling_directives(new.spec.template),
+                   _without_scheduling_directives(old.spec.template), "spec.template", errs)
+    else:
+        _immutable(new.spec.template, old.spec.template, "spec.template", errs)
+    _immutable(new.spec.completion_mode, old.spec.completion_mode, "spec.completionMode", errs)
+    # An Indexed job may be resized when completions moves together with parallelism.
+    elastic = new.spec.completion_mode == "Indexed" and new.spec.completions == new.spec.parallelism
+    if not elastic:
+        _immutable(new.spec.completions, old.spec.completions, "spec.completions", errs)

@@ -1,0 +1,144 @@
+"""The stored form of objects and events, and the SQL both backends read them with: the
+JSON text (resourceVersion left to the revision column), history rows as WatchEvents, list
+and history queries (the placeholder is the driver's), and the store's error wording."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+
+from gpufleet.store.base import AlreadyExists, Conflict, ListResult, NotFound, TransformError, WatchEvent
+
+Events = list[WatchEvent]
+
+
+def encode(obj: dict[str, Any]) -> str:
+    """The stored form of an object. resourceVersion is left out: the revision column is the
+    truth, and every read stamps it back (see ``decode``)."""
+    md = obj.get("metadata")
+    if isinstance(md, dict) and "resourceVersion" in md:
+        obj = {**obj, "metadata": {k: v for k, v in md.items() if k != "resourceVersion"}}
+    return orjson.dumps(obj).decode()
+
+
+def decode(text: str | bytes, revision: int) -> dict[str, Any]:
+    obj = orjson.loads(text)
+    md = obj.get("metadata")
+    if not isinstance(md, dict):
+        md = obj["metadata"] = {}
+    md["resourceVersion"] = str(revision)
+    return obj
+
+
+class Codec(Protocol):
+    """The stored text of an object and back (store/encryption.py's ValueCodec)."""
+
+    def encode(self, resource: str, namespace: str, name: str, obj: dict[str, Any]) -> str: ...
+
+    def decode(self, resource: str, namespace: str, name: str, text: str | bytes,
+               revision: int) -> dict[str, Any]: ...
+
+    def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool: ...
+
+
+def event_from_row(
+    revision: int,
+    type_: str,
+    resource: str,
+    namespace: str,
+    name: str,
+    value: str | bytes,
+    prev_revision: int | None,
+    prev_value: str | bytes | None,
+    codec: Codec,
+) -> WatchEvent:
+    try:
+        obj = codec.decode(resource, namespace, name, value, revision)
+        prev = None if prev_value is None else codec.decode(resource, namespace, name, prev_value,
+                                                            prev_revision or 0)
+    except TransformError as exc:
+        # One value this server cannot read must not stop the event pump (every watch of
+        # every resource): the watches that meet it end with the error instead.
+        stub = {"metadata": {"name": name, "resourceVersion": str(revision),
+                             **({"namespace": namespace} if namespace else {})}}
+        return WatchEvent(type=type_, resource=resource, namespace=namespace, name=name,  # type: ignore[arg-type]
+                          revision=revision, object=stub, prev=None, error=exc)
+    return WatchEvent(
+        type=type_,  # type: ignore[arg-type]
+        resource=resource,
+        namespace=namespace,
+        name=name,
+        revision=revision,
+        object=obj,
+        prev=prev,
+    )
+
+
+def key_str(resource: str, namespace: str, name: str) -> str:
+    return f'{resource} "{namespace}/{name}"' if namespace else f'{resource} "{name}"'
+
+
+def not_found(resource: str, namespace: str, name: str) -> NotFound:
+    return NotFound(f"{key_str(resource, namespace, name)} not found")
+
+
+def already_exists(resource: str, namespace: str, name: str) -> AlreadyExists:
+    return AlreadyExists(f"{key_str(resource, namespace, name)} already exists")
+
+
+def conflict(codec: Codec, resource: str, namespace: str, name: str, revision: int, expected: int | None,
+             text: str | bytes) -> Conflict:
+    """A compare-and-swap that found ``revision`` (stored as ``text``) instead of ``expected``."""
+    return Conflict(
+        f"{key_str(resource, namespace, name)} was modified: revision {revision}, expected {expected}",
+        current=codec.decode(resource, namespace, name, text, revision),
+    )
+
+
+def objects_query(ph: str, resource: str, namespace: str | None, after: tuple[str, str] | None,
+                  limit: int | None) -> tuple[str, list[Any]]:
+    """The SELECT of a list page (``ph`` is the driver's placeholder): (namespace, name,
+    revision, value) in key order after ``after``, one row more than ``limit`` to tell
+    whether more remain."""
+    sql = f"SELECT namespace, name, revision, value FROM objects WHERE resource = {ph}"
+    args: list[Any] = [resource]
+    if namespace is not None:
+        sql += f" AND namespace = {ph}"
+        args.append(namespace)
+    if after is not None:
+        sql += f" AND (namespace, name) > ({ph}, {ph})"
+        args.extend(after)
+    sql += " ORDER BY namespace, name"
+    if limit:
+        sql += f" LIMIT {ph}"
+        args.append(limit + 1)
+    return sql, args
+
+
+def events_query(ph: str, columns: str, resource: str | None, namespace: str | None, after: int, upto: int,
+                 limit: int) -> tuple[str, list[Any]]:
+    """The SELECT of a page of history after < revision <= upto, of one resource and namespace
+    where given."""
+    sql = f"SELECT {columns} FROM events WHERE revision > {ph} AND revision <= {ph}"
+    args: list[Any] = [after, upto]
+    if resource is not None:
+        sql += f" AND resource = {ph}"
+        args.append(resource)
+    if namespace is not None:
+        sql += f" AND namespace = {ph}"
+        args.append(namespace)
+    sql += f" ORDER BY revision LIMIT {ph}"
+    args.append(limit)
+    return sql, args
+
+
+def list_page(codec: Codec, resource: str, rows: list[Any], revision: int, limit: int | None) -> ListResult:
+    """A ListResult from rows of (namespace, name, revision, value), as objects_query reads
+    them: ``limit`` items and the key to continue after when there were more."""
+    next_key = None
+    if limit and len(rows) > limit:
+        rows = rows[:limit]
+        next_key = (rows[-1][0], rows[-1][1])
+    items = [codec.decode(resource, r[0], r[1], r[3], r[2]) for r in rows]
+    return ListResult(items=items, revision=revision, next_key=next_key)
