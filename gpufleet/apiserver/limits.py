@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 import orjson
 
-from gpufleet.apiserver.errors import ApiException
+from gpufleet.apiserver.errors import ApiException, bad_request
+from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, RawRequest
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 3 * 1024 * 1024
 # etcd's default --max-request-bytes: the largest value one write may carry.
@@ -45,6 +46,17 @@ class RequestLimits:
 def body_too_large(limit: int) -> ApiException:
     """Kubernetes' NewRequestEntityTooLargeError for a body past --max-request-body-bytes."""
     return ApiException(413, "RequestEntityTooLarge", f"Request entity too large: limit is {limit}")
+
+
+async def read_body(req: RawRequest, limit: int) -> bytes:
+    """The request's body, read within ``limit`` bytes (0: none): 413 past it, 400 when the
+    client goes away before its end."""
+    try:
+        return await req.read_body(limit)
+    except BodyTooLarge as e:
+        raise body_too_large(e.limit) from None
+    except BodyIncomplete:
+        raise bad_request("the request body ended before its end: the client went away") from None
 
 
 def object_too_large(kind: str, name: str, size: int, limit: int) -> ApiException:

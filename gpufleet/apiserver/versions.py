@@ -16,7 +16,9 @@ import orjson
 
 from gpufleet.api.conversion import ConversionError
 from gpufleet.api.registry import ResourceType
+from gpufleet.apiserver import decoding
 from gpufleet.apiserver.errors import ApiException, bad_request, invalid, not_found
+from gpufleet.apiserver.headers import warning_header
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo
 from gpufleet.store import base as store_base
@@ -94,12 +96,12 @@ def _renamed(rt: ResourceType, e: ApiException, stored: dict[str, Any]) -> ApiEx
     return invalid(rt, e.details.get("name", ""), causes)
 
 
-def _decode_in(server: ApiServer, rt: ResourceType, body: Any, name: str, field_validation: str | None,
+def _decode_in(rt: ResourceType, body: Any, name: str, field_validation: str | None,
                ) -> tuple[dict[str, Any], list[str]]:
     """The typed check of a body in rt's version (unknown fields and wrong types named in its
     terms), then the body in the storage version."""
-    obj = server._check_type(rt, body)
-    model, warnings = server._decode(rt, obj, name, field_validation)
+    obj = decoding.check_type(rt, body)
+    model, warnings = decoding.decode(rt, obj, name, field_validation)
     return _to_storage(rt, model.to_dict()), warnings
 
 
@@ -108,28 +110,28 @@ async def serve(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Resou
     storage = server.registry.storage_of(rt)
     verb, sub = info.verb, info.subresource
     if (verb in ("create", "update") and not sub) or (verb == "update" and sub == "status"):
-        body = await server._parse_body(req)
+        body = await decoding.parse_body(req)
         name = info.name or ((body.get("metadata") or {}).get("name", "") if isinstance(body, dict) else "")
-        stored, warnings = _decode_in(server, rt, body, name, req.param("fieldValidation"))
+        stored, warnings = _decode_in(rt, body, name, req.param("fieldValidation"))
         inner = RawRequest(req.method, req.path, [(k, v) for k, v in req.query if k != "fieldValidation"] +
                            [("fieldValidation", "Strict")], {**req.headers, "content-type": _JSON},
                            orjson.dumps(stored))
         try:
-            resp = await server._resource(inner, info, storage, user)
+            resp = await server.serve_resource(inner, info, storage, user)
         except ApiException as e:
             raise _renamed(rt, e, stored) from None
         if warnings:
             # The inner request's own warnings (admission's) come after the decoding ones.
-            ours = server._warning_headers(warnings)["warning"]
+            ours = warning_header(warnings)["warning"]
             theirs = resp.headers.get("warning")
             resp.headers["warning"] = f"{ours}, {theirs}" if theirs else ours
         return _convert_response(rt, resp)
     if verb == "patch":
         ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
         if ctype == _APPLY:
-            return _convert_response(rt, await server._resource(_apply_in_storage(rt, req), info, storage, user))
+            return _convert_response(rt, await server.serve_resource(_apply_in_storage(rt, req), info, storage, user))
         return _convert_response(rt, await _patch(server, req, info, rt, storage, user))
-    return _convert_response(rt, await server._resource(req, info, storage, user))
+    return _convert_response(rt, await server.serve_resource(req, info, storage, user))
 
 
 def _apply_in_storage(rt: ResourceType, req: RawRequest) -> RawRequest:
@@ -152,7 +154,7 @@ async def _patch(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Reso
     ctype = req.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype not in ("application/json-patch+json", "application/merge-patch+json",
                      "application/strategic-merge-patch+json") or info.subresource not in ("", "status"):
-        return await server._resource(req, info, storage, user)  # answers the 415/404 as for any kind
+        return await server.serve_resource(req, info, storage, user)  # answers the 415/404 as for any kind
     if not req.body:
         raise bad_request("the patch body is empty")
     ns = info.namespace
@@ -174,7 +176,7 @@ async def _patch(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Reso
             raise bad_request("the patched object is not a JSON object")
         pmeta = patched.get("metadata")
         named_rv = pmeta.get("resourceVersion") if isinstance(pmeta, dict) else None
-        stored, warnings = _decode_in(server, rt, patched, name, req.param("fieldValidation"))
+        stored, warnings = _decode_in(rt, patched, name, req.param("fieldValidation"))
         try:
             obj, more = await server.update_object(
                 storage, ns, name, stored, subresource=info.subresource, field_validation="Strict", user=user,
@@ -185,7 +187,7 @@ async def _patch(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Reso
                     and attempt < 9:
                 continue
             raise _renamed(rt, e, stored) from None
-        return RawResponse(200, {"content-type": _JSON, **server._warning_headers(warnings + more)},
+        return RawResponse(200, {"content-type": _JSON, **warning_header(warnings + more)},
                            orjson.dumps(obj))
     raise ApiException(409, "Conflict", f'Operation cannot be fulfilled on {rt.key} "{name}": the object has been '
                                         "modified; please apply your changes to the latest version and try again")

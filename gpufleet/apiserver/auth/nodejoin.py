@@ -52,7 +52,7 @@ class JoinPolicy:
     def name_allowed(self, node: str) -> bool:
         return not self.allowed_names or any(fnmatch.fnmatchcase(node, p) for p in self.allowed_names)
 
-    def _not_allowed(self, kind: str, node: str, plural: str, group: str = BOOTSTRAP_GROUP) -> ApiException:
+    def not_allowed(self, kind: str, node: str, plural: str, group: str = BOOTSTRAP_GROUP) -> ApiException:
         qualified = f"{plural}.{group}" if group else plural
         return ApiException(403, "Forbidden", f'{qualified} "{node}" is forbidden: node name "{node}" is not in '
                             f"the server's --node-name-allowed list ({', '.join(self.allowed_names)})",
@@ -61,7 +61,7 @@ class JoinPolicy:
     async def check_join(self, api: ApiServer, node: str, user: UserInfo) -> None:
         """Before a NodeTokenRequest for ``node`` is granted."""
         if not self.name_allowed(node):
-            raise self._not_allowed("NodeTokenRequest", node, "nodetokenrequests")
+            raise self.not_allowed("NodeTokenRequest", node, "nodetokenrequests")
         if SUPERUSER_GROUP in user.groups:
             return
         try:
@@ -111,7 +111,7 @@ class NodeRegistration:
         if ctx.rt.key != "nodes" or node is None or ctx.operation not in ("CREATE", "UPDATE"):
             return
         if not self.policy.name_allowed(node):
-            raise self.policy._not_allowed("Node", node, "nodes", group="")
+            raise self.policy.not_allowed("Node", node, "nodes", group="")
         limit = self.policy.max_node_gpus
         if limit is None:
             return
@@ -153,7 +153,7 @@ async def node_certificate(api: ApiServer, req: RawRequest, user: UserInfo, cred
                            f'"{user.name}" is not a node; only a node (system:node:<name>) asks for its serving '
                            "certificate", {"group": BOOTSTRAP_GROUP, "kind": "nodecertificaterequests"})
     if not policy.name_allowed(node):
-        raise policy._not_allowed("NodeCertificateRequest", node, "nodecertificaterequests")
+        raise policy.not_allowed("NodeCertificateRequest", node, "nodecertificaterequests")
     if creds is None:
         raise ApiException(503, "ServiceUnavailable", "the node CA is not ready yet; try again")
     name = asked or node

@@ -128,17 +128,17 @@ class RbacAuthorizer:
     def __init__(self, store: store_base.Store) -> None:
         self.store = store
 
-    async def _get(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+    async def lookup(self, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:
             return await self.store.get(resource, namespace, name)
         except store_base.NotFound:
             return None
 
-    async def _role_rules(self, ref: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+    async def role_rules(self, ref: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
         if ref.get("kind") == "ClusterRole":
-            role = await self._get(_CLUSTER_ROLES, "", ref.get("name", ""))
+            role = await self.lookup(_CLUSTER_ROLES, "", ref.get("name", ""))
         elif ref.get("kind") == "Role" and namespace:
-            role = await self._get(_ROLES, namespace, ref.get("name", ""))
+            role = await self.lookup(_ROLES, namespace, ref.get("name", ""))
         else:
             role = None
         return list((role or {}).get("rules") or [])
@@ -148,11 +148,11 @@ class RbacAuthorizer:
         out: list[dict[str, Any]] = []
         for b in (await self.store.list(_CLUSTER_ROLE_BINDINGS)).items:
             if any(subject_matches(s, user) for s in b.get("subjects") or []):
-                out += await self._role_rules(b.get("roleRef") or {}, "")
+                out += await self.role_rules(b.get("roleRef") or {}, "")
         if namespace:
             for b in (await self.store.list(_ROLE_BINDINGS, namespace)).items:
                 if any(subject_matches(s, user, namespace) for s in b.get("subjects") or []):
-                    out += await self._role_rules(b.get("roleRef") or {}, namespace)
+                    out += await self.role_rules(b.get("roleRef") or {}, namespace)
         return out
 
     async def decide(self, user: UserInfo, attrs: Attributes) -> Decision:
@@ -164,7 +164,7 @@ class RbacAuthorizer:
             if subject is None:
                 continue
             ref = b.get("roleRef") or {}
-            if any(rule_allows(r, attrs) for r in await self._role_rules(ref, "")):
+            if any(rule_allows(r, attrs) for r in await self.role_rules(ref, "")):
                 return Decision(True, f'RBAC: allowed by ClusterRoleBinding "{b["metadata"]["name"]}" of '
                                       f'ClusterRole "{ref.get("name")}" to {_describe(subject, "")}')
         if attrs.is_resource and attrs.namespace:
@@ -173,7 +173,7 @@ class RbacAuthorizer:
                 if subject is None:
                     continue
                 ref = b.get("roleRef") or {}
-                if any(rule_allows(r, attrs) for r in await self._role_rules(ref, attrs.namespace)):
+                if any(rule_allows(r, attrs) for r in await self.role_rules(ref, attrs.namespace)):
                     return Decision(True, f'RBAC: allowed by RoleBinding "{b["metadata"]["name"]}/'
                                           f'{attrs.namespace}" of {ref.get("kind")} "{ref.get("name")}" '
                                           f'to {_describe(subject, attrs.namespace)}')
@@ -225,8 +225,8 @@ class RbacEscalationCheck:
             plural = "roles" if ref.get("kind") == "Role" else "clusterroles"
             if await self._may(user, "bind", plural, ns if plural == "roles" else "", ref.get("name", "")):
                 return
-            rules = await self.rbac._role_rules(ref, ns)
-            if not rules and not await self.rbac._get(
+            rules = await self.rbac.role_rules(ref, ns)
+            if not rules and not await self.rbac.lookup(
                     _ROLES if plural == "roles" else _CLUSTER_ROLES, ns if plural == "roles" else "",
                     ref.get("name", "")):
                 self._deny(ctx, name, user, f'{ref.get("kind")} "{ref.get("name")}" not found')

@@ -16,14 +16,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.api.selectors import LabelSelector, SelectorError
+from gpufleet.apiserver.decoding import parse_body
 from gpufleet.apiserver.errors import ApiException, conflict, forbidden
+from gpufleet.apiserver.subresources.base import Subresource
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import rfc3339
 
 if TYPE_CHECKING:
     from gpufleet.api.registry import ResourceType
     from gpufleet.apiserver.admission import UserInfo
+    from gpufleet.apiserver.handlers.scope import Scope
     from gpufleet.apiserver.server import ApiServer
+    from gpufleet.utils.http import RawResponse
 
 PDBS = "poddisruptionbudgets.policy"
 _VIOLATION = "Cannot evict pod as it would violate the pod's disruption budget."
@@ -131,3 +135,15 @@ async def _spend(server: ApiServer, pdb: dict[str, Any], pod_name: str) -> bool:
     except (store_base.Conflict, store_base.NotFound):
         return False
     return True
+
+
+class Eviction(Subresource):
+    name = "eviction"
+    verbs = frozenset({"create"})
+
+    async def serve(self, scope: Scope) -> RawResponse:
+        from gpufleet.apiserver.handlers.scope import json_response
+
+        self.check_verb(scope)
+        body = await parse_body(scope.req)
+        return json_response(201, await scope.api.evict_pod(scope.rt, scope.ns, scope.name, body, scope.user))
