@@ -164,7 +164,7 @@ class Outcome:
     False); ``answers``: the API's answer to each tagged create that was not counted in
     expectations (the object as stored); ``failed``: the deletes that failed (NotFound is
     success); ``owner``: the owner as the last patch or status write answered it, None when
-    neither was sent."""
+    neither was sent; ``updated``: the API's answer to each update, in order."""
 
     created: list[Any] = field(default_factory=list)
     answers: dict[Any, dict[str, Any]] = field(default_factory=dict)
@@ -172,6 +172,7 @@ class Outcome:
     failed: list[Delete] = field(default_factory=list)
     error: ApiError | None = None
     owner: dict[str, Any] | None = None
+    updated: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _kind_word(kind: Any) -> str:
@@ -218,6 +219,7 @@ async def apply(
         if u.identity in versions:
             body = {**body, "metadata": {**(body.get("metadata") or {}), "resourceVersion": versions[u.identity]}}
         answer = await client.update(body, raw=True)
+        outcome.updated.append(answer)
         versions[u.identity] = (answer.get("metadata") or {}).get("resourceVersion", "")
         if u.event is not None:
             await record(u.event.type, u.event.reason, u.event.message)

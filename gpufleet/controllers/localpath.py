@@ -26,6 +26,10 @@ unless another class already is).
 - A bound claim of a class with ``allowVolumeExpansion: true`` that asks for more storage
   gets it: a directory has no size of its own, so the volume's capacity and the claim's
   ``status.capacity`` are raised to the request.
+
+The decisions are ``decide_claim`` (with ``decide_expand``) and ``decide_volume``: the claim
+or volume and what the caches hold about it in; the volume to make, the Events, the writes
+out, applied with ``actions.apply``.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from gpufleet.client.errors import AlreadyExists, ApiError, Conflict, NotFound, 
 from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import annotations_of, volume_claim_key
+from gpufleet.controllers.actions import Actions, Create, Delete, Event, Update, apply
 from gpufleet.controllers.base import QueueController
 
 log = logging.getLogger(__name__)
@@ -177,124 +182,137 @@ class LocalPathProvisioner(QueueController):
     def _our_class(self, pvc: dict[str, Any]) -> dict[str, Any] | None:
         name = storage.claim_class(pvc)
         sc = self.classes.get(name) if name else None
-        if sc is None or sc.provisioner not in storage.LOCAL_PATH_PROVISIONERS:
-            return None
-        return sc.to_dict()
+        return sc.to_dict() if sc is not None else None
 
     async def sync_claim(self, key: str) -> None:
         cached = self.claims.get(key)
         if cached is None:
             return
         pvc = cached.to_dict()
-        if storage.being_deleted(pvc):
-            return
-        sc = self._our_class(pvc)
-        if sc is None:
-            return
-        volume_name = (pvc.get("spec") or {}).get("volumeName")
-        if volume_name:
-            await self._expand(pvc, sc, volume_name)
-            return
-        annotations = annotations_of(pvc)
-        handed = annotations.get(storage.ANN_STORAGE_PROVISIONER) or annotations.get(storage.ANN_BETA_STORAGE_PROVISIONER)
-        if handed != sc["provisioner"]:
-            return  # the PV controller has not asked for a volume (it may bind an existing one)
-        if self.volumes.get(storage.provisioned_volume_name(pvc)) is not None:
-            return  # made already; the PV controller binds it
-        await self._provision(pvc, sc)
-
-    async def _provision(self, pvc: dict[str, Any], sc: dict[str, Any]) -> None:
         spec = pvc.get("spec") or {}
+        wanted = spec.get("volumeName") or storage.provisioned_volume_name(pvc)
+        volume = self.volumes.get(wanted)
         node = annotations_of(pvc).get(storage.ANN_SELECTED_NODE)
-        if not storage.waits_for_first_consumer(sc):
-            await self._failed(pvc, f"local-path volumes live on one node: storage class \"{sc['metadata']['name']}\" "
-                                    "needs volumeBindingMode WaitForFirstConsumer so the scheduler picks the node")
-            return
-        if not node:
-            return  # the scheduler has not placed the claim's first pod yet
-        if spec.get("selector") is not None:
-            await self._failed(pvc, "claim Selector is not supported")
-            return
-        if (spec.get("volumeMode") or storage.FILESYSTEM) != storage.FILESYSTEM:
-            await self._failed(pvc, "local-path volumes support only volumeMode Filesystem")
-            return
-        if self.nodes.get(node) is None:
-            await self._failed(pvc, f'node "{node}" not found')
-            await self._give_back_node(pvc, node)
-            return
-        key = storage.claim_key(pvc)
-        body = provisioned_volume(pvc, sc, node)
-        await self.recorder.record(pvc, NORMAL, "Provisioning",
-                                   f'External provisioner is provisioning volume for claim "{key}"')
+        actions = decide_claim(pvc, self._our_class(pvc), volume.to_dict() if volume is not None else None,
+                               node_exists=bool(node) and self.nodes.get(node) is not None)
         try:
-            await self.client.create(body, raw=True)
-        except AlreadyExists:
-            return
-        log.info("provisioned %s for claim %s on node %s at %s", body["metadata"]["name"], key, node,
-                 body["spec"]["hostPath"]["path"])
-        await self.recorder.record(pvc, NORMAL, "ProvisioningSucceeded",
-                                   f"Successfully provisioned volume {body['metadata']['name']}")
-
-    async def _failed(self, pvc: dict[str, Any], why: str) -> None:
-        await self.recorder.record(pvc, WARNING, "ProvisioningFailed",
-                                   f'failed to provision volume with StorageClass "{storage.claim_class(pvc)}": {why}')
-
-    async def _give_back_node(self, pvc: dict[str, Any], node: str) -> None:
-        body = objects.to_dict(pvc)
-        annotations = annotations_of(pvc)
-        if annotations.get(storage.ANN_SELECTED_NODE) != node:
-            return
-        annotations.pop(storage.ANN_SELECTED_NODE)
-        body["metadata"]["annotations"] = annotations
-        try:
-            await self.client.update(body, raw=True)
+            outcome = await apply(self.client, actions, owner=pvc, recorder=self.recorder)
         except NotFound:
             return
-
-    async def _expand(self, pvc: dict[str, Any], sc: dict[str, Any], volume_name: str) -> None:
-        if not sc.get("allowVolumeExpansion"):
-            return
-        cached = self.volumes.get(volume_name)
-        if cached is None:
-            return
-        pv = cached.to_dict()
-        if not storage.provisioned_locally(pv) or not storage.is_volume_bound_to_claim(pv, pvc):
-            return
-        request, capacity = storage.claim_request(pvc), storage.volume_capacity(pv)
-        raw = ((pvc.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
-        if request is None or raw is None:
-            return
-        if capacity is None or capacity < request:
-            body = objects.to_dict(pv)
-            body["spec"]["capacity"] = {"storage": raw}
-            try:
-                await self.client.update(body, raw=True)
-            except NotFound:
-                return
-        status = dict(pvc.get("status") or {})
-        have = storage.claim_request({"spec": {"resources": {"requests": status.get("capacity") or {}}}})
-        if have is not None and have >= request:
-            return
-        body = objects.to_dict(pvc)
-        body["status"] = {**status, "capacity": {"storage": raw}}
-        try:
-            await self.client.update_status(body, raw=True)
-        except NotFound:
-            return
-        await self.recorder.record(pvc, NORMAL, "VolumeResizeSuccessful", "Resize volume succeeded")
+        if actions.creates and VOLUME not in outcome.answers:
+            return  # it was there already
+        if actions.creates:
+            body = actions.creates[0].body
+            log.info("provisioned %s for claim %s on node %s at %s", body["metadata"]["name"], key, node,
+                     body["spec"]["hostPath"]["path"])
+        await apply(self.client, Actions(events=actions.memo.get(THEN, [])), owner=pvc, recorder=self.recorder)
 
     async def sync_volume(self, name: str) -> None:
         cached = self.volumes.get(name)
         if cached is None:
             return
         pv = cached.to_dict()
-        if not storage.provisioned_locally(pv) or storage.being_deleted(pv):
-            return
-        spec, status = pv.get("spec") or {}, pv.get("status") or {}
-        if status.get("phase") != storage.VOLUME_RELEASED or spec.get("persistentVolumeReclaimPolicy") != storage.DELETE:
-            return
-        try:
-            await self.client.delete("persistentvolumes", name, preconditions_uid=pv["metadata"].get("uid"))
-        except NotFound:
-            return
-        log.info("deleted released volume %s; its node removes %s", name, storage.volume_path(pv))
+        actions = decide_volume(pv)
+        outcome = await apply(self.client, actions)
+        if outcome.deleted:
+            log.info("deleted released volume %s; its node removes %s", name, storage.volume_path(pv))
+
+
+# Events recorded once the decision's writes succeeded (its create created the volume).
+THEN = "then"
+
+
+def decide_claim(pvc: dict[str, Any], sc: dict[str, Any] | None, volume: dict[str, Any] | None, *,
+                 node_exists: bool) -> Actions:
+    """What a claim needs from this provisioner: ``sc`` its class (None when it has none),
+    ``volume`` the volume it names (``spec.volumeName``) or else the one that would be made
+    for it, ``node_exists`` whether its selected node is a Node. A bound claim of a class
+    that allows it grows (``decide_expand``); a claim handed to this provisioner for a node
+    gets its volume (Event Provisioning, the create, then Event ProvisioningSucceeded in
+    ``memo[THEN]``); what cannot be provisioned is Event ProvisioningFailed, and a node that
+    does not exist is given back (the selected-node annotation removed)."""
+    if storage.being_deleted(pvc):
+        return Actions(reason="Deleting")
+    if sc is None or sc.get("provisioner") not in storage.LOCAL_PATH_PROVISIONERS:
+        return Actions(reason="NotOurs")
+    spec = pvc.get("spec") or {}
+    if spec.get("volumeName"):
+        return decide_expand(pvc, sc, volume)
+    annotations = annotations_of(pvc)
+    handed = annotations.get(storage.ANN_STORAGE_PROVISIONER) or annotations.get(storage.ANN_BETA_STORAGE_PROVISIONER)
+    if handed != sc["provisioner"]:
+        return Actions(reason="NotHanded")  # the PV controller has not asked for a volume (it may bind one)
+    if volume is not None:
+        return Actions(reason="Provisioned")  # made already; the PV controller binds it
+    node = annotations.get(storage.ANN_SELECTED_NODE)
+    if not storage.waits_for_first_consumer(sc):
+        return _failed(pvc, f"local-path volumes live on one node: storage class \"{sc['metadata']['name']}\" "
+                            "needs volumeBindingMode WaitForFirstConsumer so the scheduler picks the node")
+    if not node:
+        return Actions(reason="NoNode")  # the scheduler has not placed the claim's first pod yet
+    if spec.get("selector") is not None:
+        return _failed(pvc, "claim Selector is not supported")
+    if (spec.get("volumeMode") or storage.FILESYSTEM) != storage.FILESYSTEM:
+        return _failed(pvc, "local-path volumes support only volumeMode Filesystem")
+    if not node_exists:
+        actions = _failed(pvc, f'node "{node}" not found')
+        body = objects.to_dict(pvc)
+        body["metadata"]["annotations"] = {k: v for k, v in annotations.items() if k != storage.ANN_SELECTED_NODE}
+        actions.updates.append(Update(body))
+        actions.reason = "GiveBackNode"
+        return actions
+    body = provisioned_volume(pvc, sc, node)
+    actions = Actions(creates=[Create(body, on_exists="ignore", tag=VOLUME)], reason="Provision",
+                      memo={THEN: [Event(NORMAL, "ProvisioningSucceeded",
+                                         f"Successfully provisioned volume {body['metadata']['name']}")]})
+    actions.event(NORMAL, "Provisioning",
+                  f'External provisioner is provisioning volume for claim "{storage.claim_key(pvc)}"')
+    return actions
+
+
+def _failed(pvc: dict[str, Any], why: str) -> Actions:
+    actions = Actions(reason="ProvisioningFailed")
+    actions.event(WARNING, "ProvisioningFailed",
+                  f'failed to provision volume with StorageClass "{storage.claim_class(pvc)}": {why}')
+    return actions
+
+
+def decide_expand(pvc: dict[str, Any], sc: dict[str, Any], pv: dict[str, Any] | None) -> Actions:
+    """A bound claim asking for more than it has, its class allowing expansion, its volume one
+    of this provisioner's bound to it: the volume's capacity raised to the request (when
+    less), then the claim's ``status.capacity`` (when less), with Event
+    VolumeResizeSuccessful in ``memo[THEN]``."""
+    if not sc.get("allowVolumeExpansion"):
+        return Actions(reason="NoExpansion")
+    if pv is None or not storage.provisioned_locally(pv) or not storage.is_volume_bound_to_claim(pv, pvc):
+        return Actions(reason="NotOurVolume")
+    request, capacity = storage.claim_request(pvc), storage.volume_capacity(pv)
+    raw = ((pvc.get("spec") or {}).get("resources") or {}).get("requests", {}).get("storage")
+    if request is None or raw is None:
+        return Actions(reason="NoRequest")
+    actions = Actions(reason="Expanded")
+    if capacity is None or capacity < request:
+        body = objects.to_dict(pv)
+        body["spec"]["capacity"] = {"storage": raw}
+        actions.updates.append(Update(body))
+        actions.reason = "Expand"
+    status = dict(pvc.get("status") or {})
+    have = storage.claim_request({"spec": {"resources": {"requests": status.get("capacity") or {}}}})
+    if have is not None and have >= request:
+        return actions
+    actions.status = {**status, "capacity": {"storage": raw}}
+    actions.memo[THEN] = [Event(NORMAL, "VolumeResizeSuccessful", "Resize volume succeeded")]
+    actions.reason = "Expand"
+    return actions
+
+
+def decide_volume(pv: dict[str, Any]) -> Actions:
+    """A Released volume this provisioner made, reclaim policy Delete, not being deleted yet:
+    deleted on its uid (its directory follows through the cleanup finalizer)."""
+    if not storage.provisioned_locally(pv) or storage.being_deleted(pv):
+        return Actions(reason="NotOurs")
+    spec, status = pv.get("spec") or {}, pv.get("status") or {}
+    if status.get("phase") != storage.VOLUME_RELEASED or spec.get("persistentVolumeReclaimPolicy") != storage.DELETE:
+        return Actions(reason="Kept")
+    meta = pv["metadata"]
+    return Actions(deletes=[Delete("persistentvolumes", meta["name"], None, uid=meta.get("uid"))], reason="Reclaim")

@@ -5,6 +5,9 @@ from the cluster CIDR, as kube-controller-manager's node-ipam controller does wi
 The node's agent makes its pod network from it (agent/network.py), so pod IPs are unique
 across the fleet and every node can route to every other node's pods. A CIDR is never
 changed once set (Kubernetes refuses that); one freed by a deleted Node is reused.
+
+The decision is ``decide_cidr`` (the node, every node and the CIDRs handed out but not yet
+seen back in; the patch and its Event out), applied with ``actions.apply``.
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ from typing import Any
 
 from gpufleet.api.k8s import Node
 from gpufleet.client.api import Client
-from gpufleet.client.controller import Controller, Requeue
+from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import Conflict, NotFound
-from gpufleet.client.events import EventRecorder
+from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.controllers.actions import Actions, Patch
+from gpufleet.controllers.base import KeyedController
 
 log = logging.getLogger(__name__)
 
@@ -53,58 +57,75 @@ def next_cidr(cluster_cidr: str, mask: int, taken: set[str]) -> str | None:
     return None
 
 
-class NodeIpamController:
-    def __init__(self, client: Client, informers: SharedInformerFactory, *, clock: Clock = REAL_CLOCK,
-                 workers: int = 1, recorder: EventRecorder | None = None,
-                 cluster_cidr: str = DEFAULT_CLUSTER_CIDR, node_mask: int = DEFAULT_NODE_MASK) -> None:
-        del workers  # one at a time: two workers could hand out the same CIDR
-        self.client = client
-        self.clock = clock
-        self.recorder = recorder
+RETRY_FULL = 30.0  # a full cluster CIDR: how soon to look again
+RETRY_CONFLICT = 0.1  # the node changed under the patch: read it again soon
+
+
+def decide_cidr(key: str, node: Any, nodes: list[Any], pending: dict[str, str],
+                cluster_cidr: str, mask: int) -> Actions:
+    """The node's pod CIDR: nothing when it has one; else the CIDR handed to it before and not
+    yet seen back (``pending``, node key -> CIDR), or the first free one, written as a merge
+    patch of spec.podCIDR and spec.podCIDRs on the node's resourceVersion (a compare-and-swap)
+    with the Event CIDRAssignmentSucceeded to record once it is written; a full cluster CIDR
+    is the Event CIDRNotAvailable and a look again later. ``memo["cidr"]``: what to hold
+    as pending for the node afterwards (None: drop it)."""
+    spec = node.spec
+    if spec is not None and (spec.pod_cidr or spec.pod_cidrs):
+        return Actions(reason="Assigned", memo={"cidr": None})
+    taken = allocated_cidrs(nodes) | {c for k, c in pending.items() if k != key}
+    cidr = pending.get(key) or next_cidr(cluster_cidr, mask, taken)
+    if cidr is None:
+        actions = Actions(reason="Full", memo={"cidr": pending.get(key)})
+        actions.event(WARNING, "CIDRNotAvailable", f"Node {key} status is now: CIDRNotAvailable")
+        actions.requeue(RETRY_FULL)
+        return actions
+    patch = {"metadata": {"resourceVersion": node.metadata.resource_version},
+             "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
+    actions = Actions(patches=[Patch(Node, key, None, patch)], reason="Assign", memo={"cidr": cidr})
+    actions.event(NORMAL, "CIDRAssignmentSucceeded", f"Node {key} was assigned pod CIDR {cidr}")
+    return actions
+
+
+class NodeIpamController(KeyedController):
+    name = "nodeipam"
+    component = "node-controller"
+    model = Node
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, *,
+                 cluster_cidr: str = DEFAULT_CLUSTER_CIDR, node_mask: int = DEFAULT_NODE_MASK,
+                 **kwargs: Any) -> None:
+        kwargs["workers"] = 1  # one at a time: two workers could hand out the same CIDR
+        super().__init__(client, informers, **kwargs)
         self.cluster_cidr = cluster_cidr
         self.node_mask = node_mask
-        self.informer = informers.informer(Node)
-        self.controller = Controller("nodeipam", self.reconcile, workers=1)
-        self.controller.watch(self.informer)
         # Handed out but maybe not yet seen back through the informer.
         self._pending: dict[str, str] = {}
 
-    async def start(self) -> None:
-        await self.controller.start()
-
-    async def stop(self) -> None:
-        await self.controller.stop()
-
-    async def reconcile(self, key: str) -> Requeue | None:
-        node = self.informer.get(key)
+    async def sync(self, key: str, node: Any | None) -> Requeue | None:
         if node is None:
             self._pending.pop(key, None)
             return None
-        spec = node.spec
-        if spec is not None and (spec.pod_cidr or spec.pod_cidrs):
-            self._pending.pop(key, None)
-            return None
-        nodes = self.informer.list()
-        taken = allocated_cidrs(nodes) | {c for k, c in self._pending.items() if k != key}
-        cidr = self._pending.get(key) or next_cidr(self.cluster_cidr, self.node_mask, taken)
-        if cidr is None:
-            log.warning("node %s: no pod CIDR left in %s", key, self.cluster_cidr)
-            if self.recorder is not None:
-                self.recorder.record_nowait(node, "Warning", "CIDRNotAvailable",
-                                            f"Node {key} status is now: CIDRNotAvailable")
-            return Requeue(after=30.0)
-        self._pending[key] = cidr
-        patch = {"metadata": {"resourceVersion": node.metadata.resource_version},
-                 "spec": {"podCIDR": cidr, "podCIDRs": [cidr]}}
+        actions = decide_cidr(key, node, self.informer.list(), self._pending, self.cluster_cidr, self.node_mask)
+        self._remember(key, actions.memo.get("cidr"))
+        if not actions.patches:
+            if actions.events:
+                log.warning("node %s: no pod CIDR left in %s", key, self.cluster_cidr)
+                await self.act(key, node, actions)
+            return self.requeue(actions)
+        # The Event says the CIDR was assigned: recorded only once the patch is written.
         try:
-            await self.client.patch(Node, key, patch, raw=True)
+            await self.act(key, node, Actions(patches=actions.patches))
         except NotFound:
             self._pending.pop(key, None)
             return None
         except Conflict:
-            return Requeue(after=0.1)
-        log.info("node %s: pod CIDR %s", key, cidr)
-        if self.recorder is not None:
-            self.recorder.record_nowait(node, "Normal", "CIDRAssignmentSucceeded",
-                                        f"Node {key} was assigned pod CIDR {cidr}")
+            return Requeue(after=RETRY_CONFLICT)
+        log.info("node %s: pod CIDR %s", key, actions.memo["cidr"])
+        await self.act(key, node, Actions(events=actions.events))
         return None
+
+    def _remember(self, key: str, cidr: str | None) -> None:
+        if cidr is None:
+            self._pending.pop(key, None)
+        else:
+            self._pending[key] = cidr

@@ -27,6 +27,10 @@ pvc-protection and pv-protection controllers:
 - Protection: a claim being deleted keeps ``kubernetes.io/pvc-protection`` while a pod that
   is scheduled and not finished uses it (checked against a live list before letting go); a
   volume being deleted keeps ``kubernetes.io/pv-protection`` while it is Bound.
+
+The decisions are in persistentvolume_decide.py (a step at a time: each write is made on the
+answer of the one before); this module holds the wiring, what a sync reads from the caches
+and the API, and the apply of each step.
 """
 
 from __future__ import annotations
@@ -41,11 +45,31 @@ from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import Conflict, NotFound
-from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import annotations_of, volume_claim_key
+from gpufleet.controllers.actions import Actions, apply
 from gpufleet.controllers.base import QueueController
-from gpufleet.utils.clock import rfc3339
+from gpufleet.controllers.persistentvolume_decide import (
+    BIND,
+    CHECK_LIVE_PODS,
+    ENQUEUE_CLAIM,
+    NEXT,
+    RECLAIM,
+    RELEASE,
+    RELEASE_PROTECTION,
+    THEN,
+    UNBOUND,
+    ClaimObserved,
+    decide_claim,
+    decide_claim_phase,
+    decide_claim_protection,
+    decide_claim_volume_name,
+    decide_reclaim,
+    decide_volume,
+    decide_volume_claim_ref,
+    decide_volume_phase,
+    decide_volume_protection,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +81,6 @@ VOLUME_CLAIM_INDEX = "volumeClaim"
 # How often a claim that is still Pending is looked at again (Kubernetes resyncs every 15 s):
 # a volume or class may have appeared without an event this controller watches for.
 PENDING_RESYNC = 15.0
-
-YES = "yes"
 
 
 def pod_claim_keys(pod: Any) -> list[str]:
@@ -194,6 +216,26 @@ class PersistentVolumeController(QueueController):
         node = self.nodes.get(name)
         return dict((node.metadata.labels if node is not None and node.metadata else None) or {})
 
+    def _observe_claim(self, pvc: dict[str, Any]) -> ClaimObserved:
+        spec = pvc.get("spec") or {}
+        volume_name = spec.get("volumeName") or ""
+        selected = annotations_of(pvc).get(storage.ANN_SELECTED_NODE) or ""
+        unbound = not volume_name and storage.ANN_BIND_COMPLETED not in annotations_of(pvc)
+        key = storage.claim_key(pvc)
+        users = self.pods.by_index(POD_CLAIMS_INDEX, key)
+        return ClaimObserved(
+            pvc=pvc,
+            volume=self._volume(volume_name) if volume_name else None,
+            storage_class=self._class(storage.claim_class(pvc)),
+            volumes=self._all_volumes() if unbound else [],
+            default_class=storage.default_class(sc.to_dict() for sc in self.classes.list()) if unbound else None,
+            node_labels=self._node_labels(selected) if selected else {},
+            waiting_pods=sorted(objects.name_of(p) for p in users if not (p.spec and p.spec.node_name)
+                                and not (p.metadata and p.metadata.deletion_timestamp)),
+            used=storage.being_deleted(pvc)
+            and any(storage.pod_uses_claim(p.to_dict(), objects.name_of(pvc)) for p in users),
+        )
+
     # -- reconcile --------------------------------------------------------------------------------
 
     async def reconcile(self, key: Hashable) -> Requeue | None:
@@ -207,261 +249,58 @@ class PersistentVolumeController(QueueController):
             # the new state and decide again, after the queue's short back-off.
             return Requeue()
 
+    async def _step(self, obj: dict[str, Any], actions: Actions) -> dict[str, Any] | None:
+        """Apply one step's ``actions`` about ``obj``: the object as its write answered (``obj``
+        when nothing was written), None when it is gone. Events in ``memo[THEN]`` are
+        recorded once the write succeeded."""
+        try:
+            outcome = await apply(self.client, actions, owner=obj, recorder=self.recorder)
+        except NotFound:
+            return None
+        answer = outcome.updated[-1] if outcome.updated else outcome.owner or obj
+        for ev in actions.memo.get(THEN, ()):
+            await self.recorder.record(answer, ev.type, ev.reason, ev.message)
+        return answer
+
     # -- claims -----------------------------------------------------------------------------------
 
     async def sync_claim(self, key: str) -> Requeue | None:
         pvc = self._claim(key)
         if pvc is None:
             return None
-        if storage.being_deleted(pvc):
-            await self._release_claim_protection(pvc)
+        actions = decide_claim(self._observe_claim(pvc), self.now())
+        if actions.reason == CHECK_LIVE_PODS:
+            # The cache may not have seen a pod bound a moment ago: ask the API before letting go.
+            live = await self.client.list("pods", objects.namespace_of(pvc) or None, raw=True)
+            actions = decide_claim_protection(pvc, cached_users=False, live_pods=live.items)
+        if await self._step(pvc, actions) is not None and actions.reason == RELEASE_PROTECTION:
+            log.info("claim %s is no longer used; removed %s", key, storage.PVC_PROTECTION_FINALIZER)
+        bind = actions.memo.get(BIND)
+        if bind is not None:
+            await self._bind(bind, pvc)
+        if not actions.memo.get(UNBOUND):
             return None
-        if storage.ANN_BIND_COMPLETED in annotations_of(pvc):
-            await self._sync_bound_claim(pvc)
-            return None
-        await self._sync_unbound_claim(pvc)
         claim = self._claim(key)
         if claim is not None and (claim.get("status") or {}).get("phase") != storage.CLAIM_BOUND:
             return Requeue(after=self.pending_resync)
         return None
 
-    async def _sync_unbound_claim(self, pvc: dict[str, Any]) -> None:
-        spec = pvc.get("spec") or {}
-        volume_name = spec.get("volumeName") or ""
-        if volume_name:
-            await self._sync_requested_volume(pvc, volume_name)
-            return
-        sc = self._class(storage.claim_class(pvc))
-        delayed = storage.waits_for_first_consumer(sc)
-        selected = annotations_of(pvc).get(storage.ANN_SELECTED_NODE)
-        node = (selected, self._node_labels(selected)) if delayed and selected else None
-        volume = storage.find_matching_volume(pvc, self._all_volumes(), delay_binding=delayed and not selected,
-                                              node=node, prebound_anywhere=True)
-        if volume is not None:
-            await self._bind(dict(volume), pvc)
-            return
-        if storage.claim_class_unset(pvc) and await self._assign_default_class(pvc):
-            return
-        if delayed and not selected:
-            await self._record_waiting_for_consumer(pvc)
-        elif storage.claim_class(pvc):
-            await self._hand_to_provisioner(pvc, sc)
-            return
-        else:
-            await self.recorder.record(pvc, NORMAL, "FailedBinding",
-                                       "no persistent volumes available for this claim and no storage class is set")
-        await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
-
-    async def _sync_requested_volume(self, pvc: dict[str, Any], volume_name: str) -> None:
-        """The claim names its volume (a user's pre-binding, or a binding this controller
-        started and must finish)."""
-        pv = self._volume(volume_name)
-        if pv is None:
-            await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
-            return
-        ref = (pv.get("spec") or {}).get("claimRef")
-        if not ref:
-            why = storage.mismatch(pv, pvc)
-            if why is not None:
-                await self.recorder.record(pvc, WARNING, "VolumeMismatch",
-                                           f'Cannot bind to requested volume "{volume_name}": {why}')
-                await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
-                return
-            await self._bind(dict(pv), pvc)
-        elif storage.is_volume_bound_to_claim(pv, pvc):
-            await self._bind(dict(pv), pvc)
-        else:
-            await self.recorder.record(pvc, WARNING, "FailedBinding",
-                                       f'volume "{volume_name}" already bound to a different claim.')
-            await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
-
-    async def _sync_bound_claim(self, pvc: dict[str, Any]) -> None:
-        volume_name = (pvc.get("spec") or {}).get("volumeName") or ""
-        if not volume_name:
-            await self._lose_claim(pvc, "ClaimLost",
-                                   "Bound claim has lost reference to PersistentVolume. Data on the volume is lost!")
-            return
-        pv = self._volume(volume_name)
-        if pv is None:
-            await self._lose_claim(pvc, "ClaimLost",
-                                   "Bound claim has lost its PersistentVolume. Data on the volume is lost!")
-            return
-        ref = (pv.get("spec") or {}).get("claimRef")
-        if not ref or ref.get("uid") == (pvc.get("metadata") or {}).get("uid"):
-            await self._bind(dict(pv), pvc)
-            return
-        await self._lose_claim(pvc, "ClaimMisbound", "Two claims are bound to the same volume, this one is bound "
-                                                     "incorrectly")
-
-    async def _lose_claim(self, pvc: dict[str, Any], reason: str, message: str) -> None:
-        if (pvc.get("status") or {}).get("phase") == storage.CLAIM_LOST:
-            return
-        await self._set_claim_phase(pvc, storage.CLAIM_LOST)
-        await self.recorder.record(pvc, WARNING, reason, message)
-
-    async def _assign_default_class(self, pvc: dict[str, Any]) -> bool:
-        default = storage.default_class(sc.to_dict() for sc in self.classes.list())
-        if default is None:
-            return False
-        body = _copy(pvc)
-        body["spec"]["storageClassName"] = default["metadata"]["name"]
-        try:
-            await self.client.update(body, raw=True)
-        except NotFound:
-            return True
-        return True
-
-    async def _record_waiting_for_consumer(self, pvc: dict[str, Any]) -> None:
-        key = storage.claim_key(pvc)
-        waiting = sorted(objects.name_of(p) for p in self.pods.by_index(POD_CLAIMS_INDEX, key)
-                         if not (p.spec and p.spec.node_name) and not (p.metadata and p.metadata.deletion_timestamp))
-        if not waiting:
-            await self.recorder.record(pvc, NORMAL, "WaitForFirstConsumer",
-                                       "waiting for first consumer to be created before binding")
-        elif len(waiting) == 1:
-            await self.recorder.record(pvc, NORMAL, "WaitForPodScheduled", f"waiting for pod {waiting[0]} to be scheduled")
-        else:
-            await self.recorder.record(pvc, NORMAL, "WaitForPodScheduled",
-                                       f"waiting for pods {','.join(waiting)} to be scheduled")
-
-    async def _hand_to_provisioner(self, pvc: dict[str, Any], sc: dict[str, Any] | None) -> None:
-        class_name = storage.claim_class(pvc)
-        if sc is None:
-            await self.recorder.record(pvc, WARNING, "ProvisioningFailed",
-                                       f'storageclass.storage.k8s.io "{class_name}" not found')
-            await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
-            return
-        if not storage.can_provision(sc):
-            await self.recorder.record(
-                pvc, NORMAL, "FailedBinding",
-                f'no persistent volumes available for this claim and storage class "{class_name}" does not provision '
-                "volumes (provisioner kubernetes.io/no-provisioner): create a matching PersistentVolume")
-            await self._set_claim_phase(pvc, storage.CLAIM_PENDING)
-            return
-        provisioner = sc["provisioner"]
-        annotations = annotations_of(pvc)
-        if (annotations.get(storage.ANN_STORAGE_PROVISIONER), annotations.get(storage.ANN_BETA_STORAGE_PROVISIONER)) \
-                != (provisioner, provisioner):
-            body = _copy(pvc)
-            body["metadata"]["annotations"] = {**annotations, storage.ANN_STORAGE_PROVISIONER: provisioner,
-                                               storage.ANN_BETA_STORAGE_PROVISIONER: provisioner}
-            try:
-                pvc = await self.client.update(body, raw=True)
-            except NotFound:
-                return
-        await self.recorder.record(
-            pvc, NORMAL, "ExternalProvisioning",
-            f"Waiting for a volume to be created either by the external provisioner '{provisioner}' or manually by "
-            "the system administrator. If volume creation is delayed, please verify that the provisioner is running "
-            "and correctly registered.")
-
-    async def _release_claim_protection(self, pvc: dict[str, Any]) -> None:
-        finalizers = list((pvc.get("metadata") or {}).get("finalizers") or [])
-        if storage.PVC_PROTECTION_FINALIZER not in finalizers:
-            return
-        name = (pvc.get("metadata") or {}).get("name") or ""
-        key = storage.claim_key(pvc)
-        if any(storage.pod_uses_claim(p.to_dict(), name) for p in self.pods.by_index(POD_CLAIMS_INDEX, key)):
-            return
-        # The cache may not have seen a pod bound a moment ago: ask the API before letting go.
-        live = await self.client.list("pods", objects.namespace_of(pvc) or None, raw=True)
-        if any(storage.pod_uses_claim(p, name) for p in live.items):
-            return
-        body = _copy(pvc)
-        body["metadata"]["finalizers"] = [f for f in finalizers if f != storage.PVC_PROTECTION_FINALIZER]
-        try:
-            await self.client.update(body, raw=True)
-        except NotFound:
-            return
-        log.info("claim %s is no longer used; removed %s", key, storage.PVC_PROTECTION_FINALIZER)
-
-    # -- binding ----------------------------------------------------------------------------------
-
     async def _bind(self, pv: dict[str, Any], pvc: dict[str, Any]) -> None:
-        """Bind both sides, each write only if something is missing; a Conflict (raised)
-        sends the key back to be synced afresh."""
-        pv = await self._bind_volume_to_claim(pv, pvc)
-        if pv is None:
+        """Bind both sides, each write only if something is missing, each on the answer of the
+        one before; a Conflict (raised) sends the key back to be synced afresh."""
+        bound_pv = await self._step(pv, decide_volume_claim_ref(pv, pvc))
+        if bound_pv is None:
             return
-        pv = await self._set_volume_phase(pv, storage.VOLUME_BOUND)
-        if pv is None:
+        bound_pv = await self._step(bound_pv, decide_volume_phase(bound_pv, storage.VOLUME_BOUND, self.now()))
+        if bound_pv is None:
             return
-        pvc_after = await self._bind_claim_to_volume(pvc, pv)
-        if pvc_after is None:
+        actions = decide_claim_volume_name(pvc, bound_pv)
+        bound_pvc = await self._step(pvc, actions)
+        if bound_pvc is None:
             return
-        await self._set_claim_phase(pvc_after, storage.CLAIM_BOUND, pv)
-
-    async def _bind_volume_to_claim(self, pv: dict[str, Any], pvc: dict[str, Any]) -> dict[str, Any] | None:
-        meta = pvc.get("metadata") or {}
-        ref = (pv.get("spec") or {}).get("claimRef")
-        wanted = {"kind": "PersistentVolumeClaim", "namespace": meta.get("namespace"), "name": meta.get("name"),
-                  "uid": meta.get("uid"), "apiVersion": "v1", "resourceVersion": meta.get("resourceVersion")}
-        if ref and all(ref.get(k) == wanted[k] for k in ("kind", "namespace", "name", "uid", "apiVersion")):
-            return pv
-        body = _copy(pv)
-        body["spec"]["claimRef"] = {k: v for k, v in wanted.items() if v}
-        if not ref:
-            body["metadata"]["annotations"] = {**annotations_of(pv), storage.ANN_BOUND_BY_CONTROLLER: YES}
-        try:
-            return await self.client.update(body, raw=True)
-        except NotFound:
-            return None
-
-    async def _bind_claim_to_volume(self, pvc: dict[str, Any], pv: dict[str, Any]) -> dict[str, Any] | None:
-        name = pv["metadata"]["name"]
-        annotations = annotations_of(pvc)
-        spec = pvc.get("spec") or {}
-        if spec.get("volumeName") == name and annotations.get(storage.ANN_BIND_COMPLETED) == YES:
-            return pvc
-        body = _copy(pvc)
-        if not spec.get("volumeName"):
-            annotations[storage.ANN_BOUND_BY_CONTROLLER] = YES
-        body["spec"]["volumeName"] = name
-        annotations[storage.ANN_BIND_COMPLETED] = YES
-        body["metadata"]["annotations"] = annotations
-        try:
-            bound = await self.client.update(body, raw=True)
-        except NotFound:
-            return None
-        log.info("bound claim %s to volume %s", storage.claim_key(pvc), name)
-        return bound
-
-    async def _set_claim_phase(self, pvc: dict[str, Any], phase: str, pv: dict[str, Any] | None = None) -> None:
-        status = dict(pvc.get("status") or {})
-        wanted = dict(status, phase=phase)
-        if pv is None:
-            wanted.pop("accessModes", None)
-            wanted.pop("capacity", None)
-        else:
-            pv_spec = pv.get("spec") or {}
-            wanted["accessModes"] = list(pv_spec.get("accessModes") or [])
-            wanted["capacity"] = dict(pv_spec.get("capacity") or {})
-        if wanted == status:
-            return
-        body = _copy(pvc)
-        body["status"] = wanted
-        try:
-            await self.client.update_status(body, raw=True)
-        except NotFound:
-            return
-
-    async def _set_volume_phase(self, pv: dict[str, Any], phase: str, message: str = "") -> dict[str, Any] | None:
-        status = dict(pv.get("status") or {})
-        if status.get("phase") == phase and (status.get("message") or "") == message:
-            return pv
-        wanted = dict(status, phase=phase)
-        if message:
-            wanted["message"] = message
-        else:
-            wanted.pop("message", None)
-        if status.get("phase") != phase:
-            wanted["lastPhaseTransitionTime"] = rfc3339(self.clock.now())
-        body = _copy(pv)
-        body["status"] = wanted
-        try:
-            return await self.client.update_status(body, raw=True)
-        except NotFound:
-            return None
+        if actions.updates:
+            log.info("bound claim %s to volume %s", storage.claim_key(pvc), bound_pv["metadata"]["name"])
+        await self._step(bound_pvc, decide_claim_phase(bound_pvc, storage.CLAIM_BOUND, bound_pv))
 
     # -- volumes ----------------------------------------------------------------------------------
 
@@ -470,42 +309,27 @@ class PersistentVolumeController(QueueController):
         if pv is None:
             return None
         if storage.being_deleted(pv):
-            pv = await self._release_volume_protection(pv)
+            pv = await self._step(pv, decide_volume_protection(pv))
             if pv is None:
                 return None
         ref = (pv.get("spec") or {}).get("claimRef")
-        if not ref or not ref.get("uid"):
-            # Free, or pre-bound to a claim that has not been bound to it yet.
-            await self._set_volume_phase(pv, storage.VOLUME_AVAILABLE)
+        claim = await self._claim_of(pv, ref) if ref and ref.get("uid") else None
+        now = self.now()
+        actions = decide_volume(pv, claim, now)
+        enqueue = actions.memo.get(ENQUEUE_CLAIM)
+        if enqueue:
+            self._enqueue_claim(enqueue)
+        after = await self._step(pv, actions)
+        if after is None:
             return None
-        claim = await self._claim_of(pv, ref)
-        phase = (pv.get("status") or {}).get("phase")
-        if claim is None:
-            if phase not in (storage.VOLUME_RELEASED, storage.VOLUME_FAILED):
-                pv = await self._set_volume_phase(pv, storage.VOLUME_RELEASED)
-                if pv is None:
-                    return None
-                log.info("volume %s is released; reclaim policy %s", name,
-                         (pv.get("spec") or {}).get("persistentVolumeReclaimPolicy"))
-            await self._reclaim(pv)
-            return None
-        volume_name = (claim.get("spec") or {}).get("volumeName") or ""
-        if not volume_name:
-            # Pre-bound or provisioned for the claim: the claim's sync finishes the binding.
-            self._enqueue_claim(storage.claim_key(claim))
-            return None
-        if volume_name == name:
-            await self._set_volume_phase(pv, storage.VOLUME_BOUND)
-            return None
-        # The claim went to another volume.
-        if storage.provisioned_by(pv) and (pv.get("spec") or {}).get("persistentVolumeReclaimPolicy") == storage.DELETE:
-            if phase not in (storage.VOLUME_RELEASED, storage.VOLUME_FAILED):
-                pv = await self._set_volume_phase(pv, storage.VOLUME_RELEASED)
-                if pv is None:
-                    return None
-            await self._reclaim(pv)
-        elif annotations_of(pv).get(storage.ANN_BOUND_BY_CONTROLLER):
-            await self._unbind_volume(pv)
+        if actions.reason == RELEASE:
+            log.info("volume %s is released; reclaim policy %s", name,
+                     (after.get("spec") or {}).get("persistentVolumeReclaimPolicy"))
+        then = actions.memo.get(NEXT)
+        if then == RECLAIM:
+            await self._step(after, decide_reclaim(after, now))
+        elif then == storage.VOLUME_AVAILABLE:
+            await self._step(after, decide_volume_phase(after, storage.VOLUME_AVAILABLE, now))
         return None
 
     async def _claim_of(self, pv: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any] | None:
@@ -523,53 +347,3 @@ class PersistentVolumeController(QueueController):
         except NotFound:
             return None
         return live if live["metadata"].get("uid") == ref.get("uid") else None
-
-    async def _unbind_volume(self, pv: dict[str, Any]) -> None:
-        body = _copy(pv)
-        body["spec"].pop("claimRef", None)
-        annotations = annotations_of(pv)
-        annotations.pop(storage.ANN_BOUND_BY_CONTROLLER, None)
-        body["metadata"]["annotations"] = annotations
-        try:
-            pv = await self.client.update(body, raw=True)
-        except NotFound:
-            return
-        await self._set_volume_phase(pv, storage.VOLUME_AVAILABLE)
-
-    async def _reclaim(self, pv: dict[str, Any]) -> None:
-        policy = (pv.get("spec") or {}).get("persistentVolumeReclaimPolicy") or storage.RETAIN
-        name = pv["metadata"]["name"]
-        if policy == storage.RETAIN:
-            return
-        if policy == storage.DELETE and storage.provisioned_by(pv):
-            return  # the provisioner that made it deletes it, with its data
-        if (pv.get("status") or {}).get("phase") == storage.VOLUME_FAILED:
-            return
-        if policy == storage.DELETE:
-            reason = "VolumeFailedDelete"
-            message = f'error getting deleter volume plugin for volume "{name}": no deletable volume plugin matched'
-        else:
-            reason, message = "VolumeFailedRecycle", "No recycler plugin found for the volume!"
-        updated = await self._set_volume_phase(pv, storage.VOLUME_FAILED, message)
-        if updated is not None:
-            await self.recorder.record(updated, WARNING, reason, message)
-
-    async def _release_volume_protection(self, pv: dict[str, Any]) -> dict[str, Any] | None:
-        finalizers = list((pv.get("metadata") or {}).get("finalizers") or [])
-        if storage.PV_PROTECTION_FINALIZER not in finalizers:
-            return pv
-        if (pv.get("status") or {}).get("phase") == storage.VOLUME_BOUND:
-            return pv
-        body = _copy(pv)
-        body["metadata"]["finalizers"] = [f for f in finalizers if f != storage.PV_PROTECTION_FINALIZER]
-        try:
-            return await self.client.update(body, raw=True)
-        except NotFound:
-            return None
-
-
-def _copy(obj: dict[str, Any]) -> dict[str, Any]:
-    body = objects.to_dict(obj)
-    body.setdefault("metadata", {})
-    body.setdefault("spec", {})
-    return body
