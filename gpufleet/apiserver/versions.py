@@ -18,6 +18,7 @@ from gpufleet.api.conversion import ConversionError
 from gpufleet.api.registry import ResourceType
 from gpufleet.apiserver import decoding
 from gpufleet.apiserver.errors import ApiException, bad_request, invalid, not_found
+from gpufleet.apiserver.handlers.patch import patch_failure
 from gpufleet.apiserver.headers import warning_header
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo
@@ -167,11 +168,7 @@ async def _patch(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Reso
         try:
             patched = apply_patch(rt.conversion.from_storage(current), req.body, ctype, rt.kind)
         except PatchError as e:
-            if e.status_code == 400:
-                raise bad_request(str(e)) from None
-            if e.status_code == 415:
-                raise ApiException(415, "UnsupportedMediaType", str(e)) from None
-            raise invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "patch", "message": str(e)}]) from None
+            raise patch_failure(rt, name, e) from None
         if not isinstance(patched, dict):
             raise bad_request("the patched object is not a JSON object")
         pmeta = patched.get("metadata")

@@ -90,6 +90,14 @@ def _validate_replicated_selector(selector: k8s.LabelSelector | None, path: str,
     return usable
 
 
+def _no_active_deadline(template: Any, errs: Errs) -> None:
+    """A ReplicaSet's (and so a Deployment's) pods run for good: Kubernetes refuses a
+    template activeDeadlineSeconds, with this wording for both kinds."""
+    if template is not None and template.spec is not None and template.spec.active_deadline_seconds is not None:
+        errs.append(invalid("spec.template.spec.activeDeadlineSeconds", template.spec.active_deadline_seconds,
+                            "activeDeadlineSeconds in ReplicaSet is not Supported"))
+
+
 def _validate_deployment(d: k8s.Deployment, errs: Errs) -> None:
     validate_object_meta(d.metadata, errs)
     spec = d.spec
@@ -98,18 +106,7 @@ def _validate_deployment(d: k8s.Deployment, errs: Errs) -> None:
     _validate_template_for_controller(
         spec.template, spec.selector, usable, "spec.template", errs, restart_policies=["Always"]
     )
-    if (
-        spec.template is not None
-        and spec.template.spec is not None
-        and spec.template.spec.active_deadline_seconds is not None
-    ):
-        errs.append(
-            invalid(
-                "spec.template.spec.activeDeadlineSeconds",
-                spec.template.spec.active_deadline_seconds,
-                "activeDeadlineSeconds in ReplicaSet is not Supported",
-            )
-        )
+    _no_active_deadline(spec.template, errs)
     strategy = spec.strategy
     if strategy is not None:
         if strategy.type == "Recreate":
@@ -169,18 +166,7 @@ def _validate_replica_set(rs: k8s.ReplicaSet, errs: Errs) -> None:
     _validate_template_for_controller(
         spec.template, spec.selector, usable, "spec.template", errs, restart_policies=["Always"]
     )
-    if (
-        spec.template is not None
-        and spec.template.spec is not None
-        and spec.template.spec.active_deadline_seconds is not None
-    ):
-        errs.append(
-            invalid(
-                "spec.template.spec.activeDeadlineSeconds",
-                spec.template.spec.active_deadline_seconds,
-                "activeDeadlineSeconds in ReplicaSet is not Supported",
-            )
-        )
+    _no_active_deadline(spec.template, errs)
 
 
 def _validate_selector_immutable(new: Any, old: Any, errs: Errs) -> None:

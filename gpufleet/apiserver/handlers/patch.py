@@ -58,11 +58,7 @@ async def patch(scope: Scope, view: View | None = None, write: Write | None = No
         try:
             patched = await off_loop(apply_patch, base, req.body, ctype, rt.kind)
         except PatchError as e:
-            if e.status_code == 400:
-                raise bad_request(str(e)) from None
-            if e.status_code == 415:
-                raise ApiException(415, "UnsupportedMediaType", str(e)) from None
-            raise invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "patch", "message": str(e)}]) from None
+            raise patch_failure(rt, name, e) from None
         if not isinstance(patched, dict):
             raise bad_request("the patched object is not a JSON object")
         # A patch pins a revision only when it names one itself; otherwise the revision it
@@ -130,3 +126,13 @@ async def server_side_apply(scope: Scope, current: dict[str, Any] | None) -> Raw
             return None
         raise
     return written(200, obj, warnings)
+
+
+def patch_failure(rt: Any, name: str, e: PatchError) -> ApiException:
+    """A patch that cannot be applied, as Kubernetes answers it: 400 for a body that is no
+    patch, 415 for a patch type it does not know, 422 naming the patch otherwise."""
+    if e.status_code == 400:
+        return bad_request(str(e))
+    if e.status_code == 415:
+        return ApiException(415, "UnsupportedMediaType", str(e))
+    return invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "patch", "message": str(e)}])
