@@ -41,11 +41,11 @@ class UnsupportedPatchType(PatchError):
 # --------------------------------------------------------------------------- JSON helpers
 
 
-def _copy_json(value: Any) -> Any:
+def copy_json(value: Any) -> Any:
     if isinstance(value, Mapping):
-        return {k: _copy_json(v) for k, v in value.items()}
+        return {k: copy_json(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_copy_json(v) for v in value]
+        return [copy_json(v) for v in value]
     return value
 
 
@@ -62,11 +62,11 @@ def _canon(value: Any) -> Hashable:
     return ("json", json.dumps(value, sort_keys=True, default=repr))
 
 
-def _json_equal(a: Any, b: Any) -> bool:
+def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, Mapping | list) or isinstance(b, Mapping | list):
         return False
     return _canon(a) == _canon(b)

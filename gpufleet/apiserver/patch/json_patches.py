@@ -11,9 +11,9 @@ import jsonpatch
 from gpufleet.apiserver.patch.common import (
     MAX_JSON_PATCH_OPERATIONS,
     PatchError,
-    _copy_json,
     _depth_guard,
-    _json_equal,
+    copy_json,
+    json_equal,
 )
 
 # --------------------------------------------------------------------------- JSON merge patch
@@ -21,7 +21,7 @@ from gpufleet.apiserver.patch.common import (
 
 def _merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, Mapping):
-        return _copy_json(patch)
+        return copy_json(patch)
     result = target if isinstance(target, dict) else {}
     for key, value in patch.items():
         if value is None:
@@ -34,7 +34,7 @@ def _merge_patch(target: Any, patch: Any) -> Any:
 def json_merge_patch(target: Any, patch: Any) -> Any:
     """RFC 7386: objects merge recursively, ``null`` removes a key, anything else replaces."""
     with _depth_guard():
-        return _merge_patch(_copy_json(target), patch)
+        return _merge_patch(copy_json(target), patch)
 
 
 def create_merge_patch(original: Mapping[str, Any], modified: Mapping[str, Any]) -> dict[str, Any]:
@@ -53,15 +53,15 @@ def _diff(original: Mapping[str, Any], modified: Mapping[str, Any]) -> dict[str,
     patch: dict[str, Any] = {key: None for key in original if key not in modified}
     for key, new in modified.items():
         if key not in original:
-            patch[key] = _copy_json(new)
+            patch[key] = copy_json(new)
             continue
         old = original[key]
         if isinstance(old, Mapping) and isinstance(new, Mapping):
             nested = _diff(old, new)
             if nested:
                 patch[key] = nested
-        elif not _json_equal(old, new):
-            patch[key] = _copy_json(new)
+        elif not json_equal(old, new):
+            patch[key] = copy_json(new)
     return patch
 
 
@@ -81,14 +81,14 @@ def json_patch(target: Any, ops: Any) -> Any:
             f"the JSON patch has {len(ops)} operations; at most {MAX_JSON_PATCH_OPERATIONS} are allowed"
         )
     with _depth_guard():
-        document = _copy_json(target)
+        document = copy_json(target)
     for index, op in enumerate(ops):
         if not isinstance(op, Mapping):
             raise PatchError(f"JSON patch operation {index} must be an object with 'op' and 'path'", status_code=400)
         # Operations are applied one at a time so that an error can name the one that failed.
         # The operation is copied so the values it adds are not shared with the caller's list.
         try:
-            document = jsonpatch.apply_patch(document, [_copy_json(op)], in_place=True)
+            document = jsonpatch.apply_patch(document, [copy_json(op)], in_place=True)
         except jsonpatch.JsonPatchTestFailed as exc:
             raise PatchError(f"JSON patch operation {index} ({_describe_op(op)}) failed: {exc}") from None
         except Exception as exc:  # the library reports bad operations with assorted exception types

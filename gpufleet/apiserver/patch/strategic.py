@@ -16,9 +16,9 @@ from gpufleet.apiserver.patch.common import (
     PatchError,
     _at,
     _canon,
-    _copy_json,
     _depth_guard,
     _join,
+    copy_json,
 )
 from gpufleet.apiserver.patch.json_patches import json_merge_patch
 
@@ -273,7 +273,7 @@ def _merge_value(current: Any, value: Any, field: _Field | None, path: str) -> A
     if isinstance(value, list):
         if field is not None and field.merges_list:
             return _merge_list(current if isinstance(current, list) else [], value, field, path)
-        return _copy_json(value)
+        return copy_json(value)
     return value
 
 
@@ -390,4 +390,4 @@ def strategic_merge_patch(target: Mapping[str, Any], patch: Mapping[str, Any], k
     with _depth_guard():
         if root is None:
             return json_merge_patch(target, patch)
-        return _merge_map(_copy_json(target), patch, root, "")
+        return _merge_map(copy_json(target), patch, root, "")
