@@ -38,18 +38,20 @@ def _desired_replicas(obj: Obj) -> int:
     return _int(_spec(obj).get("replicas"), 1)
 
 
+def _template_cells(obj: Obj, now: float) -> list[Any]:
+    """The Age cell and the wide cells every workload row ends with: containers, images, selector."""
+    names, images = _containers_cells(_template_spec(obj))
+    return [age_cell(obj, now), names, images, format_label_selector(_spec(obj).get("selector"))]
+
+
 def _deployment_row(obj: Obj, now: float) -> list[Any]:
     status = _status(obj)
-    names, images = _containers_cells(_template_spec(obj))
     return [
         _name(obj),
         f"{_int(status.get('readyReplicas'))}/{_desired_replicas(obj)}",
         _int(status.get("updatedReplicas")),
         _int(status.get("availableReplicas")),
-        age_cell(obj, now),
-        names,
-        images,
-        format_label_selector(_spec(obj).get("selector")),
+        *_template_cells(obj, now),
     ]
 
 
@@ -69,16 +71,12 @@ _DEPLOYMENT_COLUMNS = (
 
 def _replicaset_row(obj: Obj, now: float) -> list[Any]:
     status = _status(obj)
-    names, images = _containers_cells(_template_spec(obj))
     return [
         _name(obj),
         _desired_replicas(obj),
         _int(status.get("replicas")),
         _int(status.get("readyReplicas")),
-        age_cell(obj, now),
-        names,
-        images,
-        format_label_selector(_spec(obj).get("selector")),
+        *_template_cells(obj, now),
     ]
 
 
@@ -129,16 +127,12 @@ def _job_row(obj: Obj, now: float) -> list[Any]:
         duration = human_duration(now - start)
     else:
         duration = human_duration(end - start)
-    names, images = _containers_cells(_template_spec(obj))
     return [
         _name(obj),
         job_status(obj),
         completions,
         duration,
-        age_cell(obj, now),
-        names,
-        images,
-        format_label_selector(spec.get("selector")),
+        *_template_cells(obj, now),
     ]
 
 
