@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from gpufleet.utils.files import write_private
 
 CA_DAYS = 3650
 SERVING_DAYS = 825
@@ -41,14 +42,6 @@ class ServingPki:
 
     def ca_pem(self) -> bytes:
         return self.ca_cert.read_bytes()
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
@@ -167,11 +160,11 @@ def ensure_pki(directory: Path, hosts: list[str]) -> ServingPki:
     crt, key = directory / "apiserver.crt", directory / "apiserver.key"
     if not (ca_crt.exists() and ca_key.exists()):
         cert_pem, key_pem = make_ca()
-        _write_private(ca_key, key_pem)
-        _write_private(ca_crt, cert_pem)
+        write_private(ca_key, key_pem)
+        write_private(ca_crt, cert_pem)
         crt.unlink(missing_ok=True)
     if not (crt.exists() and key.exists() and _covers(crt.read_bytes(), hosts)):
         cert_pem, key_pem = make_serving_cert(ca_crt.read_bytes(), ca_key.read_bytes(), hosts)
-        _write_private(key, key_pem)
-        _write_private(crt, cert_pem)
+        write_private(key, key_pem)
+        write_private(crt, cert_pem)
     return ServingPki(ca_cert=ca_crt, cert=crt, key=key)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from gpufleet.utils.files import write_private
 
 PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
@@ -26,14 +27,6 @@ class KeyFileError(ValueError):
     pass
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 def ensure_service_account_key(directory: Path) -> tuple[Path, Path]:
     """(sa.key, sa.pub) under ``directory``: an RSA 2048 key made once (as kubeadm makes
     it), both files mode 0600. A missing sa.pub is written again from sa.key."""
@@ -41,12 +34,12 @@ def ensure_service_account_key(directory: Path) -> tuple[Path, Path]:
     key_path, pub_path = directory / "sa.key", directory / "sa.pub"
     if not key_path.exists():
         key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        _write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
+        write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
                                                    serialization.PrivateFormat.TraditionalOpenSSL,
                                                    serialization.NoEncryption()))
         pub_path.unlink(missing_ok=True)
     if not pub_path.exists():
-        _write_private(pub_path, public_pem(load_signing_key(key_path).public_key()))
+        write_private(pub_path, public_pem(load_signing_key(key_path).public_key()))
     return key_path, pub_path
 
 
