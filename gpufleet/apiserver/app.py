@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
 from typing import Any
@@ -15,6 +14,7 @@ from starlette.routing import request_response
 
 from gpufleet.apiserver.headers import safe_headers
 from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, Handler, RawRequest
+from gpufleet.utils.uvicornserver import ServerTask
 
 log = logging.getLogger("gpufleet.apiserver")
 
@@ -115,7 +115,7 @@ def build_asgi_app(handler: Handler) -> Starlette:
     return app
 
 
-class HttpServer:
+class HttpServer(ServerTask):
     """A uvicorn server run as a task of the current event loop (so `gpufleet up` can host the
     API next to the scheduler, controllers and agent in one process)."""
 
@@ -124,33 +124,8 @@ class HttpServer:
         kwargs: dict[str, Any] = {}
         if certfile:
             kwargs.update(ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
-        self.config = uvicorn.Config(
+        config = uvicorn.Config(
             build_asgi_app(handler), host=host, port=port, log_level=log_level, access_log=False,
             lifespan="off", timeout_keep_alive=75, timeout_graceful_shutdown=2, **kwargs,
         )
-        self.server = uvicorn.Server(self.config)
-        self._task: asyncio.Task | None = None
-
-    async def start(self) -> None:
-        self.server.config.setup_event_loop = lambda: None  # type: ignore[method-assign]
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()  # re-raise a bind failure
-                raise RuntimeError("API server stopped while starting")
-            await asyncio.sleep(0.01)
-
-    @property
-    def port(self) -> int:
-        for s in self.server.servers:
-            for sock in s.sockets:
-                return sock.getsockname()[1]
-        return self.config.port
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        if self._task is not None:
-            try:
-                await asyncio.wait_for(self._task, timeout=5)
-            except (TimeoutError, asyncio.CancelledError):
-                self._task.cancel()
+        super().__init__(config, what="API server", stop_timeout=5)

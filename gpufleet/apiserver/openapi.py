@@ -15,6 +15,10 @@ from the v3 schemas as soon as a PATCH lists `application/strategic-merge-patch+
 then needs every list's patch strategy and merge key right; without that it falls back to
 the Go types compiled into it, which are exactly Kubernetes' (and, for custom kinds, to a
 JSON merge patch, as on a real cluster).
+
+The names and query parameters shared by both documents are in openapi_common, the v3
+paths in openapi_paths and the v2 protobuf in openapi_v2; this module builds the schemas
+and the cached v3 documents.
 """
 
 from __future__ import annotations
@@ -30,129 +34,32 @@ from typing import Any
 
 from gpufleet.api.registry import Registry, ResourceType
 from gpufleet.apiserver.discovery import GIT_VERSION
-
-OPENAPI_V2_CONTENT_TYPE = "application/com.github.proto-openapi.spec.v2.v1.0+protobuf"
-"""What to answer /openapi/v2 with. kubectl asks for `…spec.v2@v1.0+protobuf`, but Go's MIME
-parser rejects the '@', so echoing the Accept header breaks it."""
-
-_META_PACKAGE = "io.k8s.apimachinery.pkg.apis.meta.v1"
-_META_TYPES = frozenset(
-    {
-        "ObjectMeta",
-        "ListMeta",
-        "OwnerReference",
-        "ManagedFieldsEntry",
-        "LabelSelector",
-        "LabelSelectorRequirement",
-        "Condition",
-        "Time",
-        "MicroTime",
-        "Status",
-        "StatusDetails",
-        "StatusCause",
-        "Preconditions",
-        "DeleteOptions",
-        "FieldsV1",
-        "ShardInfo",
-    }
+from gpufleet.apiserver.openapi_common import (
+    _CORE_TYPES,
+    _META_PACKAGE,
+    _META_TYPES,
+    _PATCH_META,
+    _PORTS_MERGE_KEY,
+    OPENAPI_V2_CONTENT_TYPE,
+    _gvk,
+    gv_path,
+    schema_package,
 )
-# Shared types that Kubernetes files under core/v1 but that no core kind served here embeds.
-_CORE_TYPES = frozenset({"PodTemplateSpec", "TopologySelectorTerm", "TopologySelectorLabelRequirement"})
+from gpufleet.apiserver.openapi_paths import _paths_for
+from gpufleet.apiserver.openapi_v2 import _varint, gvk_yaml, v2_document
 
-# Patch strategy and merge key of well-known lists, by property name (Kubernetes' Go tags).
-_PATCH_META: dict[str, tuple[str, str | None]] = {
-    "containers": ("merge", "name"),
-    "initContainers": ("merge", "name"),
-    "ephemeralContainers": ("merge", "name"),
-    "volumes": ("merge,retainKeys", "name"),
-    "env": ("merge", "name"),
-    "imagePullSecrets": ("merge", "name"),
-    "volumeMounts": ("merge", "mountPath"),
-    "volumeDevices": ("merge", "devicePath"),
-    "hostAliases": ("merge", "ip"),
-    "conditions": ("merge", "type"),
-    "ownerReferences": ("merge", "uid"),
-    "finalizers": ("merge", None),
-}
-# `ports` means different things in a container and in a service.
-_PORTS_MERGE_KEY = {"ContainerPort": "containerPort", "ServicePort": "port"}
-
-_QUERY_DESCRIPTIONS = {
-    "dryRun": "When present, indicates that modifications should not be persisted. Valid value: All.",
-    "fieldManager": "A name associated with the actor or entity that is making these changes.",
-    "fieldValidation": "How the server treats unknown or duplicate fields: Ignore, Warn or Strict.",
-    "force": 'Force is going to "force" Apply requests, re-acquiring conflicting fields.',
-    "gracePeriodSeconds": "The duration in seconds before the object should be deleted.",
-    "propagationPolicy": "Whether and how garbage collection will be performed: Orphan, Background, Foreground.",
-    "labelSelector": "A selector to restrict the list of returned objects by their labels.",
-    "fieldSelector": "A selector to restrict the list of returned objects by their fields.",
-    "limit": "The maximum number of responses to return for a list call.",
-    "continue": "The continue token of the previous page of a list call.",
-    "resourceVersion": "Which resource versions the request may be served from.",
-    "resourceVersionMatch": "How resourceVersion is applied to list calls.",
-    "timeoutSeconds": "Timeout for the list/watch call.",
-    "watch": "Watch for changes to the described resources and return them as a stream of events.",
-    "allowWatchBookmarks": "Requests watch events with type BOOKMARK.",
-}
-_QUERY_TYPES = {
-    "force": "boolean",
-    "watch": "boolean",
-    "allowWatchBookmarks": "boolean",
-    "gracePeriodSeconds": "integer",
-    "limit": "integer",
-    "timeoutSeconds": "integer",
-}
-_WRITE_PARAMS = ("dryRun", "fieldManager", "fieldValidation")
-_LIST_PARAMS = (
-    "allowWatchBookmarks",
-    "continue",
-    "fieldSelector",
-    "labelSelector",
-    "limit",
-    "resourceVersion",
-    "resourceVersionMatch",
-    "timeoutSeconds",
-    "watch",
-)
-_DELETE_PARAMS = ("dryRun", "gracePeriodSeconds", "propagationPolicy")
-
-
-def gv_path(group: str, version: str) -> str:
-    """The key of a group-version in the v3 index: 'api/v1', 'apis/apps/v1'."""
-    return f"api/{version}" if not group else f"apis/{group}/{version}"
-
-
-def schema_package(group: str, version: str) -> str:
-    """The prefix Kubernetes gives a group-version's schema names.
-
-    Built-in groups: io.k8s.api.<first label>.<version> (core for ''); other groups take the
-    reversed domain, as CRD schemas do (kubeflow.org/v1 -> org.kubeflow.v1).
-    """
-    if not group:
-        return f"io.k8s.api.core.{version}"
-    labels = group.split(".")
-    if len(labels) == 1 or group.endswith(".k8s.io"):
-        return f"io.k8s.api.{labels[0]}.{version}"
-    return ".".join([*reversed(labels), version])
-
-
-def _camel(text: str) -> str:
-    return "".join(p[:1].upper() + p[1:] for p in text.replace("-", ".").split(".") if p)
-
-
-def _operation_prefix(rt: ResourceType) -> str:
-    if not rt.group:
-        group = "Core"
-    elif "." not in rt.group or rt.group.endswith(".k8s.io"):
-        group = _camel(rt.group.split(".")[0])
-    else:
-        group = _camel(rt.group)
-    return group + _camel(rt.version)
-
-
-def _gvk(rt: ResourceType) -> dict[str, str]:
-    return {"group": rt.group, "kind": rt.kind, "version": rt.version}
-
+__all__ = [
+    "OPENAPI_V2_CONTENT_TYPE",
+    "_varint",
+    "gv_path",
+    "gvk_yaml",
+    "openapi_v2_protobuf",
+    "openapi_v3_document",
+    "openapi_v3_document_bytes",
+    "openapi_v3_hash",
+    "openapi_v3_index",
+    "schema_package",
+]
 
 # --- schemas -------------------------------------------------------------------------------
 
@@ -354,123 +261,6 @@ def _schema_ref(rt: ResourceType, schemas: _Schemas) -> dict[str, Any] | None:
     return {"$ref": "#/components/schemas/" + schemas.names_for(rt).get(short, short)}
 
 
-# --- v3 paths ------------------------------------------------------------------------------
-
-
-def _query(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": "query",
-        "description": _QUERY_DESCRIPTIONS.get(name, ""),
-        "schema": {"type": _QUERY_TYPES.get(name, "string")},
-    }
-
-
-def _path_param(name: str) -> dict[str, Any]:
-    what = (
-        "name of the object"
-        if name == "name"
-        else "object name and auth scope, such as for teams and projects"
-    )
-    return {"name": name, "in": "path", "description": what, "required": True, "schema": {"type": "string"}}
-
-
-def _operation(
-    rt: ResourceType,
-    action: str,
-    op_id: str,
-    params: tuple[str, ...],
-    ref: dict[str, Any] | None,
-    *,
-    with_body: bool = False,
-    status_codes: tuple[str, ...] = ("200",),
-) -> dict[str, Any]:
-    response: dict[str, Any] = {"description": "OK"}
-    if ref is not None and action not in ("list", "deletecollection"):
-        response["content"] = {"application/json": {"schema": ref}}
-    prefix = _operation_prefix(rt)
-    op: dict[str, Any] = {
-        "tags": [prefix[:1].lower() + prefix[1:]],
-        "operationId": op_id,
-        "parameters": [_query(p) for p in params],
-        "responses": {code: response for code in status_codes},
-        "x-kubernetes-action": action,
-        "x-kubernetes-group-version-kind": _gvk(rt),
-    }
-    if with_body and ref is not None:
-        op["requestBody"] = {"content": {"*/*": {"schema": ref}}, "required": True}
-    return op
-
-
-def _paths_for(rt: ResourceType, ref: dict[str, Any] | None) -> dict[str, Any]:
-    prefix = _operation_prefix(rt)
-    scoped = "Namespaced" if rt.namespaced else ""
-    verbs = set(rt.verbs)
-    collection_path = rt.path(namespace="{namespace}")
-    item_path = rt.path(namespace="{namespace}", name="{name}")
-    scope_params = [_path_param("namespace")] if rt.namespaced else []
-
-    collection: dict[str, Any] = {"parameters": scope_params} if scope_params else {}
-    if "list" in verbs:
-        collection["get"] = _operation(rt, "list", f"list{prefix}{scoped}{rt.kind}", _LIST_PARAMS, ref)
-    if "create" in verbs:
-        collection["post"] = _operation(
-            rt,
-            "post",
-            f"create{prefix}{scoped}{rt.kind}",
-            _WRITE_PARAMS,
-            ref,
-            with_body=True,
-            status_codes=("200", "201", "202"),
-        )
-    if "deletecollection" in verbs:
-        collection["delete"] = _operation(
-            rt,
-            "deletecollection",
-            f"deletecollection{prefix}{scoped}{rt.kind}",
-            _DELETE_PARAMS + _LIST_PARAMS,
-            ref,
-        )
-
-    item: dict[str, Any] = {"parameters": [_path_param("name"), *scope_params]}
-    if "get" in verbs:
-        item["get"] = _operation(rt, "get", f"read{prefix}{scoped}{rt.kind}", (), ref)
-    if "update" in verbs:
-        item["put"] = _operation(
-            rt,
-            "put",
-            f"replace{prefix}{scoped}{rt.kind}",
-            _WRITE_PARAMS,
-            ref,
-            with_body=True,
-            status_codes=("200", "201"),
-        )
-    if "patch" in verbs:
-        item["patch"] = _operation(
-            rt,
-            "patch",
-            f"patch{prefix}{scoped}{rt.kind}",
-            (*_WRITE_PARAMS, "force"),
-            ref,
-            status_codes=("200", "201"),
-        )
-    if "delete" in verbs:
-        item["delete"] = _operation(
-            rt, "delete", f"delete{prefix}{scoped}{rt.kind}", _DELETE_PARAMS, ref, status_codes=("200", "202")
-        )
-
-    paths: dict[str, Any] = {}
-    if len(collection) > (1 if scope_params else 0):
-        paths[collection_path] = collection
-    if len(item) > 1:
-        paths[item_path] = item
-    if rt.namespaced and "list" in verbs:
-        paths[rt.path()] = {
-            "get": _operation(rt, "list", f"list{prefix}{rt.kind}ForAllNamespaces", _LIST_PARAMS, ref)
-        }
-    return paths
-
-
 # --- cache ---------------------------------------------------------------------------------
 
 
@@ -589,96 +379,6 @@ def openapi_v3_index(registry: Registry, *, info_version: str = GIT_VERSION) -> 
     return {"paths": paths}
 
 
-# --- v2 protobuf ---------------------------------------------------------------------------
-#
-# A hand-written encoder for the few messages of gnostic's openapi_v2.Document that kubectl
-# reads (github.com/google/gnostic, openapiv2/OpenAPIv2.proto). Field numbers:
-#   Document: swagger 1, info 2, paths 8          Info: title 1, version 2
-#   Paths: path 2 (NamedPathItem: name 1, value 2) PathItem: patch 8, parameters 9
-#   Operation: operation_id 5, parameters 8, responses 9, vendor_extension 13
-#   ParametersItem: parameter 1   Parameter: non_body_parameter 2
-#   NonBodyParameter: query_parameter_sub_schema 3, path_parameter_sub_schema 4
-#   QueryParameterSubSchema: required 1, in 2, description 3, name 4, type 6
-#   PathParameterSubSchema: required 1, in 2, description 3, name 4, type 5
-#   Responses: response_code 1 (NamedResponseValue: name 1, value 2)
-#   ResponseValue: response 1      Response: description 1
-#   NamedAny: name 1, value 2      Any: yaml 2
-
-_VARINT = 0
-_LEN = 2
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _field_bytes(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | _LEN) + _varint(len(data)) + data
-
-
-def _field_str(number: int, text: str) -> bytes:
-    # proto3 leaves empty strings off the wire
-    return _field_bytes(number, text.encode()) if text else b""
-
-
-def _field_bool(number: int, value: bool) -> bytes:
-    return _varint(number << 3 | _VARINT) + _varint(1) if value else b""
-
-
-def _field_msg(number: int, *parts: bytes) -> bytes:
-    return _field_bytes(number, b"".join(parts))
-
-
-def _yaml_scalar(text: str) -> str:
-    plain = text and all(c.isalnum() or c in ".-_/" for c in text) and text[0].isalpha()
-    return text if plain else json.dumps(text)
-
-
-def gvk_yaml(group: str, version: str, kind: str) -> str:
-    """The GVK extension as gnostic carries it: YAML with sorted keys, `group: ""` for core."""
-    return f"group: {_yaml_scalar(group)}\nkind: {_yaml_scalar(kind)}\nversion: {_yaml_scalar(version)}\n"
-
-
-def _v2_query_param(name: str) -> bytes:
-    sub = _field_str(2, "query") + _field_str(3, _QUERY_DESCRIPTIONS.get(name, "")) + _field_str(4, name)
-    sub += _field_str(6, _QUERY_TYPES.get(name, "string"))
-    return _field_msg(1, _field_msg(2, _field_msg(3, sub)))
-
-
-def _v2_path_param(name: str) -> bytes:
-    sub = _field_bool(1, True) + _field_str(2, "path") + _field_str(4, name) + _field_str(5, "string")
-    return _field_msg(1, _field_msg(2, _field_msg(4, sub)))
-
-
-def _v2_named_any(name: str, yaml_text: str) -> bytes:
-    return _field_str(1, name) + _field_msg(2, _field_str(2, yaml_text))
-
-
-def _v2_path(rt: ResourceType) -> bytes:
-    operation = _field_str(5, f"patch{_operation_prefix(rt)}{'Namespaced' if rt.namespaced else ''}{rt.kind}")
-    for name in (*_WRITE_PARAMS, "force"):
-        operation += _field_msg(8, _v2_query_param(name))
-    ok = _field_str(1, "200") + _field_msg(2, _field_msg(1, _field_str(1, "OK")))
-    operation += _field_msg(9, _field_msg(1, ok))
-    # The GVK goes first: kubectl's check gives up at the first GVK extension that differs.
-    operation += _field_msg(13, _v2_named_any("x-kubernetes-group-version-kind", gvk_yaml(*rt.gvk)))
-    operation += _field_msg(13, _v2_named_any("x-kubernetes-action", "patch\n"))
-    path_item = _field_msg(8, operation)
-    path_item += _field_msg(9, _v2_path_param("name"))
-    if rt.namespaced:
-        path_item += _field_msg(9, _v2_path_param("namespace"))
-    named = _field_str(1, rt.path(namespace="{namespace}", name="{name}")) + _field_msg(2, path_item)
-    return _field_msg(2, named)
-
-
 def openapi_v2_protobuf(registry: Registry, *, info_version: str = GIT_VERSION) -> bytes:
     """GET /openapi/v2 (and /swagger-2.0.0.pb-v1) for kubectl 1.27 and 1.28: a protobuf
     openapi_v2.Document with, per kind, the item path's PATCH declaring `fieldValidation`.
@@ -687,7 +387,5 @@ def openapi_v2_protobuf(registry: Registry, *, info_version: str = GIT_VERSION) 
     """
     types, built = _built(registry, info_version)
     if built.v2 is None:
-        info = _field_str(1, "Kubernetes") + _field_str(2, info_version)
-        paths = b"".join(_v2_path(rt) for rt in types if "patch" in rt.verbs)
-        built.v2 = _field_str(1, "2.0") + _field_msg(2, info) + _field_msg(8, paths)
+        built.v2 = v2_document(types, info_version)
     return built.v2

@@ -33,12 +33,12 @@ As in Kubernetes (pkg/serviceaccount, pkg/registry/core/serviceaccount/storage/t
   (and ``system:authenticated``), and the extras Kubernetes sets:
   ``authentication.kubernetes.io/pod-name``, ``pod-uid``, ``node-name``, ``node-uid`` and
   ``credential-id`` (``JTI=<jti>``).
+
+The key files (loading, writing, key ids and algorithms) are in serviceaccountkeys.py.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
@@ -47,20 +47,40 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jwt
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from gpufleet.apiserver.admission import UserInfo
+from gpufleet.apiserver.auth.serviceaccountkeys import (
+    KeyFileError,
+    PrivateKey,
+    PublicKey,
+    algorithm,
+    ensure_service_account_key,
+    key_id,
+    load_public_keys,
+    load_signing_key,
+    public_pem,
+)
 from gpufleet.apiserver.auth.tokens import AUTHENTICATED_GROUP
 from gpufleet.apiserver.errors import ApiException, bad_request, not_found
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
-from gpufleet.utils.files import write_private
 
 if TYPE_CHECKING:
     from gpufleet.api.registry import ResourceType
     from gpufleet.apiserver.server import ApiServer
+
+# Re-exported: callers import the key helpers from here.
+__all__ = [
+    "KeyFileError",
+    "PrivateKey",
+    "PublicKey",
+    "algorithm",
+    "ensure_service_account_key",
+    "key_id",
+    "load_public_keys",
+    "load_signing_key",
+    "public_pem",
+]
 
 log = logging.getLogger("gpufleet.apiserver.auth")
 
@@ -85,11 +105,6 @@ NODE_NAME_KEY = "authentication.kubernetes.io/node-name"
 NODE_UID_KEY = "authentication.kubernetes.io/node-uid"
 CREDENTIAL_ID_KEY = "authentication.kubernetes.io/credential-id"
 
-PrivateKey = rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey
-PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
-
-_EC_ALGORITHMS = {"secp256r1": "ES256", "secp384r1": "ES384", "secp521r1": "ES512"}
-
 
 def username(namespace: str, name: str) -> str:
     return f"{SERVICE_ACCOUNT_PREFIX}{namespace}:{name}"
@@ -97,109 +112,6 @@ def username(namespace: str, name: str) -> str:
 
 def group_names(namespace: str) -> list[str]:
     return [SERVICE_ACCOUNTS_GROUP, f"{SERVICE_ACCOUNTS_GROUP}:{namespace}"]
-
-
-# ---------------------------------------------------------------------------------- keys
-
-
-class KeyFileError(ValueError):
-    pass
-
-
-def ensure_service_account_key(directory: Path) -> tuple[Path, Path]:
-    """(sa.key, sa.pub) under ``directory``: an RSA 2048 key made once (as kubeadm makes
-    it), both files mode 0600. A missing sa.pub is written again from sa.key."""
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    key_path, pub_path = directory / "sa.key", directory / "sa.pub"
-    if not key_path.exists():
-        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-        write_private(key_path, key.private_bytes(serialization.Encoding.PEM,
-                                                   serialization.PrivateFormat.TraditionalOpenSSL,
-                                                   serialization.NoEncryption()))
-        pub_path.unlink(missing_ok=True)
-    if not pub_path.exists():
-        write_private(pub_path, public_pem(load_signing_key(key_path).public_key()))
-    return key_path, pub_path
-
-
-def public_pem(key: PublicKey) -> bytes:
-    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
-
-
-def _pem_blocks(data: bytes) -> list[bytes]:
-    out, current = [], []
-    for line in data.splitlines(keepends=True):
-        if line.startswith(b"-----BEGIN "):
-            current = [line]
-        elif current:
-            current.append(line)
-            if line.startswith(b"-----END "):
-                out.append(b"".join(current))
-                current = []
-    return out
-
-
-def load_signing_key(path: Path) -> PrivateKey:
-    """The first RSA or ECDSA private key in a PEM file."""
-    data = _read(path)
-    for block in _pem_blocks(data):
-        if b"PRIVATE KEY" not in block.split(b"\n", 1)[0]:
-            continue
-        try:
-            key = serialization.load_pem_private_key(block, password=None)
-        except (ValueError, TypeError) as e:
-            raise KeyFileError(f"{path}: cannot read the private key: {e}") from None
-        if isinstance(key, rsa.RSAPrivateKey | ec.EllipticCurvePrivateKey):
-            return key
-        raise KeyFileError(f"{path}: the private key must be RSA or ECDSA, not {type(key).__name__}")
-    raise KeyFileError(f"{path}: no PEM-encoded RSA or ECDSA private key found")
-
-
-def load_public_keys(path: Path) -> list[PublicKey]:
-    """Every RSA or ECDSA key of a PEM file: public keys, the public half of private keys,
-    and the keys of certificates (what kube-apiserver's --service-account-key-file takes)."""
-    keys: list[PublicKey] = []
-    for block in _pem_blocks(_read(path)):
-        header = block.split(b"\n", 1)[0]
-        try:
-            if b"PRIVATE KEY" in header:
-                key: Any = serialization.load_pem_private_key(block, password=None).public_key()
-            elif b"CERTIFICATE" in header:
-                key = x509.load_pem_x509_certificate(block).public_key()
-            elif b"PUBLIC KEY" in header:
-                key = serialization.load_pem_public_key(block)
-            else:
-                continue
-        except (ValueError, TypeError) as e:
-            what = header.decode(errors="replace").strip().strip("-")
-            raise KeyFileError(f"{path}: cannot read the {what}: {e}") from None
-        if isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey):
-            keys.append(key)
-    if not keys:
-        raise KeyFileError(f"{path}: no PEM-encoded RSA or ECDSA key found")
-    return keys
-
-
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise KeyFileError(f"{path}: {e.strerror}") from None
-
-
-def key_id(key: PublicKey) -> str:
-    """kube-apiserver's key id: base64url (no padding) of the SHA-256 of the DER public key."""
-    der = key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
-    return base64.urlsafe_b64encode(hashlib.sha256(der).digest()).rstrip(b"=").decode()
-
-
-def algorithm(key: PrivateKey | PublicKey) -> str:
-    if isinstance(key, rsa.RSAPrivateKey | rsa.RSAPublicKey):
-        return "RS256"
-    alg = _EC_ALGORITHMS.get(key.curve.name)
-    if alg is None:
-        raise KeyFileError(f"ECDSA curve {key.curve.name} is not supported (P-256, P-384 or P-521)")
-    return alg
 
 
 # ------------------------------------------------------------------------------- claims
@@ -511,7 +423,7 @@ class TokenIssuer:
         spec_out = {"audiences": audiences, "expirationSeconds": expiration, "boundObjectRef": ref or None}
         request = {"apiVersion": f"{AUTHN_GROUP}/v1", "kind": "TokenRequest", "metadata": out_meta, "spec": spec_out}
         # Validating admission sees the request (NodeRestriction narrows what a node may ask).
-        await api.admit("CREATE", rt, ns, name, "token", request, None, user, dry_run, mutate=False)
+        await api._admit("CREATE", rt, ns, name, "token", request, None, user, dry_run, mutate=False)
         pod = secret = node = None
         if ref:
             pod, secret, node = await self._bound(api, ns, name, ref)

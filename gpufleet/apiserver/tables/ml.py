@@ -1,0 +1,49 @@
+"""Printers for the ML kinds (PodGroup, PyTorchJob): their columns come from the kind's own
+module in gpufleet.api.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpufleet.apiserver.tables.core import (
+    AGE_COLUMN,
+    NAME_COLUMN,
+    Column,
+    Obj,
+    _name,
+    age_cell,
+    register_printer,
+)
+
+
+def _podgroup_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import podgroup
+
+    return [_name(obj), *podgroup.printer_cells(obj), age_cell(obj, now)]
+
+
+def _register_podgroup_printer() -> None:
+    from gpufleet.api import podgroup
+
+    columns = (NAME_COLUMN, *(Column(**c) for c in podgroup.PRINTER_COLUMNS), AGE_COLUMN)
+    register_printer("PodGroup", columns, _podgroup_row, group=podgroup.GROUP)
+
+
+_register_podgroup_printer()
+
+
+def _pytorchjob_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import kubeflow
+
+    return [_name(obj), *kubeflow.printer_cells(obj), age_cell(obj, now)]
+
+
+def _register_pytorchjob_printer() -> None:
+    from gpufleet.api import kubeflow
+
+    columns = (NAME_COLUMN, *(Column(**c) for c in kubeflow.PRINTER_COLUMNS), AGE_COLUMN)
+    register_printer(kubeflow.KIND, columns, _pytorchjob_row, group=kubeflow.GROUP)
+
+
+_register_pytorchjob_printer()
