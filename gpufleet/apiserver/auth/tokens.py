@@ -26,7 +26,6 @@ import csv
 import hashlib
 import hmac
 import io
-import os
 import re
 import secrets
 from collections.abc import Awaitable, Callable
@@ -35,6 +34,7 @@ from typing import Any
 
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.store import base as store_base
+from gpufleet.utils.files import write_private
 from gpufleet.utils.http import RawRequest
 
 TOKEN_SECRET_TYPE = "gpufleet.io/token"
@@ -80,11 +80,7 @@ def load_token_file(path: Path) -> dict[str, UserInfo]:
 
 def _write_private(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_private(path, text)
 
 
 def ensure_admin_token(path: Path, user: str = "admin") -> str:
