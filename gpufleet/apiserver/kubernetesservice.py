@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.errors import ApiException
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339, rfc3339
+from gpufleet.utils.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from gpufleet.apiserver.server import ApiServer
@@ -106,11 +107,8 @@ class KubernetesService:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         # Leaving cleanly: out of the Endpoints at once, not after the lease runs out.
         with contextlib.suppress(ApiException):
             await self.api.delete_object(self._rt("leases.coordination.k8s.io"), LEASE_NAMESPACE, self.lease,

@@ -18,7 +18,7 @@ from gpufleet.api.conversion import ConversionError
 from gpufleet.api.registry import ResourceType
 from gpufleet.apiserver import decoding
 from gpufleet.apiserver.errors import ApiException, bad_request, invalid, not_found
-from gpufleet.apiserver.handlers.patch import patch_failure
+from gpufleet.apiserver.handlers.patch import named_revision, patch_failure
 from gpufleet.apiserver.headers import warning_header
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo
@@ -169,10 +169,7 @@ async def _patch(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Reso
             patched = apply_patch(rt.conversion.from_storage(current), req.body, ctype, rt.kind)
         except PatchError as e:
             raise patch_failure(rt, name, e) from None
-        if not isinstance(patched, dict):
-            raise bad_request("the patched object is not a JSON object")
-        pmeta = patched.get("metadata")
-        named_rv = pmeta.get("resourceVersion") if isinstance(pmeta, dict) else None
+        named_rv = named_revision(patched)
         stored, warnings = _decode_in(rt, patched, name, req.param("fieldValidation"))
         try:
             obj, more = await server.update_object(

@@ -22,7 +22,6 @@ meanwhile makes the write fail and the pass start over.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
 
@@ -35,6 +34,7 @@ from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers.actions import Actions
 from gpufleet.controllers.base import KeyedController
+from gpufleet.utils.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -92,11 +92,8 @@ class ResourceQuotaController(KeyedController):
             self._resync = asyncio.create_task(self._resync_loop(), name="resourcequota:resync")
 
     async def stop(self) -> None:
-        if self._resync is not None:
-            self._resync.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resync
-            self._resync = None
+        await cancel_and_wait(self._resync)
+        self._resync = None
         await super().stop()
 
     async def _resync_loop(self) -> None:

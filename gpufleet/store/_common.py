@@ -15,7 +15,6 @@ replay (from, D] from history and take everything above D live, with no gap and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -24,6 +23,7 @@ from typing import Any
 from gpufleet.store._rows import Codec, Events, list_page
 from gpufleet.store.base import Expired, ListResult, WatchEvent
 from gpufleet.utils.clock import Clock
+from gpufleet.utils.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -178,11 +178,8 @@ class EventHub:
         self._task = asyncio.create_task(self._pump(), name="store-event-pump")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         for watches in list(self._by_resource.values()):
             for w in list(watches):
                 w._end()
@@ -344,11 +341,8 @@ class HousekeepingMixin:
             self._housekeeping_task = asyncio.create_task(self._housekeeping(), name="store-housekeeping")
 
     async def _stop_housekeeping(self) -> None:
-        if self._housekeeping_task is not None:
-            self._housekeeping_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._housekeeping_task
-            self._housekeeping_task = None
+        await cancel_and_wait(self._housekeeping_task)
+        self._housekeeping_task = None
 
     async def _read_replay(
         self, resource: str | None, namespace: str | None, after: int, upto: int, limit: int

@@ -39,6 +39,7 @@ from gpufleet.store._rows import (
     objects_query,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.utils.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -256,11 +257,8 @@ class PostgresStore(StoreBase):
 
     async def close(self) -> None:
         await self._stop_housekeeping()
-        if self._listen_task is not None:
-            self._listen_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listen_task
-            self._listen_task = None
+        await cancel_and_wait(self._listen_task)
+        self._listen_task = None
         await self._hub.stop()
         await self._pool.close()
 

@@ -41,6 +41,7 @@ from gpufleet.store._rows import (
 from gpufleet.store.base import WatchEvent
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.files import private_file, tighten
+from gpufleet.utils.tasks import cancel_and_wait
 
 T = TypeVar("T")
 
@@ -156,11 +157,8 @@ class SQLiteStore(StoreBase):
 
     async def close(self) -> None:
         await self._stop_housekeeping()
-        if self._poll_task is not None:
-            self._poll_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poll_task
-            self._poll_task = None
+        await cancel_and_wait(self._poll_task)
+        self._poll_task = None
         await self._hub.stop()
         if self._db is not None:
             self._db.close()

@@ -59,12 +59,9 @@ async def patch(scope: Scope, view: View | None = None, write: Write | None = No
             patched = await off_loop(apply_patch, base, req.body, ctype, rt.kind)
         except PatchError as e:
             raise patch_failure(rt, name, e) from None
-        if not isinstance(patched, dict):
-            raise bad_request("the patched object is not a JSON object")
         # A patch pins a revision only when it names one itself; otherwise the revision it
         # carries is the one we read, and a conflict just means "read again and re-apply".
-        pmeta = patched.get("metadata")
-        named_rv = pmeta.get("resourceVersion") if isinstance(pmeta, dict) else None
+        named_rv = named_revision(patched)
         try:
             if write is not None:
                 return json_response(200, await write(scope, patched, current))
@@ -136,3 +133,12 @@ def patch_failure(rt: Any, name: str, e: PatchError) -> ApiException:
     if e.status_code == 415:
         return ApiException(415, "UnsupportedMediaType", str(e))
     return invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "patch", "message": str(e)}])
+
+
+def named_revision(patched: Any) -> str | None:
+    """The resourceVersion a patched object names (None: none), once it is checked to be
+    an object at all."""
+    if not isinstance(patched, dict):
+        raise bad_request("the patched object is not a JSON object")
+    meta = patched.get("metadata")
+    return meta.get("resourceVersion") if isinstance(meta, dict) else None
