@@ -423,7 +423,7 @@ class TokenIssuer:
         spec_out = {"audiences": audiences, "expirationSeconds": expiration, "boundObjectRef": ref or None}
         request = {"apiVersion": f"{AUTHN_GROUP}/v1", "kind": "TokenRequest", "metadata": out_meta, "spec": spec_out}
         # Validating admission sees the request (NodeRestriction narrows what a node may ask).
-        await api._admit("CREATE", rt, ns, name, "token", request, None, user, dry_run, mutate=False)
+        await api.admit("CREATE", rt, ns, name, "token", request, None, user, dry_run, mutate=False)
         pod = secret = node = None
         if ref:
             pod, secret, node = await self._bound(api, ns, name, ref)
