@@ -126,6 +126,23 @@ class SQLiteStore(StoreBase):
 
     # -- lifecycle
 
+    async def _enter_wal(self, db: sqlite3.Connection) -> None:
+        """Switch to WAL. Changing the journal mode needs the database to itself and SQLite
+        answers "database is locked" at once, not after busy_timeout, while another process
+        opens the same fresh file: so wait and retry here, within the busy timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self._busy_timeout, 1.0)
+        delay = 0.01
+        while True:
+            try:
+                db.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or loop.time() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
     async def start(self) -> None:
         if self._path != ":memory:":
             # The database holds every Secret: owner-only, from its first byte. SQLite makes
@@ -136,7 +153,7 @@ class SQLiteStore(StoreBase):
         db = sqlite3.connect(self._path, isolation_level=None, timeout=self._busy_timeout)
         db.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
         if self._path != ":memory:":
-            db.execute("PRAGMA journal_mode = WAL")
+            await self._enter_wal(db)
             for suffix in ("-wal", "-shm", "-journal"):
                 with contextlib.suppress(OSError):
                     tighten(Path(self._path + suffix))
