@@ -112,6 +112,11 @@ class StatusReport:
         if self.write_retry_at is not None and now < self.write_retry_at and not final:
             return self.write_retry_at
         status = self.compute_status()
+        if self.terminal is None and status["phase"] in ("Succeeded", "Failed"):
+            # Never report a pod finished while it still holds its GPUs and ports: the
+            # scheduler gives them to the next pod the moment it reads the phase.
+            self._finish(status["phase"])
+            status = self.compute_status()
         current = self.pod.get("status") or {}
         if self.last_written is not None and _same_status(status, self.last_written):
             return None
