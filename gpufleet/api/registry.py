@@ -177,11 +177,14 @@ _BUILTIN: list[ResourceType] = [
                  extra={"scale": {"specReplicasPath": "spec.pytorchReplicaSpecs.Worker.replicas",
                                   "statusReplicasPath": "status.replicaStatuses.Worker.active",
                                   "labelSelectorPath": "status.replicaStatuses.Worker.selector"}}),
+    # apiextensions.k8s.io/v1: the kinds declared at run time (apiserver/customresources)
+    ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
+                 "gpufleet.api.apiextensions:CustomResourceDefinition", ("crd", "crds"), ("api-extensions",)),
 ]
 
 
 class Registry:
-    """Lookup tables over a set of ResourceTypes. Later issues register CRD-like kinds here."""
+    """Lookup tables over a set of ResourceTypes; an API server adds its custom resources to its own copy."""
 
     def __init__(self, types: list[ResourceType] | None = None) -> None:
         self._types: list[ResourceType] = []
@@ -200,6 +203,21 @@ class Registry:
             return
         self._types.append(t)
         self._by_key[t.key] = t
+
+    def unregister(self, t: ResourceType) -> None:
+        """Stops serving ``t`` (a custom resource's version whose definition changed or went)."""
+        if self._by_gvk.get(t.gvk) is t:
+            del self._by_gvk[t.gvk]
+        if self._by_gvr.get((t.group, t.version, t.plural)) is t:
+            del self._by_gvr[(t.group, t.version, t.plural)]
+        self._served = [x for x in self._served if x is not t]
+        self._types = [x for x in self._types if x is not t]
+        if self._by_key.get(t.key) is t:
+            del self._by_key[t.key]
+
+    def copy(self) -> Registry:
+        """A registry of the same types, to which a server adds its own (custom resources)."""
+        return Registry(self.served())
 
     def all(self) -> list[ResourceType]:
         """One entry per stored resource: its storage version."""

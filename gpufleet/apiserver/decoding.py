@@ -95,6 +95,9 @@ def decode(rt: ResourceType, obj: dict[str, Any], name: str, field_validation: s
     fieldValidation like Kubernetes: Strict rejects, Warn (the default) and Ignore drop them."""
     mode = (field_validation or "Warn").capitalize()
     model_cls = rt.model
+    custom = getattr(model_cls, "decode_custom", None)
+    if custom is not None:  # a custom resource: pruned and defaulted by its schema
+        return custom(obj, name, mode)
     warnings: list[str] = []
     for _ in range(3):
         try:

@@ -29,6 +29,7 @@ from gpufleet.apiserver.admission import (
 )
 from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
 from gpufleet.apiserver.apimetrics import InstrumentedStore
+from gpufleet.apiserver.customresources import CustomResources
 from gpufleet.apiserver.errors import (
     ApiException,
     internal,
@@ -53,6 +54,7 @@ from gpufleet.utils.http import RawRequest, RawResponse
 log = logging.getLogger("gpufleet.apiserver")
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+CRDS = "customresourcedefinitions.apiextensions.k8s.io"
 
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
 # Serves nodes/{name}/proxy/...: (node name, the path after /proxy, the request).
@@ -92,7 +94,8 @@ class ApiServer:
         # are timed through the wrapper.
         self.telemetry = Telemetry(self)
         self.store = InstrumentedStore(store, self.telemetry.metrics)
-        self.registry = registry
+        # A copy: the kinds this server's CRDs declare are added to it (customresources/).
+        self.registry = registry.copy()
         self.clock = clock
         self.event_ttl = event_ttl
         if mutating is None and validating is None:
@@ -114,6 +117,8 @@ class ApiServer:
         self.flow = FlowControl()
         # The store-facing verbs every kind shares (genericregistry.py).
         self.generic = GenericRegistry(self)
+        # The kinds CustomResourceDefinitions declare, kept in self.registry.
+        self.custom_resources = CustomResources(self)
 
     @property
     def handler(self) -> ApiServer:
@@ -126,6 +131,7 @@ class ApiServer:
             except ApiException as e:
                 if e.code != 409:
                     raise
+        await self.custom_resources.sync()
         for plugin in dict.fromkeys([*self.mutating, *self.validating]):
             start = getattr(plugin, "start", None)
             if start is not None:
@@ -207,6 +213,9 @@ class ApiServer:
         if ext is not None:
             return await ext(req, info)
         rt = self.registry.by_resource(info.group, info.version, info.resource)
+        if rt is None:  # perhaps a CRD another server stored
+            await self.custom_resources.sync()
+            rt = self.registry.by_resource(info.group, info.version, info.resource)
         if rt is None:
             raise ApiException(404, "NotFound", "the server could not find the requested resource")
         if rt.namespaced and not info.namespace and info.verb not in ("list", "watch", "deletecollection"):
@@ -219,6 +228,11 @@ class ApiServer:
             raise method_not_allowed()
         if not rt.is_storage:
             return await versions.serve(self, req, info, rt, user)
+        if rt.key == CRDS and info.verb not in ("get", "list", "watch"):
+            try:
+                return await self._resource(req, info, rt, user)
+            finally:  # what the CRD declares is served (or no longer) once the write answers
+                await self.custom_resources.sync()
         return await self._resource(req, info, rt, user)
 
     async def _authenticate(self, req: RawRequest) -> UserInfo:
@@ -238,6 +252,8 @@ class ApiServer:
         return resp
 
     async def _non_resource_get(self, req: RawRequest, path: str) -> RawResponse:
+        if path.startswith(("/api", "/openapi")):  # discovery and OpenAPI show the current CRDs
+            await self.custom_resources.sync()
         return await nonresource.get(self, req, path)
 
     async def _resource(self, req: RawRequest, info: RequestInfo, rt: ResourceType, user: UserInfo) -> RawResponse:

@@ -39,6 +39,8 @@ class Strategy:
     returns_object_on_delete = False
     # A delete marks the object terminating and keeps it until its spec.finalizers are done.
     held_until_finalized = False
+    # A PATCH may be a strategic merge patch (kinds with Go types; not custom resources).
+    strategic_merge = True
 
     def __init__(self, rt: ResourceType) -> None:
         self.rt = rt
@@ -225,6 +227,15 @@ _STRATEGIES: dict[tuple[str, str], type[Strategy]] = {
 }
 
 
+def register_strategy(group: str, kind: str, strategy: type[Strategy]) -> None:
+    """Give a kind defined outside this module its Strategy."""
+    _STRATEGIES[(group, kind)] = strategy
+
+
 def strategy_for(rt: ResourceType) -> Strategy:
-    """The Strategy of rt's kind (the default one for kinds without rules of their own)."""
+    """The Strategy of rt's kind (the default one for kinds without rules of their own); a
+    kind declared at run time (a custom resource) names its own in ``rt.extra``."""
+    own = rt.extra.get("strategy")
+    if own is not None:
+        return own(rt)
     return _STRATEGIES.get((rt.group, rt.kind), Strategy)(rt)

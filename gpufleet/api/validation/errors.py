@@ -18,6 +18,7 @@ FORBIDDEN = "FieldValueForbidden"
 TOO_LONG = "FieldValueTooLong"
 TYPE_INVALID = "FieldValueTypeInvalid"
 NOT_FOUND = "FieldValueNotFound"
+TOO_MANY = "FieldValueTooMany"
 
 _TYPE_TEXT = {
     REQUIRED: "Required value",
@@ -28,6 +29,7 @@ _TYPE_TEXT = {
     TOO_LONG: "Too long",
     TYPE_INVALID: "Invalid value",
     NOT_FOUND: "Not found",
+    TOO_MANY: "Too many",
 }
 # Kubernetes prints no value for these: the value is either absent or too big to echo.
 _VALUELESS = {REQUIRED, FORBIDDEN, TOO_LONG}

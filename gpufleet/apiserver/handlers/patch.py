@@ -22,6 +22,7 @@ from gpufleet.utils.clock import rfc3339
 from gpufleet.utils.http import RawResponse
 
 APPLY = "application/apply-patch+yaml"
+STRATEGIC = "application/strategic-merge-patch+json"
 PATCH_TYPES = ("application/json-patch+json", "application/merge-patch+json",
                "application/strategic-merge-patch+json", APPLY)
 
@@ -39,6 +40,8 @@ async def patch(scope: Scope, view: View | None = None, write: Write | None = No
             f"application/json-patch+json, application/merge-patch+json, "
             f"application/strategic-merge-patch+json, application/apply-patch+yaml (got {ctype or 'none'})",
         )
+    if ctype == STRATEGIC and not scope.strategy.strategic_merge and view is None:  # /scale is a Scale
+        raise unsupported_patch()
     if not req.body:
         raise bad_request("the patch body is empty")
     for attempt in range(10):
@@ -123,6 +126,15 @@ async def server_side_apply(scope: Scope, current: dict[str, Any] | None) -> Raw
             return None
         raise
     return written(200, obj, warnings)
+
+
+def unsupported_patch() -> ApiException:
+    """A strategic merge patch of a kind without Go types (a custom resource), refused as
+    Kubernetes refuses it."""
+    return ApiException(
+        415, "UnsupportedMediaType",
+        "the body of the request was in an unknown format - accepted media types include: "
+        "application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml")
 
 
 def patch_failure(rt: Any, name: str, e: PatchError) -> ApiException:

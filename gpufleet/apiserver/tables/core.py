@@ -286,6 +286,7 @@ def to_table(
     now: float,
     include_object: str = "Metadata",
     include_columns: bool = True,
+    printer: Printer | None = None,
 ) -> dict[str, Any]:
     """The `meta.k8s.io/v1` Table of `objects` (all of kind `rt`), as kubectl's `get` wants it.
 
@@ -295,7 +296,7 @@ def to_table(
     """
     if include_object not in INCLUDE_OBJECT:
         raise ValueError(f"includeObject must be one of {', '.join(INCLUDE_OBJECT)}, not {include_object!r}")
-    printer = printer_for(rt)
+    printer = printer or printer_for(rt)  # a custom resource brings its CRD's columns
     metadata: dict[str, Any] = {"resourceVersion": resource_version}
     if continue_token:
         metadata["continue"] = continue_token
