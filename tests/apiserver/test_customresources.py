@@ -306,3 +306,14 @@ async def test_rbac_grants_custom_resources_like_any_resource(make_api: Any) -> 
     assert r.json["message"] == ('widgets.example.com is forbidden: User "alice" cannot create resource "widgets" '
                                  'in API group "example.com" in the namespace "default"')
     assert (await api.get(f"{WIDGETS}/w1/status", headers=alice)).status == 403
+
+
+async def test_cel_rules_are_accepted_with_a_warning(api: Api) -> None:
+    crd = widget_crd()
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"] = [
+        {"rule": "self.size <= 5", "message": "small widgets only"}]
+    r = await api.post(CRDS, crd)
+    assert r.status == 201, r
+    assert "x-kubernetes-validations rules are not evaluated by this server" in r.headers["warning"]
+    assert "spec.versions[0].schema.openAPIV3Schema" in r.headers["warning"]
+    assert (await api.post(WIDGETS, widget("w1", color="red", size=7))).status == 201

@@ -63,6 +63,7 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     default enforce baseline outside kube-system), EndpointsAddresses and then ResourceQuota (last, so it charges
     exactly what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
+    from gpufleet.apiserver.admission.crdrules import CustomResourceDefinitionRules
     from gpufleet.apiserver.admission.endpoints import EndpointsAddresses
     from gpufleet.apiserver.admission.limitrange import LimitRangerAdmission
     from gpufleet.apiserver.admission.podsecurity import PodSecurityAdmission
@@ -82,5 +83,5 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
                                       StorageObjectInUseProtection(), QueuedJobSuspender()]
     validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
                                           PodSecurityAdmission(pod_security), EndpointsAddresses(),
-                                          ResourceQuotaAdmission()]
+                                          CustomResourceDefinitionRules(), ResourceQuotaAdmission()]
     return mutating, validating
