@@ -100,7 +100,7 @@ import kubernetes
 
 
 @kopf.on.create("example.com", "v1", "widgets")
-def configure(spec, name, namespace, patch, logger, **_):
+def configure(body, spec, name, namespace, patch, logger, **_):
     """Gives each new widget a ConfigMap of its colour and marks it Configured."""
     kubernetes.config.load_kube_config()
     config_map = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": f"{name}-paint"},
@@ -108,6 +108,7 @@ def configure(spec, name, namespace, patch, logger, **_):
     kopf.adopt(config_map)
     kubernetes.client.CoreV1Api().create_namespaced_config_map(namespace, config_map)
     patch.status["phase"] = "Configured"
+    kopf.info(body, reason="Painted", message=f"painted {spec['color']}")
     return {"configMap": f"{name}-paint"}
 '''
 
@@ -225,6 +226,16 @@ def test_a_kopf_operator_reconciles_the_custom_kind(cluster: Cluster, kubectl: K
         status = json.loads(kubectl("get", "widget", "k1", "-o", "jsonpath={.status}").ok().stdout)
         assert status["configure"] == {"configMap": "k1-paint"}
         assert table(kubectl("get", "widget", "k1").ok().stdout)[0]["PHASE"] == "Configured"
+
+        def painted() -> list[dict]:
+            events = json.loads(kubectl("get", "events", "--field-selector", "involvedObject.name=k1",
+                                        "-o", "json").ok().stdout)["items"]
+            return [e for e in events if e["reason"] == "Painted"]
+
+        wait_for(painted, timeout=20, what=f"kopf's event:\n{log_path.read_text()}")
+        event = painted()[0]
+        assert event["message"] == "painted blue" and event["involvedObject"]["kind"] == "Widget"
+        assert event["source"]["component"] == "kopf"
     finally:
         proc.terminate()
         try:
