@@ -18,10 +18,11 @@ from gpufleet.api.conversion import ConversionError
 from gpufleet.api.registry import ResourceType
 from gpufleet.apiserver import decoding
 from gpufleet.apiserver.errors import ApiException, bad_request, invalid, not_found
-from gpufleet.apiserver.handlers.patch import named_revision, patch_failure
+from gpufleet.apiserver.handlers.patch import named_revision, patch_failure, unsupported_patch
 from gpufleet.apiserver.headers import warning_header
 from gpufleet.apiserver.patch import PatchError, apply_patch, decode_yaml
 from gpufleet.apiserver.requestinfo import RequestInfo
+from gpufleet.apiserver.strategy import strategy_for
 from gpufleet.store import base as store_base
 from gpufleet.utils.http import RawRequest, RawResponse
 
@@ -156,6 +157,8 @@ async def _patch(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Reso
     if ctype not in ("application/json-patch+json", "application/merge-patch+json",
                      "application/strategic-merge-patch+json") or info.subresource not in ("", "status"):
         return await server.serve_resource(req, info, storage, user)  # answers the 415/404 as for any kind
+    if ctype == "application/strategic-merge-patch+json" and not strategy_for(rt).strategic_merge:
+        raise unsupported_patch()  # a custom resource's other version
     if not req.body:
         raise bad_request("the patch body is empty")
     ns = info.namespace

@@ -276,6 +276,10 @@ async def test_a_cluster_scoped_kind_with_another_version(api: Api) -> None:
     got = await api.must_get("/apis/example.com/v1/widgets/c1")
     assert got["apiVersion"] == "example.com/v1" and got["spec"]["size"] == 3
     assert (await api.get("/apis/example.com/v1/namespaces/default/widgets/c1")).status == 404
+    r = await api.patch("/apis/example.com/v1beta1/widgets/c1", {"spec": {"size": 4}}, content_type=STRATEGIC)
+    assert r.status == 415, r
+    r = await api.patch("/apis/example.com/v1beta1/widgets/c1", {"spec": {"size": 4}})
+    assert r.status == 200 and r.json["apiVersion"] == "example.com/v1beta1" and r.json["spec"]["size"] == 4
 
 
 async def test_rbac_grants_custom_resources_like_any_resource(make_api: Any) -> None:
