@@ -264,8 +264,10 @@ async def test_export_is_the_users_objects_valid_for_kubernetes_and_reapplies(pl
             rt.model.model_validate(d)
 
     by_key = {_key(d): d for d in docs}
-    job = by_key[("Job", NS, "prep")]["spec"]
+    job_doc = by_key[("Job", NS, "prep")]
+    job = job_doc["spec"]
     assert "selector" not in job
+    assert "controller-uid" not in str(job_doc["metadata"])
     assert "controller-uid" not in str(job) and "job-name" not in str(job)
     assert "clusterIP" not in by_key[("Service", NS, "web")]["spec"]
     ptj = by_key[("PyTorchJob", NS, "mlp")]
