@@ -411,6 +411,12 @@ def _apps_done(pod: PodView, apps: Sequence[ContainerView]) -> bool:
         for c in apps)
 
 
+def _failed_for_good(pod: PodView, c: ContainerView) -> bool:
+    """An init container that exited and will not run again (its failure fails the pod)."""
+    return (c.ran and not c.running and not c.stopping and (c.last_exit or {}).get("exitCode", 0) != 0
+            and not should_restart(True, pod.restart_policy, c.last_exit))
+
+
 def _initialized_after(pod: PodView, index: int) -> bool:
     """Whether a container after init container ``index`` ever ran (the kubelet's
     isPreviouslyInitialized): then a sidecar there restarts without holding the pod back."""
@@ -460,6 +466,18 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
             out.steps.append(Finish(phase))
             out.reason = f"containers done: {phase}"
             return out
+
+    failed = next((c for c in pod.containers if c.init and not c.sidecar and _failed_for_good(pod, c)), None)
+    if failed is not None:
+        # The pod fails: the sidecars started before the init container are stopped first.
+        live = [c for c in pod.containers if c.sidecar and (c.running or c.stopping)]
+        to_stop = tuple(c.name for c in reversed(live) if c.running and not c.stopping)
+        if to_stop:
+            out.steps.append(StopSidecars(to_stop, pod.grace))
+        elif not live:
+            out.steps.append(Finish("Failed"))
+        out.reason = f"init container {failed.name} failed"
+        return out
 
     deadlines: list[float] = []
     for i, c in enumerate(pod.containers):

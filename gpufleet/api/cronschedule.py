@@ -88,7 +88,11 @@ def parse(schedule: str, time_zone: str | None = None) -> Schedule:
     zone = load_zone(zone_name)
     if spec.startswith("@"):
         if spec.startswith("@every "):
-            return Schedule("", zone, every=max(round(go_duration(spec[len("@every "):].strip())), 1))
+            seconds = go_duration(spec[len("@every "):].strip())
+            if not math.isfinite(seconds) or seconds > _MAX_DURATION:
+                raise ScheduleError(f"failed to parse duration {spec[len('@every '):].strip()}: time: invalid "
+                                    "duration")
+            return Schedule("", zone, every=max(round(seconds), 1))
         expression = _DESCRIPTORS.get(spec)
         if expression is None:
             raise ScheduleError(f"unrecognized descriptor: {spec}")
@@ -148,6 +152,8 @@ def _int(text: str, expr: str) -> int:
     return value
 
 
+# Go's time.Duration holds about 292 years.
+_MAX_DURATION = 9_223_372_036.0
 _GO_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 

@@ -420,3 +420,14 @@ def test_sidecars_count_in_phase_and_conditions():
     conds = {c["type"]: c for c in podstatus.conditions("Pending", [starting], [waiting_main], [], [], NOW,
                                                         frozenset({"proxy"}))}
     assert conds["Initialized"]["status"] == "False"
+
+
+def test_an_init_container_failing_after_a_sidecar_stops_the_sidecar_then_fails_the_pod():
+    failing = pod(sidecar("proxy"), done("setup", 1, init=True), fresh("main", pod_has_init=True),
+                  restart_policy="Never", grace=3)
+    actions = decide(failing, NOW, MONO)
+    assert actions.of(podsync.StopSidecars) == [podsync.StopSidecars(("proxy",), 3)] and not actions.of(Finish)
+    stopped = replace(done("proxy", 143, init=True), sidecar=True)
+    after = decide(pod(stopped, done("setup", 1, init=True), fresh("main", pod_has_init=True),
+                       restart_policy="Never"), NOW, MONO)
+    assert after.of(Finish) == [Finish("Failed")] and starts(after) == []

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.api import cronschedule
 from gpufleet.api.k8s import CronJob, Job
@@ -252,3 +254,26 @@ def test_a_schedule_that_never_fires_is_invalid_not_a_hang() -> None:
     plan = decide(Observed(cj, []), T0 + 60)
     assert plan.reason == "InvalidSchedule" and plan.create is None
     assert plan.events[0].reason == "InvalidSchedule"
+
+
+_FIELD = st.one_of(st.sampled_from(["*", "?", "0", "5", "59", "60", "1-5", "5-1", "*/0", "*/7", "3/4", "mon", "JAN",
+                                    "7", "-1", "1-2-3", "1/2/3", "", "x", "1,2", "L", "#"]), st.text(max_size=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(fields=st.lists(_FIELD, min_size=0, max_size=7), prefix=st.sampled_from(["", "@every ", "TZ=Europe/Paris ",
+                                                                                 "CRON_TZ=Bad/Zone ", "@"]),
+       zone=st.one_of(st.none(), st.text(max_size=12), st.sampled_from(["Asia/Tokyo", "Local", "UTC"])))
+def test_any_schedule_is_read_or_refused_in_words(fields: list[str], prefix: str, zone: str | None) -> None:
+    """No input makes the reader fail otherwise than with a ScheduleError (an API server 5xx)."""
+    text = prefix + " ".join(fields)
+    cronschedule.time_zone_error(zone or "")
+    try:
+        sched = cronschedule.parse(text, zone)
+    except cronschedule.ScheduleError as e:
+        assert str(e)
+        return
+    try:
+        assert sched.next(T0) > T0
+    except Exception as e:  # a schedule that never fires: the controller reports InvalidSchedule
+        assert sched.expression, e
