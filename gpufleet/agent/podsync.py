@@ -290,12 +290,11 @@ class PodActions:
 # -- the rules ---------------------------------------------------------------------------------
 
 
-def should_restart(init: bool, policy: str, last_exit: Mapping[str, Any] | None, sidecar: bool = False) -> bool:
-    """restartPolicy for a container that exited: a sidecar always restarts; init containers
-    only on failure (and never under Never); app containers always, on failure, or never."""
+def should_restart(init: bool, policy: str, last_exit: Mapping[str, Any] | None) -> bool:
+    """restartPolicy for a container that exited: init containers restart only on failure
+    (and never under Never); app containers always, on failure, or never. (A sidecar always
+    restarts while the pod runs.)"""
     code = (last_exit or {}).get("exitCode", 0)
-    if sidecar:
-        return True
     if init:
         return code != 0 and policy != "Never"
     if policy == "Always":
@@ -417,6 +416,15 @@ def _failed_for_good(pod: PodView, c: ContainerView) -> bool:
             and not should_restart(True, pod.restart_policy, c.last_exit))
 
 
+def _stop_sidecars(pod: PodView, out: PodActions) -> bool:
+    """Stop the running sidecars, the last started first; whether any is still up."""
+    live = [c for c in pod.containers if c.sidecar and (c.running or c.stopping)]
+    to_stop = tuple(c.name for c in reversed(live) if c.running and not c.stopping)
+    if to_stop:
+        out.steps.append(StopSidecars(to_stop, pod.grace))
+    return bool(live)
+
+
 def _initialized_after(pod: PodView, index: int) -> bool:
     """Whether a container after init container ``index`` ever ran (the kubelet's
     isPreviouslyInitialized): then a sidecar there restarts without holding the pod back."""
@@ -453,11 +461,7 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
 
     apps = [c for c in pod.containers if not c.init]
     if _apps_done(pod, apps):
-        live = [c for c in pod.containers if c.sidecar and (c.running or c.stopping)]
-        if live:
-            to_stop = tuple(c.name for c in reversed(live) if c.running and not c.stopping)
-            if to_stop:
-                out.steps.append(StopSidecars(to_stop, pod.grace))
+        if _stop_sidecars(pod, out):
             out.reason = "app containers done: stopping sidecars"
             return out
         phase = podstatus.phase(_phase_spec(pod), _statuses([c for c in pod.containers if c.init]),
@@ -470,11 +474,7 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
     failed = next((c for c in pod.containers if c.init and not c.sidecar and _failed_for_good(pod, c)), None)
     if failed is not None:
         # The pod fails: the sidecars started before the init container are stopped first.
-        live = [c for c in pod.containers if c.sidecar and (c.running or c.stopping)]
-        to_stop = tuple(c.name for c in reversed(live) if c.running and not c.stopping)
-        if to_stop:
-            out.steps.append(StopSidecars(to_stop, pod.grace))
-        elif not live:
+        if not _stop_sidecars(pod, out):
             out.steps.append(Finish("Failed"))
         out.reason = f"init container {failed.name} failed"
         return out
