@@ -267,7 +267,7 @@ class ContainerActs:
         kinds = podsync.probes_to_run(rec.spec, rec.init)
         if "startup" in kinds:
             self._spawn(self._probe(rec, handle, "startup", rec.spec["startupProbe"]), rec)
-        elif rec.init:
+        elif rec.init and not podsync.is_sidecar(rec.spec, rec.init):
             rec.started = True
         else:
             rec.started = True

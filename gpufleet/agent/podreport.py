@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from gpufleet.agent import podstatus
+from gpufleet.agent import podstatus, podsync
 from gpufleet.agent.podcontext import ContainerRecord, WorkerContext
 from gpufleet.client import ApiError, NotFound, TransportError
 from gpufleet.utils.clock import rfc3339
@@ -52,7 +52,7 @@ class StatusReport:
         }
         if rec.container_id:
             cs["containerID"] = rec.container_id
-        if rec.init:
+        if rec.init and not podsync.is_sidecar(rec.spec, rec.init):
             term = rec.state.get("terminated")
             cs["ready"] = bool(term is not None and term.get("exitCode", 0) == 0)
         return cs
@@ -74,9 +74,9 @@ class StatusReport:
             seen = {c.get("type") for c in existing}
             existing = [mine.get(c.get("type"), c) for c in existing]
             existing += [c for t, c in mine.items() if t not in seen]
-        conds = podstatus.conditions(phase, init_statuses, statuses,
-                                     (self.pod.get("spec") or {}).get("readinessGates") or [], existing,
-                                     self.ctx.clock.now())
+        spec = self.pod.get("spec") or {}
+        conds = podstatus.conditions(phase, init_statuses, statuses, spec.get("readinessGates") or [], existing,
+                                     self.ctx.clock.now(), podstatus.sidecar_names(spec))
         if self.unhonoured and not any(c.get("type") == RUNTIME_LIMITATION for c in conds):
             conds.append({"type": RUNTIME_LIMITATION, "status": "True", "reason": "NotHonoured",
                           "message": f"the {self.ctx.runtime.name} runtime: " + "; ".join(self.unhonoured),

@@ -11,12 +11,22 @@ from gpufleet.utils.clock import rfc3339
 OWNED_CONDITIONS = ("PodScheduled", "Initialized", "ContainersReady", "Ready")
 
 
+def sidecar_names(spec: Mapping[str, Any]) -> frozenset[str]:
+    """The init containers with restartPolicy Always (native sidecars)."""
+    return frozenset(c.get("name", "") for c in spec.get("initContainers") or []
+                     if c.get("restartPolicy") == "Always")
+
+
 def phase(spec: Mapping[str, Any], init_statuses: Sequence[Mapping[str, Any]],
           statuses: Sequence[Mapping[str, Any]]) -> str:
-    """The kubelet's getPhase over container statuses (one per container, same order)."""
+    """The kubelet's getPhase over container statuses (one per container, same order). A
+    running sidecar counts as a running container; a stopped one counts for nothing."""
     policy = spec.get("restartPolicy") or "Always"
+    sidecars = sidecar_names(spec)
     pending_init = failed_init = 0
     for cs in init_statuses:
+        if cs.get("name") in sidecars:
+            continue
         state = cs.get("state") or {}
         if "running" in state:
             pending_init += 1
@@ -51,6 +61,14 @@ def phase(spec: Mapping[str, Any], init_statuses: Sequence[Mapping[str, Any]],
                 waiting += 1
         else:
             unknown += 1
+    for cs in init_statuses:
+        if cs.get("name") not in sidecars:
+            continue
+        state = cs.get("state") or {}
+        if "running" in state:
+            running += 1
+        elif "waiting" in state and (cs.get("lastState") or {}).get("terminated") is None:
+            waiting += 1
     if waiting:
         return "Pending"
     if running and not unknown:
@@ -82,10 +100,12 @@ def _names(statuses: Sequence[Mapping[str, Any]], pred) -> list[str]:
 
 def conditions(pod_phase: str, init_statuses: Sequence[Mapping[str, Any]],
                statuses: Sequence[Mapping[str, Any]], readiness_gates: Sequence[Mapping[str, Any]],
-               existing: Sequence[Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
+               existing: Sequence[Mapping[str, Any]], now: float,
+               sidecars: frozenset[str] = frozenset()) -> list[dict[str, Any]]:
     """The pod's conditions: those the agent owns recomputed (keeping lastTransitionTime when
     a status did not change), every other condition (DisruptionTarget, readiness gates
-    written by others) kept as it was."""
+    written by others) kept as it was. A sidecar (named in ``sidecars``) is initialized once
+    started, and its readiness counts toward ContainersReady."""
     by_type = {c.get("type"): c for c in existing}
     new: dict[str, tuple[str, str, str]] = {}
 
@@ -93,7 +113,10 @@ def conditions(pod_phase: str, init_statuses: Sequence[Mapping[str, Any]],
     new["PodScheduled"] = ("True", "", "") if sched is None else (
         sched.get("status", "True"), sched.get("reason", ""), sched.get("message", ""))
 
-    incomplete = _names(init_statuses, lambda cs: not _succeeded(cs))
+    incomplete = _names(init_statuses, lambda cs: not (cs.get("started") if cs.get("name") in sidecars
+                                                       else _succeeded(cs)))
+    if incomplete and any(_ran(cs) for cs in statuses):
+        incomplete = []  # initialized before: a sidecar restarting does not undo that
     if not incomplete:
         new["Initialized"] = ("True", "PodCompleted" if pod_phase in ("Succeeded", "Failed") and init_statuses
                               else "", "")
@@ -101,7 +124,8 @@ def conditions(pod_phase: str, init_statuses: Sequence[Mapping[str, Any]],
         new["Initialized"] = ("False", "ContainersNotInitialized",
                               f"containers with incomplete status: [{' '.join(incomplete)}]")
 
-    unready = _names(statuses, lambda cs: not cs.get("ready"))
+    unready = _names([cs for cs in init_statuses if cs.get("name") in sidecars], lambda cs: not cs.get("ready"))
+    unready += _names(statuses, lambda cs: not cs.get("ready"))
     if pod_phase == "Succeeded":
         new["ContainersReady"] = ("False", "PodCompleted", "")
     elif unready:
@@ -136,6 +160,11 @@ def conditions(pod_phase: str, init_statuses: Sequence[Mapping[str, Any]],
         out.append(cond)
     out.extend(dict(c) for c in existing if c.get("type") not in OWNED_CONDITIONS)
     return out
+
+
+def _ran(cs: Mapping[str, Any]) -> bool:
+    state = cs.get("state") or {}
+    return "running" in state or "terminated" in state or bool((cs.get("lastState") or {}).get("terminated"))
 
 
 def _succeeded(cs: Mapping[str, Any]) -> bool:

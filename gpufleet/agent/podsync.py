@@ -9,6 +9,13 @@ pod's resources, volumes and sandbox, then the init containers one at a time in 
 the app containers, each started, restarted per restartPolicy once its back-off has passed,
 or left waiting with the reason users see (CrashLoopBackOff, ImagePullBackOff).
 
+Native sidecars (Kubernetes 1.29+): an init container with ``restartPolicy: Always`` starts in
+its turn among the init containers, and the next one starts once it runs and its startupProbe
+(if any) passed. It then keeps running beside the app containers, restarted with back-off
+whenever it exits, without holding them back. Once the app containers of a pod whose
+restartPolicy is not Always are done for good, the sidecars are stopped (in reverse order)
+and the pod's phase is that of its app containers (a Job's pod Succeeds).
+
 ``TRANSITIONS`` is every change the worker makes to a container's state (waiting, running,
 terminated, as the kubelet reports them), with the reasons each may carry; ``transition``
 builds the new state and refuses any other change.
@@ -159,6 +166,10 @@ class ContainerView:
     current_delay: float = 0.0
     # Where its restart back-off stands (RestartBackoff.current).
     backoff: float = 0.0
+    # An init container with restartPolicy Always (a native sidecar), and whether it counts
+    # as started (running, its startupProbe passed if it has one).
+    sidecar: bool = False
+    started: bool = False
 
 
 @dataclass(frozen=True)
@@ -246,6 +257,14 @@ class WriteFinalStatus:
 
 
 @dataclass(frozen=True)
+class StopSidecars:
+    """Stop these running sidecars, one after the other in this order (the app containers
+    are done for good)."""
+    containers: tuple[str, ...]
+    grace: float
+
+
+@dataclass(frozen=True)
 class DeletePod:
     pass
 
@@ -273,7 +292,8 @@ class PodActions:
 
 def should_restart(init: bool, policy: str, last_exit: Mapping[str, Any] | None) -> bool:
     """restartPolicy for a container that exited: init containers restart only on failure
-    (and never under Never); app containers always, on failure, or never."""
+    (and never under Never); app containers always, on failure, or never. (A sidecar always
+    restarts while the pod runs.)"""
     code = (last_exit or {}).get("exitCode", 0)
     if init:
         return code != 0 and policy != "Never"
@@ -295,10 +315,16 @@ def active_deadline_in(pod: PodView, now: float) -> float | None:
     return started + float(pod.active_deadline_seconds) - now
 
 
+def is_sidecar(spec: Mapping[str, Any], init: bool) -> bool:
+    """An init container with restartPolicy Always: a native sidecar."""
+    return init and spec.get("restartPolicy") == "Always"
+
+
 def probes_to_run(spec: Mapping[str, Any], init: bool) -> tuple[str, ...]:
-    """The probes a new container runs first: none for an init container (started at once),
-    else its startupProbe alone while it has one, else readiness and liveness."""
-    if init:
+    """The probes a new container runs first: none for an init container (started at once)
+    unless it is a sidecar, else its startupProbe alone while it has one, else readiness and
+    liveness."""
+    if init and not is_sidecar(spec, init):
         return ()
     if spec.get("startupProbe"):
         return ("startup",)
@@ -366,7 +392,43 @@ def _when_due(pod: PodView, c: ContainerView, mono: float, out: PodActions) -> f
 
 
 def _statuses(containers: Sequence[ContainerView]) -> list[dict[str, Any]]:
-    return [{"name": c.name, "state": c.state, "lastState": c.last_state} for c in containers]
+    return [{"name": c.name, "state": c.state, "lastState": c.last_state, "started": c.started}
+            for c in containers]
+
+
+def _phase_spec(pod: PodView) -> dict[str, Any]:
+    """What podstatus.phase reads of the spec: the restart policy and which are sidecars."""
+    return {"restartPolicy": pod.restart_policy,
+            "initContainers": [{"name": c.name, **({"restartPolicy": "Always"} if c.sidecar else {})}
+                               for c in pod.containers if c.init]}
+
+
+def _apps_done(pod: PodView, apps: Sequence[ContainerView]) -> bool:
+    """Every app container ran and exited for good (never under restartPolicy Always)."""
+    return pod.restart_policy != "Always" and bool(apps) and all(
+        c.ran and not c.running and not c.stopping and not should_restart(False, pod.restart_policy, c.last_exit)
+        for c in apps)
+
+
+def _failed_for_good(pod: PodView, c: ContainerView) -> bool:
+    """An init container that exited and will not run again (its failure fails the pod)."""
+    return (c.ran and not c.running and not c.stopping and (c.last_exit or {}).get("exitCode", 0) != 0
+            and not should_restart(True, pod.restart_policy, c.last_exit))
+
+
+def _stop_sidecars(pod: PodView, out: PodActions) -> bool:
+    """Stop the running sidecars, the last started first; whether any is still up."""
+    live = [c for c in pod.containers if c.sidecar and (c.running or c.stopping)]
+    to_stop = tuple(c.name for c in reversed(live) if c.running and not c.stopping)
+    if to_stop:
+        out.steps.append(StopSidecars(to_stop, pod.grace))
+    return bool(live)
+
+
+def _initialized_after(pod: PodView, index: int) -> bool:
+    """Whether a container after init container ``index`` ever ran (the kubelet's
+    isPreviouslyInitialized): then a sidecar there restarts without holding the pod back."""
+    return any(c.ran or c.running for c in pod.containers[index + 1:])
 
 
 def decide(pod: PodView, now: float, mono: float) -> PodActions:
@@ -397,9 +459,45 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
         return out
     out.steps.append(Prepare(mono + RETRY_RESOURCES))
 
-    for c in pod.containers:
+    apps = [c for c in pod.containers if not c.init]
+    if _apps_done(pod, apps):
+        if _stop_sidecars(pod, out):
+            out.reason = "app containers done: stopping sidecars"
+            return out
+        phase = podstatus.phase(_phase_spec(pod), _statuses([c for c in pod.containers if c.init]),
+                                _statuses(apps))
+        if phase in ("Succeeded", "Failed"):
+            out.steps.append(Finish(phase))
+            out.reason = f"containers done: {phase}"
+            return out
+
+    failed = next((c for c in pod.containers if c.init and not c.sidecar and _failed_for_good(pod, c)), None)
+    if failed is not None:
+        # The pod fails: the sidecars started before the init container are stopped first.
+        if not _stop_sidecars(pod, out):
+            out.steps.append(Finish("Failed"))
+        out.reason = f"init container {failed.name} failed"
+        return out
+
+    deadlines: list[float] = []
+    for i, c in enumerate(pod.containers):
         if not c.init:
             break
+        if c.sidecar:
+            settled = _initialized_after(pod, i)
+            if c.stopping or (c.running and (c.started or settled)):
+                continue
+            if c.running:
+                out.reason = f"sidecar {c.name} starting"
+                return out
+            when = _when_due(pod, c, mono, out)
+            if settled:
+                if when is not None:
+                    deadlines.append(when)
+                continue
+            out.requeue_at = when
+            out.reason = f"sidecar {c.name}"
+            return out
         if c.running or c.stopping:
             out.reason = f"init container {c.name} running"
             return out
@@ -409,12 +507,10 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
             out.steps.append(Finish("Failed"))
             out.reason = f"init container {c.name} failed"
             return out
-        out.requeue_at = _when_due(pod, c, mono, out)
+        out.requeue_at = _earliest(_when_due(pod, c, mono, out), *deadlines)
         out.reason = f"init container {c.name}"
         return out
 
-    deadlines: list[float] = []
-    apps = [c for c in pod.containers if not c.init]
     for c in apps:
         if c.running or c.stopping:
             continue
@@ -424,8 +520,8 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
         if when is not None:
             deadlines.append(when)
     if not out.of(Start) and not out.of(Wait):
-        phase = podstatus.phase({"restartPolicy": pod.restart_policy},
-                                _statuses([c for c in pod.containers if c.init]), _statuses(apps))
+        phase = podstatus.phase(_phase_spec(pod), _statuses([c for c in pod.containers if c.init]),
+                                _statuses(apps))
         if phase in ("Succeeded", "Failed"):
             out.steps.append(Finish(phase))
             out.reason = f"containers done: {phase}"
@@ -438,3 +534,8 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
     out.requeue_at = min(deadlines) if deadlines else None
     out.reason = out.reason or "containers"
     return out
+
+
+def _earliest(*times: float | None) -> float | None:
+    known = [t for t in times if t is not None]
+    return min(known) if known else None

@@ -353,7 +353,8 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
                 last_state=r.last_state, ran=r.ran, running=r.running, stopping=r.stopping,
                 last_exit=r.last_exit, pull_error=r.pull_error, started_mono=r.started_mono,
                 exited_mono=r.exited_mono, not_before=r.not_before, current_delay=r.current_delay,
-                backoff=r.backoff.current) for r in self.records),
+                backoff=r.backoff.current, sidecar=podsync.is_sidecar(r.spec, r.init),
+                started=r.started and r.running) for r in self.records),
             backoff=podsync.BackoffPolicy(self.ctx.backoff_initial, self.ctx.backoff_cap, self.ctx.backoff_reset),
             grace=self._grace(), active_deadline_seconds=spec.get("activeDeadlineSeconds"),
             start_time=self.start_time, terminal=self.terminal, removed=self.removed,
@@ -380,6 +381,8 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
                     self.deadline_exceeded = True
                 phase = step.phase or self.terminal or podstatus.terminal_phase(self._statuses(init=False))
                 self._finish(phase)
+            elif isinstance(step, podsync.StopSidecars):
+                await self._stop_sidecars(step)
             elif isinstance(step, podsync.WriteFinalStatus):
                 await self._write_status(final=True)
             elif isinstance(step, podsync.DeletePod):
@@ -451,6 +454,14 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             log.info("%s: stopping %d container(s): %s", self.key, len(live), why)
             await asyncio.gather(*(self._stop(rec, h, grace) for rec, h in live))
         self.killed = True
+
+    async def _stop_sidecars(self, step: podsync.StopSidecars) -> None:
+        """The app containers are done: stop the sidecars one by one, the last started first."""
+        for name in step.containers:
+            rec = self._rec(name)
+            if rec.running and rec.handle is not None and not rec.stopping:
+                self._event(NORMAL, "Killing", f"Stopping container {rec.name}")
+                await self._stop(rec, rec.handle, step.grace)
 
     async def _delete_pod(self) -> bool:
         """Delete the pod object for good (grace 0, only this uid) once its containers

@@ -233,6 +233,22 @@ def _default_job(job: k8s.Job) -> None:
     _default_pod_template(spec.template, restart_policy=None)
 
 
+def _default_cron_job(cj: k8s.CronJob) -> None:
+    spec = cj.spec
+    if not spec.concurrency_policy:
+        spec.concurrency_policy = "Allow"
+    if spec.suspend is None:
+        spec.suspend = False
+    if spec.successful_jobs_history_limit is None:
+        spec.successful_jobs_history_limit = 3
+    if spec.failed_jobs_history_limit is None:
+        spec.failed_jobs_history_limit = 1
+    # Kubernetes defaults the Job template's pod template only; its Job fields (completions,
+    # backoffLimit, ...) are defaulted on each Job made from it. restartPolicy: as for a Job.
+    if spec.job_template.spec is not None:
+        _default_pod_template(spec.job_template.spec.template, restart_policy=None)
+
+
 # --- services ---------------------------------------------------------------------------
 
 
@@ -427,6 +443,7 @@ _DEFAULTERS: dict[type, Defaulter] = {
     k8s.Deployment: _default_deployment,
     k8s.ReplicaSet: _default_replica_set,
     k8s.Job: _default_job,
+    k8s.CronJob: _default_cron_job,
     k8s.Service: _default_service,
     k8s.HorizontalPodAutoscaler: _default_hpa,
     k8s.PriorityClass: _default_priority_class,

@@ -133,6 +133,7 @@ _BUILTIN: list[ResourceType] = [
                  subresources=("status", "scale")),
     # batch/v1
     ResourceType("batch", "v1", "Job", "jobs", True, f"{_K8S}:Job", (), ("all",)),
+    ResourceType("batch", "v1", "CronJob", "cronjobs", True, f"{_K8S}:CronJob", ("cj",), ("all",)),
     # autoscaling/v2
     ResourceType("autoscaling", "v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True,
                  f"{_K8S}:HorizontalPodAutoscaler", ("hpa",), ("all",)),

@@ -19,6 +19,7 @@ import secrets
 from typing import Any
 
 from gpufleet.api import validation as api_validation
+from gpufleet.api.batch import generate_job_selector
 from gpufleet.api.registry import ResourceType
 from gpufleet.apiserver import tables
 from gpufleet.apiserver.errors import ApiException
@@ -202,6 +203,15 @@ class ServiceStrategy(Strategy):
                 new["spec"][key] = old_spec[key]
 
 
+class JobStrategy(Strategy):
+    """A new Job gets the selector and pod template labels of its uid (unless manualSelector),
+    as kube-apiserver's Job strategy generates them."""
+
+    async def prepare_for_create(self, store: store_base.Store, obj: dict[str, Any]) -> None:
+        await super().prepare_for_create(store, obj)
+        generate_job_selector(obj)
+
+
 class EventStrategy(Strategy):
     """Events expire: the store drops them after the server's event TTL."""
 
@@ -221,6 +231,7 @@ _STRATEGIES: dict[tuple[str, str], type[Strategy]] = {
     ("", "Node"): NodeStrategy,
     ("", "Service"): ServiceStrategy,
     ("", "Event"): EventStrategy,
+    ("batch", "Job"): JobStrategy,
     ("", "ResourceQuota"): _UntrackedGeneration,
     ("", "PersistentVolume"): _UntrackedGeneration,
     ("", "PersistentVolumeClaim"): _UntrackedGeneration,

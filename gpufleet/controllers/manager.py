@@ -24,6 +24,7 @@ _CLASSES = {
     "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
     "deployment": "gpufleet.controllers.deployment:DeploymentController",
     "job": "gpufleet.controllers.job:JobController",
+    "cronjob": "gpufleet.controllers.cronjob:CronJobController",
     "nodelifecycle": "gpufleet.controllers.nodelifecycle:NodeLifecycleController",
     "endpoints": "gpufleet.controllers.endpoints:EndpointsController",
     "garbagecollector": "gpufleet.controllers.garbagecollector:GarbageCollector",
@@ -131,6 +132,7 @@ class ControllerManager:
                 "pod_failure_backoff": opts.job_pod_failure_backoff,
                 "pod_failure_backoff_max": opts.job_pod_failure_backoff_max,
             },
+            "cronjob": {**common, "recorder": recorder("cronjob-controller")},
             "nodelifecycle": {
                 **common,
                 "recorder": recorder("node-controller"),

@@ -72,7 +72,7 @@ GPUFLEET_USER_ANNOTATIONS = frozenset({
     "gpufleet.io/gpu-topology",
     "gpufleet.io/gpu-memory-min",
 })
-# Labels the Job controller puts on a Job's selector and pod template.
+# Labels the API server puts on a Job's selector and pod template.
 JOB_GENERATED_LABELS = frozenset({
     "controller-uid", "job-name", "batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name",
 })
@@ -223,6 +223,10 @@ def _clean_job(job: dict[str, Any], spec: dict[str, Any]) -> None:
                 spec["template"]["metadata"].pop("labels")
         if spec.get("manualSelector") is False:
             spec.pop("manualSelector")
+        # A Job without labels of its own shows its template's, the generated ones included.
+        meta = job.get("metadata") or {}
+        if isinstance(meta.get("labels"), dict):
+            _set_or_drop(meta, "labels", {k: v for k, v in meta["labels"].items() if k not in JOB_GENERATED_LABELS})
     _clean_queued(job, spec)
 
 

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpufleet.agent import podsync
+from gpufleet.agent import podstatus, podsync
 from gpufleet.agent.podsync import (
     Arm,
     ContainerView,
@@ -342,3 +342,92 @@ def test_a_failed_liveness_probe_kills_with_the_probes_grace_else_the_pods():
     kill = podsync.probe_failed("app", "startup", {}, 30.0)
     assert kill is not None and kill.grace == 30.0
     assert podsync.probe_failed("app", "readiness", {}, 30.0) is None
+
+
+# -- native sidecars (init containers with restartPolicy Always) ---------------------------------
+
+
+def sidecar(name: str, *, started: bool = True, **kw) -> ContainerView:
+    if kw.pop("run", True):
+        return ContainerView(name=name, init=True, sidecar=True, ran=True, running=True, started=started,
+                             state={"running": {"startedAt": "x"}}, **kw)
+    return ContainerView(name=name, init=True, sidecar=True, state=podsync.initial_state(True, True), **kw)
+
+
+def test_a_sidecar_starts_first_and_the_next_container_once_it_is_started():
+    first = decide(pod(sidecar("proxy", run=False), fresh("main", pod_has_init=True), restart_policy="Never"),
+                   NOW, MONO)
+    assert starts(first) == ["proxy"] and first.reason == "sidecar proxy"
+    # Running but its startupProbe has not passed: the next one waits.
+    probing = decide(pod(sidecar("proxy", started=False), fresh("main", pod_has_init=True), restart_policy="Never"),
+                     NOW, MONO)
+    assert starts(probing) == [] and probing.reason == "sidecar proxy starting"
+    ready = decide(pod(sidecar("proxy"), fresh("setup", init=True), fresh("main", pod_has_init=True)), NOW, MONO)
+    assert starts(ready) == ["setup"]
+    after_init = decide(pod(sidecar("proxy"), done("setup", 0, init=True), fresh("main", pod_has_init=True)),
+                        NOW, MONO)
+    assert starts(after_init) == ["main"]
+
+
+def test_a_sidecar_that_exits_is_restarted_with_back_off_without_holding_the_app_back():
+    crashed = replace(done("proxy", 1, init=True), sidecar=True, backoff=10.0)
+    actions = decide(pod(crashed, running("main"), restart_policy="Never"), NOW, MONO)
+    assert starts(actions) == []
+    (wait,) = actions.of(Wait)
+    assert wait.container == "proxy" and wait.state["waiting"]["reason"] == "CrashLoopBackOff"
+    assert actions.requeue_at == wait.until
+    # A sidecar that exited 0 is restarted too (restartPolicy Always is its own).
+    clean = replace(done("proxy", 0, init=True), sidecar=True, not_before=MONO - 1)
+    assert starts(decide(pod(clean, running("main")), NOW, MONO)) == ["proxy"]
+
+
+def test_a_running_sidecar_keeps_the_pod_running_until_the_app_is_done_then_it_is_stopped():
+    live = pod(sidecar("proxy"), sidecar("log"), running("main"), restart_policy="Never", grace=7)
+    assert decide(live, NOW, MONO).of(Finish) == []
+    finished = pod(sidecar("proxy"), sidecar("log"), done("main", 0), restart_policy="Never", grace=7)
+    actions = decide(finished, NOW, MONO)
+    assert actions.of(podsync.StopSidecars) == [podsync.StopSidecars(("log", "proxy"), 7)]
+    assert actions.of(Finish) == [] and starts(actions) == []
+    stopped = [replace(done(n, 143, init=True), sidecar=True) for n in ("proxy", "log")]
+    end = decide(pod(*stopped, done("main", 0), restart_policy="Never"), NOW, MONO)
+    # The sidecars' exit codes do not count: the app succeeded, so does the pod.
+    assert end.of(Finish) == [Finish("Succeeded")] and starts(end) == []
+    failed = decide(pod(*stopped, done("main", 2), restart_policy="Never"), NOW, MONO)
+    assert failed.of(Finish) == [Finish("Failed")]
+
+
+def test_under_restart_policy_always_the_sidecar_is_never_stopped_for_the_app():
+    actions = decide(pod(sidecar("proxy"), done("main", 0), restart_policy="Always"), NOW, MONO)
+    assert actions.of(podsync.StopSidecars) == []
+
+
+def test_sidecars_count_in_phase_and_conditions():
+    spec = {"restartPolicy": "Never", "initContainers": [{"name": "proxy", "restartPolicy": "Always"}]}
+    side = {"name": "proxy", "state": {"running": {}}, "ready": False, "started": True}
+    main = {"name": "main", "state": {"running": {}}, "ready": True}
+    assert podstatus.phase(spec, [side], [main]) == "Running"
+    assert podstatus.phase(spec, [{**side, "state": {"terminated": {"exitCode": 143}}}],
+                           [{**main, "state": {"terminated": {"exitCode": 0}}}]) == "Succeeded"
+    conds = {c["type"]: c for c in podstatus.conditions("Running", [side], [main], [], [], NOW, frozenset({"proxy"}))}
+    assert conds["Initialized"]["status"] == "True"
+    assert conds["ContainersReady"]["status"] == "False"
+    assert conds["ContainersReady"]["message"] == "containers with unready status: [proxy]"
+    conds = {c["type"]: c for c in podstatus.conditions("Running", [{**side, "ready": True}], [main], [], [], NOW,
+                                                        frozenset({"proxy"}))}
+    assert conds["Ready"]["status"] == "True"
+    starting = {"name": "proxy", "state": {"running": {}}, "ready": False, "started": False}
+    waiting_main = {"name": "main", "state": {"waiting": {"reason": "PodInitializing"}}}
+    conds = {c["type"]: c for c in podstatus.conditions("Pending", [starting], [waiting_main], [], [], NOW,
+                                                        frozenset({"proxy"}))}
+    assert conds["Initialized"]["status"] == "False"
+
+
+def test_an_init_container_failing_after_a_sidecar_stops_the_sidecar_then_fails_the_pod():
+    failing = pod(sidecar("proxy"), done("setup", 1, init=True), fresh("main", pod_has_init=True),
+                  restart_policy="Never", grace=3)
+    actions = decide(failing, NOW, MONO)
+    assert actions.of(podsync.StopSidecars) == [podsync.StopSidecars(("proxy",), 3)] and not actions.of(Finish)
+    stopped = replace(done("proxy", 143, init=True), sidecar=True)
+    after = decide(pod(stopped, done("setup", 1, init=True), fresh("main", pod_has_init=True),
+                       restart_policy="Never"), NOW, MONO)
+    assert after.of(Finish) == [Finish("Failed")] and starts(after) == []

@@ -123,6 +123,24 @@ MANIFESTS = textwrap.dedent(f"""\
               command: [python, -c, "print(1)"]
               resources: {{limits: {{nvidia.com/gpu: 1}}}}
     ---
+    apiVersion: batch/v1
+    kind: CronJob
+    metadata:
+      name: nightly
+      namespace: {NS}
+    spec:
+      schedule: "0 3 * * *"
+      timeZone: Europe/Berlin
+      jobTemplate:
+        spec:
+          template:
+            spec:
+              restartPolicy: OnFailure
+              containers:
+                - name: report
+                  image: python:3.11
+                  command: [python, -c, "print(2)"]
+    ---
     apiVersion: kubeflow.org/v1
     kind: PyTorchJob
     metadata:
@@ -158,12 +176,13 @@ EXPECTED = {
     ("Namespace", None, NS), ("ResourceQuota", NS, "gpus"), ("Role", NS, "trainer"), ("RoleBinding", NS, "trainer"),
     ("ResourceFlavor", None, "h100"), ("ClusterQueue", None, "research"), ("LocalQueue", NS, "gpus"),
     ("Deployment", NS, "web"), ("Service", NS, "web"), ("HorizontalPodAutoscaler", NS, "web"),
-    ("Job", NS, "prep"), ("PyTorchJob", NS, "mlp"),
+    ("Job", NS, "prep"), ("CronJob", NS, "nightly"), ("PyTorchJob", NS, "mlp"),
 }
 # Built-in kinds and their model in the official client.
 K8S_MODELS = {"Namespace": "V1Namespace", "ResourceQuota": "V1ResourceQuota", "Role": "V1Role",
               "RoleBinding": "V1RoleBinding", "Deployment": "V1Deployment", "Service": "V1Service",
-              "HorizontalPodAutoscaler": "V2HorizontalPodAutoscaler", "Job": "V1Job"}
+              "HorizontalPodAutoscaler": "V2HorizontalPodAutoscaler", "Job": "V1Job",
+              "CronJob": "V1CronJob"}
 SERVER_SET = ("uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink",
               "ownerReferences")
 
@@ -264,9 +283,13 @@ async def test_export_is_the_users_objects_valid_for_kubernetes_and_reapplies(pl
             rt.model.model_validate(d)
 
     by_key = {_key(d): d for d in docs}
-    job = by_key[("Job", NS, "prep")]["spec"]
+    job_doc = by_key[("Job", NS, "prep")]
+    job = job_doc["spec"]
     assert "selector" not in job
+    assert "controller-uid" not in str(job_doc["metadata"])
     assert "controller-uid" not in str(job) and "job-name" not in str(job)
+    cron = by_key[("CronJob", NS, "nightly")]["spec"]
+    assert (cron["schedule"], cron["timeZone"], cron["concurrencyPolicy"]) == ("0 3 * * *", "Europe/Berlin", "Allow")
     assert "clusterIP" not in by_key[("Service", NS, "web")]["spec"]
     ptj = by_key[("PyTorchJob", NS, "mlp")]
     assert ptj["metadata"]["annotations"] == {"gpufleet.io/checkpoint-dir": "/mnt/ckpt/mlp"}

@@ -22,6 +22,7 @@ from gpufleet.api.validation.cluster import (
     _validate_service_account,
 )
 from gpufleet.api.validation.core import Errs, validate_object_meta, validate_object_meta_update
+from gpufleet.api.validation.cronjob import _validate_cron_job
 from gpufleet.api.validation.errors import FieldError
 from gpufleet.api.validation.pods import _validate_pod, _validate_pod_update
 from gpufleet.api.validation.quota import _validate_limit_range, _validate_resource_quota
@@ -50,6 +51,7 @@ _CREATE: dict[type, CreateFn] = {
     k8s.Deployment: _validate_deployment,
     k8s.ReplicaSet: _validate_replica_set,
     k8s.Job: _validate_job,
+    k8s.CronJob: _validate_cron_job,
     k8s.Service: _validate_service,
     k8s.HorizontalPodAutoscaler: _validate_hpa,
     k8s.PodDisruptionBudget: _validate_pdb,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.api import k8s
+from gpufleet.api.batch import CONTROLLER_UID_LABEL, LEGACY_CONTROLLER_UID_LABEL
 from gpufleet.api.validation.containers import RESTART_POLICIES
 from gpufleet.api.validation.core import (
     Errs,
@@ -179,6 +180,14 @@ def _validate_job(job: k8s.Job, errs: Errs) -> None:
     if spec is None:
         errs.append(required("spec.template"))
         return
+    _validate_generated_selector(job, errs)
+    if spec.manual_selector and spec.selector is None:
+        errs.append(required("spec.selector", "a Job with manualSelector: true must set its selector"))
+    validate_job_spec(spec, "spec", errs)
+
+
+def validate_job_spec(spec: k8s.JobSpec, path: str, errs: Errs) -> None:
+    """What a Job's spec and a CronJob's jobTemplate.spec share (``path``: where it is)."""
     for attr, alias in (
         ("parallelism", "parallelism"),
         ("completions", "completions"),
@@ -187,27 +196,44 @@ def _validate_job(job: k8s.Job, errs: Errs) -> None:
         ("max_failed_indexes", "maxFailedIndexes"),
         ("ttl_seconds_after_finished", "ttlSecondsAfterFinished"),
     ):
-        _nonneg(getattr(spec, attr), f"spec.{alias}", errs)
+        _nonneg(getattr(spec, attr), f"{path}.{alias}", errs)
     if spec.active_deadline_seconds is not None and spec.active_deadline_seconds <= 0:
         # Kubernetes accepts 0, which fails the job the moment it starts; we reject it.
         errs.append(
-            invalid("spec.activeDeadlineSeconds", spec.active_deadline_seconds, "must be greater than zero")
+            invalid(f"{path}.activeDeadlineSeconds", spec.active_deadline_seconds, "must be greater than zero")
         )
     if spec.completion_mode is not None:
         if spec.completion_mode not in ("NonIndexed", "Indexed"):
-            errs.append(not_supported("spec.completionMode", spec.completion_mode, ["NonIndexed", "Indexed"]))
+            errs.append(not_supported(f"{path}.completionMode", spec.completion_mode, ["NonIndexed", "Indexed"]))
         elif spec.completion_mode == "Indexed" and spec.completions is None:
-            errs.append(required("spec.completions", "when completion mode is Indexed"))
+            errs.append(required(f"{path}.completions", "when completion mode is Indexed"))
     if spec.backoff_limit_per_index is not None and spec.completion_mode != "Indexed":
         errs.append(
-            required("spec.completionMode", "when backoffLimitPerIndex is specified, must be Indexed")
+            required(f"{path}.completionMode", "when backoffLimitPerIndex is specified, must be Indexed")
         )
     usable = True
     if spec.selector is not None:
-        usable = validate_label_selector(spec.selector, "spec.selector", errs)
+        usable = validate_label_selector(spec.selector, f"{path}.selector", errs)
     _validate_template_for_controller(
-        spec.template, spec.selector, usable, "spec.template", errs, restart_policies=["OnFailure", "Never"]
+        spec.template, spec.selector, usable, f"{path}.template", errs, restart_policies=["OnFailure", "Never"]
     )
+
+
+def _validate_generated_selector(job: k8s.Job, errs: Errs) -> None:
+    """Kubernetes' validateGeneratedSelector: without manualSelector the pod template carries
+    this Job's uid under both controller-uid labels. Checked once the API server generated
+    the selector (a Job stored without one, from before, keeps the selector it had: none)."""
+    spec, uid = job.spec, (job.metadata.uid if job.metadata is not None else None)
+    if spec is None or spec.manual_selector or spec.selector is None or not uid:
+        return
+    labels = (spec.template.metadata.labels if spec.template.metadata is not None else None) or {}
+    for key in (LEGACY_CONTROLLER_UID_LABEL, CONTROLLER_UID_LABEL):
+        path = f"spec.template.metadata.labels[{key}]"
+        if key not in labels:
+            errs.append(required(path, "the API server sets it unless manualSelector is true"))
+        elif labels[key] != uid:
+            errs.append(invalid(path, labels[key], f"must be '{uid}' (this Job's uid); set manualSelector: "
+                                                   "true to choose the selector and labels yourself"))
 
 
 def _without_scheduling_directives(template: k8s.PodTemplateSpec) -> k8s.PodTemplateSpec:

@@ -23,12 +23,12 @@ What it does, as Kubernetes' job controller (1.31) does:
   failure (Kubernetes: 10 s doubling to 6 min; ours is shorter and configurable);
 - ``ttlSecondsAfterFinished`` deletes the finished Job (foreground, so its pods go first).
 
-The selector: Kubernetes' API server gives every Job without ``manualSelector`` the selector
-``batch.kubernetes.io/controller-uid=<uid>`` and puts that label and ``job-name`` on its pod
-template. Our API server does not, and both fields are immutable after creation, so the
-controller uses that selector whenever ``spec.selector`` is empty and puts the labels
-(``batch.kubernetes.io/controller-uid``, ``batch.kubernetes.io/job-name``, and the legacy
-``controller-uid``, ``job-name``) on every pod it creates.
+The selector: the API server gives every Job without ``manualSelector`` the selector
+``batch.kubernetes.io/controller-uid=<uid>`` and puts that label, ``job-name`` and their
+``batch.kubernetes.io/`` forms on its pod template, as Kubernetes does (``api/batch.py``);
+the controller selects pods by ``spec.selector``. A Job stored before that was done has no
+selector (both fields are immutable): for it the controller uses the generated selector and
+puts the labels on the pods it creates.
 
 Not done: podFailurePolicy, successPolicy, backoffLimitPerIndex/maxFailedIndexes,
 podReplacementPolicy (pods are replaced once they are terminating or failed), managedBy.

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpufleet.api.batch import (
+    COMPLETION_INDEX,
+    CONTROLLER_UID_LABEL,
+    JOB_NAME_LABEL,
+    LEGACY_CONTROLLER_UID_LABEL,
+    LEGACY_JOB_NAME_LABEL,
+)
 from gpufleet.client import objects
 from gpufleet.controllers._common import (
     find_condition,
@@ -20,11 +27,6 @@ from gpufleet.controllers._common import (
 API_VERSION = "batch/v1"
 KIND = "Job"
 TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
-CONTROLLER_UID_LABEL = "batch.kubernetes.io/controller-uid"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-LEGACY_CONTROLLER_UID_LABEL = "controller-uid"
-LEGACY_JOB_NAME_LABEL = "job-name"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 MAX_PODS_PER_SYNC = 500
 
@@ -37,10 +39,16 @@ COMPLETIONS_REACHED = "CompletionsReached"
 
 
 def job_selector(job: Any) -> dict[str, Any]:
-    """The selector in force: the Job's own, else the one Kubernetes would have generated."""
+    """The selector in force: the Job's own (the API server generates it on create), else, for
+    a Job stored without one, the one Kubernetes would have generated."""
     if job.spec.selector is not None and (job.spec.selector.match_labels or job.spec.selector.match_expressions):
         return job.spec.selector.to_dict()
     return {"matchLabels": {CONTROLLER_UID_LABEL: objects.uid_of(job)}}
+
+
+def _selector_unset(job: Any) -> bool:
+    sel = job.spec.selector
+    return sel is None or not (sel.match_labels or sel.match_expressions)
 
 
 def is_finished(job: Any) -> str | None:
@@ -138,15 +146,18 @@ def ensure_condition(
 
 
 def pod_body(job: Any, index: int | None) -> dict[str, Any]:
-    """A pod of the Job: labelled with its uid and name, holding the tracking finalizer; an
+    """A pod of the Job: its template's labels (which the API server gave the Job's uid and
+    name; a Job stored without a selector gets them here), holding the tracking finalizer; an
     Indexed Job's pod also carries its index (annotation, label, hostname, environment)."""
     name, uid = objects.name_of(job), objects.uid_of(job)
-    labels = {
-        CONTROLLER_UID_LABEL: uid,
-        JOB_NAME_LABEL: name,
-        LEGACY_CONTROLLER_UID_LABEL: uid,
-        LEGACY_JOB_NAME_LABEL: name,
-    }
+    labels: dict[str, str] = {}
+    if _selector_unset(job):
+        labels = {
+            CONTROLLER_UID_LABEL: uid,
+            JOB_NAME_LABEL: name,
+            LEGACY_CONTROLLER_UID_LABEL: uid,
+            LEGACY_JOB_NAME_LABEL: name,
+        }
     annotations: dict[str, str] = {}
     prefix = f"{name}-"
     if index is not None:
