@@ -23,6 +23,7 @@ _CLASSES = {
     "root-ca-cert-publisher": "gpufleet.controllers.serviceaccount:RootCACertPublisher",
     "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
     "deployment": "gpufleet.controllers.deployment:DeploymentController",
+    "statefulset": "gpufleet.controllers.statefulset:StatefulSetController",
     "job": "gpufleet.controllers.job:JobController",
     "nodelifecycle": "gpufleet.controllers.nodelifecycle:NodeLifecycleController",
     "endpoints": "gpufleet.controllers.endpoints:EndpointsController",
@@ -125,6 +126,7 @@ class ControllerManager:
             "root-ca-cert-publisher": {**common, "root_ca": opts.root_ca},
             "replicaset": {**common, "recorder": recorder("replicaset-controller")},
             "deployment": {**common, "recorder": recorder("deployment-controller")},
+            "statefulset": {**common, "recorder": recorder("statefulset-controller")},
             "job": {
                 **common,
                 "recorder": recorder("job-controller"),
