@@ -47,8 +47,8 @@ def _template(spec: Any, usable: bool, kind: str, errs: Errs) -> None:
                                       restart_policies=["Always"])
     template = spec.template
     if template is not None and template.spec is not None and template.spec.active_deadline_seconds is not None:
-        errs.append(invalid("spec.template.spec.activeDeadlineSeconds", template.spec.active_deadline_seconds,
-                            f"activeDeadlineSeconds in {kind} is not Supported"))
+        errs.append(forbidden("spec.template.spec.activeDeadlineSeconds", f"activeDeadlineSeconds in {kind} is not "
+                                                                          "Supported"))
 
 
 def _validate_stateful_set(sts: k8s.StatefulSet, errs: Errs) -> None:
@@ -104,7 +104,16 @@ def _validate_stateful_set(sts: k8s.StatefulSet, errs: Errs) -> None:
             names.add(name)
         _validate_pvc_spec(claim.spec or k8s.PersistentVolumeClaimSpec(), f"{path}.spec", errs)
     usable = _selector(spec.selector, "statefulset", errs)
-    _template(spec, usable, "StatefulSet", errs)
+    # The pods mount their claims under the templates' names: validate the template as the
+    # pods will be, with those volumes.
+    checked = spec
+    if spec.volume_claim_templates and spec.template is not None and spec.template.spec is not None:
+        checked = spec.model_copy(deep=True)
+        claims = [k8s.Volume(name=n, persistent_volume_claim=k8s.PersistentVolumeClaimVolumeSource(claim_name=n))
+                  for n in names]
+        checked.template.spec.volumes = [*(v for v in checked.template.spec.volumes or [] if v.name not in names),
+                                         *claims]
+    _template(checked, usable, "StatefulSet", errs)
 
 
 def _validate_stateful_set_update(new: k8s.StatefulSet, old: k8s.StatefulSet, errs: Errs) -> None:
