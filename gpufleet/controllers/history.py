@@ -16,10 +16,12 @@ As Kubernetes' controller history (pkg/controller/history) and the two controlle
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.client import objects
 from gpufleet.controllers._common import owner_reference, timestamp
+from gpufleet.controllers.actions import Actions, Create, Update
 from gpufleet.controllers.deployment.model import compute_hash
 
 API_VERSION = "apps/v1"
@@ -97,3 +99,45 @@ def to_truncate(revisions: list[Any], live: set[str], limit: int) -> list[Any]:
     history = [r for r in sort_revisions(revisions) if objects.name_of(r) not in live]
     excess = len(history) - max(limit, 0)
     return history[:excess] if excess > 0 else []
+
+
+@dataclass
+class UpdateRevision:
+    """The revision of the owner's template: its name, hash, the collision count that made the
+    name free, and the writes (a create, or a renumbering) that make it the newest."""
+
+    name: str
+    hash: str
+    collision_count: int
+    actions: Actions = field(default_factory=Actions)
+
+
+def update_revision(owner: Any, owner_kind: str, template: dict[str, Any], revisions: list[Any],
+                    collision_count: int, *, hash_data: bool) -> UpdateRevision:
+    """Find the revision holding ``template`` (the newest such) or make one. ``hash_data``:
+    the name hashes the revision's data (StatefulSet) rather than the template (DaemonSet)."""
+    data = revision_data(template)
+    ordered = sort_revisions(revisions)
+    equal = [r for r in ordered if equal_data(r, data)]
+    if equal:
+        found = equal[-1]
+        name = objects.name_of(found)
+        labels = objects.labels_of(found) or {}
+        out = UpdateRevision(name, labels.get(HASH_LABEL) or name.rsplit("-", 1)[-1], collision_count)
+        if objects.name_of(ordered[-1]) != name:
+            # An earlier template is back (a rollback): it becomes the newest revision.
+            body = found.to_dict()
+            body["revision"] = next_number(ordered)
+            out.actions.updates.append(Update(body))
+        return out
+    names = {objects.name_of(r) for r in ordered}
+    while True:
+        hash_ = hash_of(data if hash_data else template, collision_count)
+        name = f"{objects.name_of(owner)}-{hash_}"
+        if name not in names:
+            break
+        collision_count += 1
+    out = UpdateRevision(name, hash_, collision_count)
+    body = revision_body(owner, owner_kind, data, hash_, next_number(ordered))
+    out.actions.creates.append(Create(body, on_exists="ignore"))
+    return out

@@ -24,6 +24,7 @@ _CLASSES = {
     "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
     "deployment": "gpufleet.controllers.deployment:DeploymentController",
     "statefulset": "gpufleet.controllers.statefulset:StatefulSetController",
+    "daemonset": "gpufleet.controllers.daemonset:DaemonSetController",
     "job": "gpufleet.controllers.job:JobController",
     "nodelifecycle": "gpufleet.controllers.nodelifecycle:NodeLifecycleController",
     "endpoints": "gpufleet.controllers.endpoints:EndpointsController",
@@ -127,6 +128,7 @@ class ControllerManager:
             "replicaset": {**common, "recorder": recorder("replicaset-controller")},
             "deployment": {**common, "recorder": recorder("deployment-controller")},
             "statefulset": {**common, "recorder": recorder("statefulset-controller")},
+            "daemonset": {**common, "recorder": recorder("daemonset-controller")},
             "job": {
                 **common,
                 "recorder": recorder("job-controller"),

@@ -29,7 +29,7 @@ from gpufleet.api.k8s import ControllerRevision, PersistentVolumeClaim, Pod
 from gpufleet.client import objects
 from gpufleet.controllers import history
 from gpufleet.controllers._common import is_being_deleted, pod_available_at, status_dict
-from gpufleet.controllers.actions import Actions, Create, Delete, Instant, Patch, Update
+from gpufleet.controllers.actions import Actions, Create, Delete, Instant, Patch
 from gpufleet.controllers.statefulset.model import (
     claim_body,
     claim_name,
@@ -71,34 +71,13 @@ def decide_revisions(sts: Any, revisions: list[Any]) -> Revisions:
     """The current and update revisions, and the writes that make the update one exist."""
     collision = (sts.status.collision_count if sts.status is not None else None) or 0
     template = history.template_dict(sts.spec.template)
-    data = history.revision_data(template)
-    ordered = history.sort_revisions(revisions)
-    actions = Actions()
-    equal = [r for r in ordered if history.equal_data(r, data)]
-    if equal:
-        found = equal[-1]
-        update = objects.name_of(found)
-        if ordered and objects.name_of(ordered[-1]) != update:
-            # An earlier template is back (a rollback): it becomes the newest revision.
-            body = found.to_dict()
-            body["revision"] = history.next_number(ordered)
-            actions.updates.append(Update(body))
-    else:
-        names = {objects.name_of(r) for r in ordered}
-        while True:
-            hash_ = history.hash_of(data, collision)
-            update = f"{objects.name_of(sts)}-{hash_}"
-            if update not in names:
-                break
-            collision += 1
-        body = history.revision_body(sts, KIND, data, hash_, history.next_number(ordered))
-        actions.creates.append(Create(body, on_exists="ignore"))
-    current, current_template = update, template
+    found = history.update_revision(sts, KIND, template, revisions, collision, hash_data=True)
+    current, current_template = found.name, template
     wanted = sts.status.current_revision if sts.status is not None else None
-    for r in ordered:
+    for r in revisions:
         if wanted and objects.name_of(r) == wanted:
             current, current_template = wanted, history.template_of(r)
-    return Revisions(current, current_template, update, template, collision, actions)
+    return Revisions(current, current_template, found.name, template, found.collision_count, found.actions)
 
 
 def _pod_template(sts: Any, revs: Revisions, ordinal: int) -> tuple[dict[str, Any], str]:
