@@ -208,3 +208,54 @@ async def test_partitioned_rolling_update_history_undo_and_scale(plane: Plane):
 def _revision_of(text: str) -> str:
     m = re.search(r"revision (\S+)", text)
     return m.group(1) if m else ""
+
+
+DAEMONSET = f"""apiVersion: apps/v1
+kind: DaemonSet
+metadata: {{name: node-agent, namespace: {NS}}}
+spec:
+  selector: {{matchLabels: {{app: node-agent}}}}
+  template:
+    metadata: {{labels: {{app: node-agent}}}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: agent
+        image: localhost/gpufleet/busybox:1
+        command: [sh, -c, "echo on $NODE; exec sleep 3600"]
+        env:
+        - name: NODE
+          valueFrom: {{fieldRef: {{fieldPath: spec.nodeName}}}}
+"""
+
+
+async def test_daemonset_runs_on_the_node_and_rolls_with_restart(plane: Plane):
+    client = plane.client()
+    try:
+        out = await akubectl(plane, "apply", "-f", "-", input=DAEMONSET)
+        assert "daemonset.apps/node-agent created" in out, out
+        status = await akubectl(plane, "rollout", "status", "daemonset/node-agent", "-n", NS, "--timeout=60s")
+        assert 'daemon set "node-agent" successfully rolled out' in status, status
+        ds = await akubectl(plane, "get", "ds", "-n", NS)
+        assert columns(ds.splitlines()[0]) == ["NAME", "DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE",
+                                               "NODE SELECTOR", "AGE"]
+        row = table(ds)[0]
+        assert [row[k] for k in ("DESIRED", "CURRENT", "READY", "UP-TO-DATE", "AVAILABLE", "NODE SELECTOR")] == [
+            "1", "1", "1", "1", "1", "<none>"]
+        nodes = [n["metadata"]["name"] for n in await client.list("Node", raw=True)]
+        pods = [p for p in await client.list("Pod", NS, label_selector="app=node-agent", raw=True)]
+        assert [p["spec"]["nodeName"] for p in pods] == nodes
+        first_uid = pods[0]["metadata"]["uid"]
+
+        out = await akubectl(plane, "rollout", "restart", "daemonset/node-agent", "-n", NS)
+        assert "daemonset.apps/node-agent restarted" in out, out
+        status = await akubectl(plane, "rollout", "status", "daemonset/node-agent", "-n", NS, "--timeout=60s")
+        assert 'daemon set "node-agent" successfully rolled out' in status, status
+        pods = [p for p in await client.list("Pod", NS, label_selector="app=node-agent", raw=True)
+                if not p["metadata"].get("deletionTimestamp")]
+        assert len(pods) == 1 and pods[0]["metadata"]["uid"] != first_uid
+        assert "kubectl.kubernetes.io/restartedAt" in pods[0]["metadata"]["annotations"]
+        history = await akubectl(plane, "rollout", "history", "daemonset/node-agent", "-n", NS)
+        assert [r["REVISION"] for r in table(history.split("\n", 1)[1])] == ["1", "2"], history
+    finally:
+        await client.close()
