@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Iterator
 
 import pytest
@@ -146,6 +145,13 @@ async def test_statefulset_pods_come_in_order_and_keep_their_volumes(plane: Plan
             ("data-db-0", "Bound"), ("data-db-1", "Bound"), ("data-db-2", "Bound")]
         pod = await client.get("Pod", "db-1", NS, raw=True)
         assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("db-1", "db")
+        described = await akubectl(plane, "describe", "sts", "db", "-n", NS)
+        for line in ("Replicas:           3 desired | 3 total", "Update Strategy:    RollingUpdate",
+                     "Pods Status:        3 Running / 0 Waiting / 0 Succeeded / 0 Failed", "Volume Claims:"):
+            assert line in described, described
+        # The official client reads the set and its revisions.
+        official = await asyncio.to_thread(_official_view, str(plane.kubeconfig))
+        assert official == (3, "db", 1), official
 
         first = {f"db-{i}": await said(plane, f"db-{i}") for i in range(3)}
         assert all(line.startswith("kept=none") for line in first.values()), first
@@ -205,9 +211,13 @@ async def test_partitioned_rolling_update_history_undo_and_scale(plane: Plane):
         await client.close()
 
 
-def _revision_of(text: str) -> str:
-    m = re.search(r"revision (\S+)", text)
-    return m.group(1) if m else ""
+def _official_view(kubeconfig: str) -> tuple[int, str, int]:
+    from kubernetes import client, config
+
+    api = client.AppsV1Api(config.new_client_from_config(config_file=kubeconfig))
+    sts = api.read_namespaced_stateful_set("db", NS)
+    revisions = api.list_namespaced_controller_revision(NS).items
+    return sts.status.ready_replicas, sts.spec.service_name, len(revisions)
 
 
 DAEMONSET = f"""apiVersion: apps/v1
@@ -246,6 +256,8 @@ async def test_daemonset_runs_on_the_node_and_rolls_with_restart(plane: Plane):
         pods = [p for p in await client.list("Pod", NS, label_selector="app=node-agent", raw=True)]
         assert [p["spec"]["nodeName"] for p in pods] == nodes
         first_uid = pods[0]["metadata"]["uid"]
+        described = await akubectl(plane, "describe", "ds", "node-agent", "-n", NS)
+        assert "Desired Number of Nodes Scheduled: 1" in described, described
 
         out = await akubectl(plane, "rollout", "restart", "daemonset/node-agent", "-n", NS)
         assert "daemonset.apps/node-agent restarted" in out, out
