@@ -139,18 +139,19 @@ def is_finished(pod: Any) -> bool:
 
 def set_status(sts: Any, pods: list[Any], current: str, update: str, collision_count: int,
                min_ready: int, now: float) -> dict[str, Any]:
-    """Kubernetes' computeReplicaStatus, then completeRollingUpdate."""
-    counted = [p for p in pods if not is_being_deleted(p)]
+    """Kubernetes' computeReplicaStatus, then completeRollingUpdate: every pod counts as a
+    replica (and as ready when it is), pods on their way out count for no revision."""
+    staying = [p for p in pods if not is_being_deleted(p)]
     status: dict[str, Any] = {
         "observedGeneration": objects.meta(sts, "generation") or 1,
-        "replicas": len(counted),
-        "readyReplicas": sum(1 for p in counted if is_running_and_ready(p)),
-        "currentReplicas": sum(1 for p in counted if revision_of(p) == current),
-        "updatedReplicas": sum(1 for p in counted if revision_of(p) == update),
+        "replicas": len(pods),
+        "readyReplicas": sum(1 for p in pods if is_running_and_ready(p)),
+        "currentReplicas": sum(1 for p in staying if revision_of(p) == current),
+        "updatedReplicas": sum(1 for p in staying if revision_of(p) == update),
         "currentRevision": current,
         "updateRevision": update,
         "collisionCount": collision_count,
-        "availableReplicas": sum(1 for p in counted if is_running_and_ready(p)
+        "availableReplicas": sum(1 for p in pods if is_running_and_ready(p)
                                  and pod_is_available(p, min_ready, now)),
     }
     strategy = sts.spec.update_strategy
