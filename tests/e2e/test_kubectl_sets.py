@@ -269,5 +269,13 @@ async def test_daemonset_runs_on_the_node_and_rolls_with_restart(plane: Plane):
         assert "kubectl.kubernetes.io/restartedAt" in pods[0]["metadata"]["annotations"]
         history = await akubectl(plane, "rollout", "history", "daemonset/node-agent", "-n", NS)
         assert [r["REVISION"] for r in table(history.split("\n", 1)[1])] == ["1", "2"], history
+
+        # Bad input is refused with Kubernetes' words, naming the field.
+        bad = MANIFEST.split("---\n")[1].replace("name: db,", "name: bad,").replace(
+            "replicas: 3", "replicas: 3\n  podManagementPolicy: Random")
+        out = await asyncio.to_thread(plane.kubectl, "apply", "-f", "-", input=bad)
+        assert out.returncode == 1 and out.stderr.strip() == (
+            'The StatefulSet "bad" is invalid: spec.podManagementPolicy: Unsupported value: "Random": '
+            'supported values: "OrderedReady", "Parallel"'), out.stderr
     finally:
         await client.close()
