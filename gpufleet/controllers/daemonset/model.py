@@ -184,6 +184,10 @@ def daemon_status(ds: Any, nodes: list[Any], by_node: dict[str, list[Any]], hash
         "updatedNumberScheduled": updated,
         "numberAvailable": avail,
     }
+    # As the Go type has it: these three are omitted when zero.
+    for key in ("updatedNumberScheduled", "numberAvailable"):
+        if not status[key]:
+            del status[key]
     if desired - avail:
         status["numberUnavailable"] = desired - avail
     if collision_count:

@@ -159,6 +159,10 @@ def set_status(sts: Any, pods: list[Any], current: str, update: str, collision_c
     if rolling and status["updatedReplicas"] == status["replicas"] == status["readyReplicas"]:
         status["currentReplicas"] = status["updatedReplicas"]
         status["currentRevision"] = update
+    # As the Go type has it: these are omitted when zero (collisionCount, a pointer, is not).
+    for key in ("readyReplicas", "currentReplicas", "updatedReplicas", "availableReplicas"):
+        if not status[key]:
+            del status[key]
     conditions = getattr(sts.status, "conditions", None) if sts.status is not None else None
     if conditions:
         status["conditions"] = [c.to_dict() for c in conditions]
