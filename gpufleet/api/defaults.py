@@ -201,6 +201,55 @@ def _default_replica_set(rs: k8s.ReplicaSet) -> None:
     _default_pod_template(rs.spec.template)
 
 
+def _default_stateful_set(sts: k8s.StatefulSet) -> None:
+    spec = sts.spec
+    if not spec.pod_management_policy:
+        spec.pod_management_policy = "OrderedReady"
+    if spec.update_strategy is None:
+        spec.update_strategy = k8s.StatefulSetUpdateStrategy()
+    strategy = spec.update_strategy
+    if not strategy.type:
+        strategy.type = "RollingUpdate"
+        if strategy.rolling_update is None:
+            strategy.rolling_update = k8s.RollingUpdateStatefulSetStrategy()
+    if strategy.type == "RollingUpdate" and strategy.rolling_update is not None \
+            and strategy.rolling_update.partition is None:
+        strategy.rolling_update.partition = 0
+    if spec.persistent_volume_claim_retention_policy is None:
+        spec.persistent_volume_claim_retention_policy = k8s.StatefulSetPersistentVolumeClaimRetentionPolicy()
+    policy = spec.persistent_volume_claim_retention_policy
+    if not policy.when_deleted:
+        policy.when_deleted = "Retain"
+    if not policy.when_scaled:
+        policy.when_scaled = "Retain"
+    if spec.replicas is None:
+        spec.replicas = 1
+    if spec.revision_history_limit is None:
+        spec.revision_history_limit = 10
+    for claim in spec.volume_claim_templates or []:
+        _default_persistent_volume_claim(claim)
+    _default_pod_template(spec.template)
+
+
+def _default_daemon_set(ds: k8s.DaemonSet) -> None:
+    spec = ds.spec
+    if spec.update_strategy is None:
+        spec.update_strategy = k8s.DaemonSetUpdateStrategy()
+    strategy = spec.update_strategy
+    if not strategy.type:
+        strategy.type = "RollingUpdate"
+    if strategy.type == "RollingUpdate":
+        if strategy.rolling_update is None:
+            strategy.rolling_update = k8s.RollingUpdateDaemonSet()
+        if strategy.rolling_update.max_unavailable is None:
+            strategy.rolling_update.max_unavailable = 1
+        if strategy.rolling_update.max_surge is None:
+            strategy.rolling_update.max_surge = 0
+    if spec.revision_history_limit is None:
+        spec.revision_history_limit = 10
+    _default_pod_template(spec.template)
+
+
 def _default_job(job: k8s.Job) -> None:
     spec = job.spec
     if spec is None:
@@ -442,6 +491,8 @@ _DEFAULTERS: dict[type, Defaulter] = {
     k8s.PodSpec: _default_pod_spec,
     k8s.Deployment: _default_deployment,
     k8s.ReplicaSet: _default_replica_set,
+    k8s.StatefulSet: _default_stateful_set,
+    k8s.DaemonSet: _default_daemon_set,
     k8s.Job: _default_job,
     k8s.CronJob: _default_cron_job,
     k8s.Service: _default_service,

@@ -131,6 +131,11 @@ _BUILTIN: list[ResourceType] = [
                  ("all",), subresources=("status", "scale")),
     ResourceType("apps", "v1", "ReplicaSet", "replicasets", True, f"{_K8S}:ReplicaSet", ("rs",), ("all",),
                  subresources=("status", "scale")),
+    ResourceType("apps", "v1", "StatefulSet", "statefulsets", True, f"{_K8S}:StatefulSet", ("sts",), ("all",),
+                 subresources=("status", "scale")),
+    ResourceType("apps", "v1", "DaemonSet", "daemonsets", True, f"{_K8S}:DaemonSet", ("ds",), ("all",)),
+    ResourceType("apps", "v1", "ControllerRevision", "controllerrevisions", True, f"{_K8S}:ControllerRevision",
+                 subresources=()),
     # batch/v1
     ResourceType("batch", "v1", "Job", "jobs", True, f"{_K8S}:Job", (), ("all",)),
     ResourceType("batch", "v1", "CronJob", "cronjobs", True, f"{_K8S}:CronJob", ("cj",), ("all",)),

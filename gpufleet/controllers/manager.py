@@ -23,6 +23,8 @@ _CLASSES = {
     "root-ca-cert-publisher": "gpufleet.controllers.serviceaccount:RootCACertPublisher",
     "replicaset": "gpufleet.controllers.replicaset:ReplicaSetController",
     "deployment": "gpufleet.controllers.deployment:DeploymentController",
+    "statefulset": "gpufleet.controllers.statefulset:StatefulSetController",
+    "daemonset": "gpufleet.controllers.daemonset:DaemonSetController",
     "job": "gpufleet.controllers.job:JobController",
     "cronjob": "gpufleet.controllers.cronjob:CronJobController",
     "nodelifecycle": "gpufleet.controllers.nodelifecycle:NodeLifecycleController",
@@ -126,6 +128,8 @@ class ControllerManager:
             "root-ca-cert-publisher": {**common, "root_ca": opts.root_ca},
             "replicaset": {**common, "recorder": recorder("replicaset-controller")},
             "deployment": {**common, "recorder": recorder("deployment-controller")},
+            "statefulset": {**common, "recorder": recorder("statefulset-controller")},
+            "daemonset": {**common, "recorder": recorder("daemonset-controller")},
             "job": {
                 **common,
                 "recorder": recorder("job-controller"),

@@ -20,6 +20,8 @@ Annotations under gpufleet.io/ split in two:
 from __future__ import annotations
 
 import copy
+import re
+from collections.abc import Iterable
 from typing import Any
 
 # Kinds that only describe the running system; never exported.
@@ -162,6 +164,10 @@ def clean(obj: dict[str, Any]) -> dict[str, Any]:
             _clean_service_account(spec)
         elif kind in ("PersistentVolumeClaim", "PersistentVolume") and group == "":
             _clean_storage(kind, spec, meta)
+        elif kind == "StatefulSet" and group == "apps":
+            for claim in spec.get("volumeClaimTemplates") or []:
+                if isinstance(claim, dict):
+                    claim.pop("status", None)
         elif kind == "Namespace":
             _set_or_drop(spec, "finalizers", [f for f in spec.get("finalizers") or [] if f != "kubernetes"])
         if not spec and kind == "Namespace":
@@ -264,3 +270,27 @@ def gpufleet_annotations(obj: dict[str, Any]) -> list[str]:
         annotations = (holder.get("metadata") or {}).get("annotations") or {}
         found.update(k for k in annotations if k.startswith("gpufleet.io/"))
     return sorted(found)
+
+
+def statefulset_claims(objects: Iterable[dict[str, Any]]) -> set[tuple[str, str]]:
+    """(namespace, name) of the claims that the StatefulSets among ``objects`` made from their
+    volumeClaimTemplates (``<template>-<set>-<ordinal>``): the set makes them again there."""
+    patterns: dict[str, list[re.Pattern[str]]] = {}
+    for obj in objects:
+        if obj.get("kind") != "StatefulSet" or group_of(obj) != "apps":
+            continue
+        meta = obj.get("metadata") or {}
+        for claim in (obj.get("spec") or {}).get("volumeClaimTemplates") or []:
+            template = ((claim or {}).get("metadata") or {}).get("name")
+            if template:
+                patterns.setdefault(meta.get("namespace") or "", []).append(
+                    re.compile(rf"{re.escape(template)}-{re.escape(meta.get('name') or '')}-[0-9]+"))
+    out: set[tuple[str, str]] = set()
+    for obj in objects:
+        if obj.get("kind") != "PersistentVolumeClaim" or group_of(obj):
+            continue
+        meta = obj.get("metadata") or {}
+        ns, name = meta.get("namespace") or "", meta.get("name") or ""
+        if any(p.fullmatch(name) for p in patterns.get(ns, [])):
+            out.add((ns, name))
+    return out

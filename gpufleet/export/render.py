@@ -14,7 +14,14 @@ import yaml
 from gpufleet.api.registry import ResourceType
 from gpufleet.client.api import Client
 from gpufleet.client.errors import Forbidden, NotFound
-from gpufleet.export.clean import GPUFLEET_USER_ANNOTATIONS, clean, exported, gpufleet_annotations, group_of
+from gpufleet.export.clean import (
+    GPUFLEET_USER_ANNOTATIONS,
+    clean,
+    exported,
+    gpufleet_annotations,
+    group_of,
+    statefulset_claims,
+)
 
 # Namespaces first, then what others refer to (priorities, config, quotas, RBAC, queues),
 # then the workloads. Kinds not named here go after, by group and kind.
@@ -23,7 +30,8 @@ ORDER = [
     "StorageClass", "PersistentVolume", "PersistentVolumeClaim",
     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
     "ResourceFlavor", "ClusterQueue", "LocalQueue",
-    "PodDisruptionBudget", "Service", "PodGroup", "Deployment", "HorizontalPodAutoscaler",
+    "PodDisruptionBudget", "Service", "PodGroup", "Deployment", "StatefulSet", "DaemonSet",
+    "HorizontalPodAutoscaler",
     "Job", "PyTorchJob", "Pod",
 ]
 _ORDER_INDEX = {kind: i for i, kind in enumerate(ORDER)}
@@ -101,11 +109,19 @@ async def gather(client: Client, kinds: Sequence[ResourceType], namespace: str |
 
 
 def build(objects: Iterable[dict[str, Any]]) -> Export:
-    docs = [Document(clean(o)) for o in objects if exported(o)]
+    objects = list(objects)
+    made = statefulset_claims(objects)
+    docs = [Document(clean(o)) for o in objects if exported(o) and not _claim_in(o, made)]
     for d in docs:
         d.notes = notes_for(d.obj)
     docs.sort(key=lambda d: d.sort_key)
     return Export(docs)
+
+
+def _claim_in(obj: dict[str, Any], claims: set[tuple[str, str]]) -> bool:
+    meta = obj.get("metadata") or {}
+    return obj.get("kind") == "PersistentVolumeClaim" and (meta.get("namespace") or "", meta.get("name") or "") \
+        in claims
 
 
 def notes_for(obj: dict[str, Any]) -> list[str]:

@@ -426,3 +426,37 @@ def test_storage_exports_what_the_user_wrote_and_leaves_the_bookkeeping() -> Non
     assert any("k3s has a class of that name" in n for n in ckpt.notes)
     assert docs[("PersistentVolumeClaim", "mine")].obj["spec"] == {"storageClassName": "", "volumeName": "reserved"}
     assert any("rancher.io/local-path" in n for n in docs[("StorageClass", "scratch")].notes)
+
+
+def test_statefulsets_and_daemonsets_export_without_what_their_controllers_made() -> None:
+    set_ref = [{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "uid": "s", "controller": True}]
+    objects = [
+        {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "db", "namespace": "ml", "uid": "s"},
+         "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                  "template": {"metadata": {"labels": {"app": "db"}}, "spec": {"containers": [{"name": "c",
+                                                                                            "image": "i"}]}},
+                  "volumeClaimTemplates": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                            "metadata": {"name": "data"}, "spec": {"volumeMode": "Filesystem"},
+                                            "status": {"phase": "Pending"}}]},
+         "status": {"replicas": 2, "currentRevision": "db-abc"}},
+        {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "logs", "namespace": "ml"},
+         "spec": {"selector": {"matchLabels": {"app": "logs"}},
+                  "template": {"metadata": {"labels": {"app": "logs"}}, "spec": {"containers": [{"name": "c",
+                                                                                              "image": "i"}]}}},
+         "status": {"desiredNumberScheduled": 3}},
+        {"apiVersion": "apps/v1", "kind": "ControllerRevision", "metadata": {"name": "db-abc", "namespace": "ml",
+                                                                             "ownerReferences": set_ref},
+         "data": {}, "revision": 1},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "db-0", "namespace": "ml", "ownerReferences": set_ref},
+         "spec": {"containers": [{"name": "c", "image": "i"}]}},
+        # Claims of the set's replicas (Retain: no owner) are made again by the set there.
+        *({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name, "namespace": ns},
+           "spec": {"storageClassName": "local-path"}}
+          for ns, name in (("ml", "data-db-0"), ("ml", "data-db-1"), ("ml", "data-other-0"), ("web", "data-db-0"))),
+    ]
+    export = build(objects)
+    assert [(d.kind, d.obj["metadata"]["namespace"], d.obj["metadata"]["name"]) for d in export.documents] == [
+        ("PersistentVolumeClaim", "ml", "data-other-0"), ("PersistentVolumeClaim", "web", "data-db-0"),
+        ("StatefulSet", "ml", "db"), ("DaemonSet", "ml", "logs")]
+    sts = export.documents[2].obj
+    assert "status" not in sts and "status" not in sts["spec"]["volumeClaimTemplates"][0]

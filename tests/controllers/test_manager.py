@@ -57,7 +57,8 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
     manager = await controllers(node_monitor_grace_period=1.0, default_eviction_seconds=0.5)
     assert [type(c).__name__ for c in manager.controllers] == [
         "NamespaceController", "ServiceAccountsController", "RootCACertPublisher", "ReplicaSetController",
-        "DeploymentController", "JobController", "CronJobController", "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
+        "DeploymentController", "StatefulSetController", "DaemonSetController", "JobController", "CronJobController",
+        "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
         "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController",
         "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner", "PodGroupController"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")

@@ -129,6 +129,9 @@ def test_api_resources_lists_the_kinds_with_short_names(kubectl_at, kubectl: Kub
         "priorityclasses": ("pc", "scheduling.k8s.io/v1", "false", "PriorityClass"),
         "poddisruptionbudgets": ("pdb", "policy/v1", "true", "PodDisruptionBudget"),
         "roles": ("", "rbac.authorization.k8s.io/v1", "true", "Role"),
+        "statefulsets": ("sts", "apps/v1", "true", "StatefulSet"),
+        "daemonsets": ("ds", "apps/v1", "true", "DaemonSet"),
+        "controllerrevisions": ("", "apps/v1", "true", "ControllerRevision"),
         "clusterrolebindings": ("", "rbac.authorization.k8s.io/v1", "false", "ClusterRoleBinding"),
     }
     for name, cells in want.items():

@@ -165,10 +165,10 @@ def test_documents_are_cached() -> None:
 def test_hash_changes_with_the_document_and_only_then() -> None:
     base = broken_registry()
     before = {gv: openapi_v3_hash(base, *gv) for gv in GVS}
-    statefulset = ResourceType(
-        "apps", "v1", "StatefulSet", "statefulsets", True, "gpufleet.api.not_there:Nope"
+    rollout = ResourceType(
+        "apps", "v1", "Rollout", "rollouts", True, "gpufleet.api.not_there:Nope"
     )
-    grown = broken_registry(statefulset)
+    grown = broken_registry(rollout)
     after = {gv: openapi_v3_hash(grown, *gv) for gv in GVS}
     assert after[("apps", "v1")] != before[("apps", "v1")]
     assert {gv: h for gv, h in after.items() if gv != ("apps", "v1")} == {
@@ -176,7 +176,7 @@ def test_hash_changes_with_the_document_and_only_then() -> None:
     }
     doc = openapi_v3_document(grown, "apps", "v1")
     assert doc is not None
-    assert supports_field_validation_v3(doc, "apps", "v1", "StatefulSet")
+    assert supports_field_validation_v3(doc, "apps", "v1", "Rollout")
     assert openapi_v3_hash(broken_registry(), "apps", "v1") == before[("apps", "v1")]
 
 
@@ -549,7 +549,7 @@ def test_v2_patch_operation_in_detail() -> None:
 
 def test_v2_kinds_it_does_not_know_are_not_claimed() -> None:
     doc = decode(openapi_v2_protobuf(REGISTRY), "Document")
-    assert not supports_field_validation_v2(doc, "apps", "v1", "StatefulSet")
+    assert not supports_field_validation_v2(doc, "apps", "v1", "Rollout")
     assert not supports_field_validation_v2(doc, "", "v1", "Deployment")
 
 

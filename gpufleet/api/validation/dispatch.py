@@ -6,6 +6,14 @@ from collections.abc import Callable
 from typing import Any
 
 from gpufleet.api import k8s
+from gpufleet.api.validation.apps import (
+    _validate_controller_revision,
+    _validate_controller_revision_update,
+    _validate_daemon_set,
+    _validate_daemon_set_update,
+    _validate_stateful_set,
+    _validate_stateful_set_update,
+)
 from gpufleet.api.validation.autoscaling import _validate_hpa, _validate_pdb
 from gpufleet.api.validation.cluster import (
     _validate_config_map,
@@ -50,6 +58,9 @@ _CREATE: dict[type, CreateFn] = {
     k8s.Pod: _validate_pod,
     k8s.Deployment: _validate_deployment,
     k8s.ReplicaSet: _validate_replica_set,
+    k8s.StatefulSet: _validate_stateful_set,
+    k8s.DaemonSet: _validate_daemon_set,
+    k8s.ControllerRevision: _validate_controller_revision,
     k8s.Job: _validate_job,
     k8s.CronJob: _validate_cron_job,
     k8s.Service: _validate_service,
@@ -74,6 +85,9 @@ _UPDATE: dict[type, UpdateFn] = {
     k8s.Pod: _validate_pod_update,
     k8s.Deployment: _validate_selector_immutable,
     k8s.ReplicaSet: _validate_selector_immutable,
+    k8s.StatefulSet: _validate_stateful_set_update,
+    k8s.DaemonSet: _validate_daemon_set_update,
+    k8s.ControllerRevision: _validate_controller_revision_update,
     k8s.Job: _validate_job_update,
     k8s.Service: _validate_service_update,
     k8s.PriorityClass: _validate_priority_class_update,

@@ -15,6 +15,7 @@ printers are in `pods`, `workloads`, `corekinds`, `cluster` and `ml`.
 
 from __future__ import annotations
 
+from gpufleet.apiserver.tables import apps as _apps  # noqa: F401  (StatefulSet, DaemonSet, ControllerRevision)
 from gpufleet.apiserver.tables import cronjob as _cronjob  # noqa: F401  (registers the CronJob printer)
 from gpufleet.apiserver.tables import ml as _ml  # noqa: F401  (registers the ML kinds' printers)
 from gpufleet.apiserver.tables.cluster import (
