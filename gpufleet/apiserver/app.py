@@ -141,6 +141,10 @@ async def _websocket(handler: Handler, ws: WebSocket) -> None:
     """A WebSocket handshake: the API decides (exec, attach, port-forward); a refusal is
     answered as HTTP (kubectl reads the Status in it), else the WebSocket is the stream's."""
     raw = _raw_request(ws, "GET", upgrades=frozenset({"websocket"}))
+    # The handshake's own headers, as the client sent them (wsproto keeps them out of the scope).
+    raw.headers["upgrade"] = "websocket"
+    if ws.scope.get("subprotocols"):
+        raw.headers["sec-websocket-protocol"] = ", ".join(ws.scope["subprotocols"])
     resp = await handler.handle(raw)
     if resp.upgrade is None or resp.upgrade.kind != "websocket":
         if resp.status == 101:
@@ -200,6 +204,6 @@ class HttpServer(ServerTask):
             build_asgi_app(handler), host=host, port=port, log_level=log_level, access_log=False,
             lifespan="off", timeout_keep_alive=75, timeout_graceful_shutdown=2,
             # SPDY upgrades (exec, attach, port-forward) are taken over by the application.
-            http=UpgradableH11Protocol, ws="websockets-sansio", **kwargs,
+            http=UpgradableH11Protocol, ws="wsproto", **kwargs,
         )
         super().__init__(config, what="API server", stop_timeout=5)
