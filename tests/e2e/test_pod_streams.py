@@ -239,8 +239,6 @@ print(json.dumps(out))
 
 
 def test_a_viewer_cannot_exec(plane: Plane, tmp_path: Path):
-    if plane.runtime != "process":  # type: ignore[attr-defined]
-        pytest.skip("authorization does not depend on the runtime: checked once")
     path = tmp_path / "viewer.kubeconfig"
     made = subprocess.run([sys.executable, "-m", "gpufleet.cli.main", "token", "create", "--namespace", NS,
                            "--role", "view", "--user", "viewer", "--write-kubeconfig", str(path),
