@@ -28,6 +28,7 @@ import psutil
 from gpufleet.agent import node
 from gpufleet.agent import stats as stats_mod
 from gpufleet.agent.agentlogs import LogsAndStatsMixin
+from gpufleet.agent.agentstreams import StreamsMixin
 from gpufleet.agent.apiproxy import ApiRelay
 from gpufleet.agent.httpserver import AgentHttpServer
 from gpufleet.agent.localpath import LocalPathCleanup
@@ -95,7 +96,7 @@ class AgentConfig:
     checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
 
 
-class NodeAgent(RegistrationMixin, LogsAndStatsMixin):
+class NodeAgent(RegistrationMixin, LogsAndStatsMixin, StreamsMixin):
     def __init__(self, client: Client, runtime: Runtime, devices: Any, config: AgentConfig,
                  clock: Clock = REAL_CLOCK) -> None:
         self.client = client

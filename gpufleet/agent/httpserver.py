@@ -1,6 +1,7 @@
 """The agent's own HTTP endpoint, as the kubelet's port 10250: container logs (proxied to
-users by the API server's pods/log), a stats summary (read by metrics.k8s.io), the scraped
-workload metrics (read by the HPA), Prometheus metrics and a health check.
+users by the API server's pods/log), exec, attach and port-forward streams (streamserver.py,
+for pods/exec, pods/attach and pods/portforward), a stats summary (read by metrics.k8s.io),
+the scraped workload metrics (read by the HPA), Prometheus metrics and a health check.
 
 It serves TLS with the node's serving certificate and answers only the API server: every
 request but /healthz must bear a proxy token of the API server for this node, fresh (60 s)
@@ -21,7 +22,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.websockets import WebSocket
 
+from gpufleet.agent.streamserver import stream_routes
 from gpufleet.utils.uvicornserver import ServerTask
 
 log = logging.getLogger(__name__)
@@ -69,12 +72,15 @@ class RequireToken:
         self._verify = verify
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] in ("http", "websocket") and scope["path"] not in OPEN_PATHS:
             why = self._refusal(scope)
             if why is not None:
-                log.info("agent port: refused %s %s: %s", scope.get("method"), scope["path"], why)
+                log.info("agent port: refused %s %s: %s", scope.get("method", "websocket"), scope["path"], why)
                 response = JSONResponse(status_body(401, "Unauthorized", "Unauthorized"), status_code=401)
-                await response(scope, receive, send)
+                if scope["type"] == "websocket":
+                    await WebSocket(scope, receive, send).send_denial_response(response)
+                else:
+                    await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
@@ -127,6 +133,7 @@ def build_app(endpoints: AgentEndpoints,
         Route("/stats/workload", workload),
         Route("/metrics", metrics),
         Route("/metrics/resource", metrics),
+        *(stream_routes(endpoints) if hasattr(endpoints, "open_exec") else ()),  # type: ignore[arg-type]
     ])
     return app if verify is None else RequireToken(app, verify)
 
@@ -139,5 +146,6 @@ class AgentHttpServer(ServerTask):
         tls = dict(ssl_certfile=str(serving.cert_file), ssl_keyfile=str(serving.key_file)) if serving else {}
         app = build_app(endpoints, serving.verifier().verify if serving else None)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=1, **tls)
+                                lifespan="off", timeout_graceful_shutdown=1, ws="websockets-sansio",
+                                ws_ping_interval=None, **tls)
         super().__init__(config, what="the agent's HTTP server", task_name="agent-http", stop_timeout=3)

@@ -104,7 +104,7 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("", "v1", "Node", "nodes", False, f"{_K8S}:Node", ("no",),
                  field_labels=("spec.unschedulable",), subresources=("status", "proxy")),
     ResourceType("", "v1", "Pod", "pods", True, f"{_K8S}:Pod", ("po",), ("all",),
-                 subresources=("status", "log", "binding", "eviction"),
+                 subresources=("status", "log", "binding", "eviction", "exec", "attach", "portforward"),
                  field_labels=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
                                "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
                                "status.podIP", "status.nominatedNodeName")),

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import ssl
 from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import request_response
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gpufleet.apiserver.headers import safe_headers
-from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, Handler, RawRequest
+from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, Handler, RawRequest, RawResponse
+from gpufleet.utils.upgrades import TAKEOVER, UpgradableH11Protocol
 from gpufleet.utils.uvicornserver import ServerTask
 
 log = logging.getLogger("gpufleet.apiserver")
@@ -29,7 +32,7 @@ def _text(value: str) -> str:
         return value
 
 
-def _headers(request: Request) -> dict[str, str]:
+def _headers(request: HTTPConnection) -> dict[str, str]:
     """Lower-cased names; a header sent several times (kubectl's Impersonate-Group for each
     --as-group) is joined with ", " as HTTP allows, so no value is lost."""
     out: dict[str, str] = {}
@@ -83,35 +86,108 @@ class _Body:
         return not authenticated and "chunked" in self.request.headers.get("transfer-encoding", "").lower()
 
 
+class _Messages:
+    """A Starlette WebSocket as a MessageChannel."""
+
+    def __init__(self, ws: WebSocket) -> None:
+        self.ws = ws
+
+    async def recv(self) -> bytes | str | None:
+        try:
+            message = await self.ws.receive()
+        except (WebSocketDisconnect, RuntimeError):
+            return None
+        if message["type"] == "websocket.disconnect":
+            return None
+        data = message.get("bytes")
+        return data if data is not None else message.get("text") or ""
+
+    async def send(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            await self.ws.send_text(data)
+        else:
+            await self.ws.send_bytes(data)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        with contextlib.suppress(Exception):
+            await self.ws.close(code, reason)
+
+
+def _raw_request(conn: HTTPConnection, method: str, **kwargs: Any) -> RawRequest:
+    return RawRequest(
+        method=method,
+        # The decoded path as sent: request.url.path would drop tabs and line breaks.
+        path=conn.scope["path"],
+        query=list(conn.query_params.multi_items()),
+        headers=_headers(conn),
+        remote_addr=conn.client.host if conn.client else "",
+        **kwargs,
+    )
+
+
+def _response(resp: RawResponse, headers: dict[str, str] | None = None) -> Response:
+    # The last line of defence: a header value that cannot be encoded would fail the
+    # response after the handler may have stored a write, so it is escaped here too.
+    sent = safe_headers(resp.headers)
+    media_type = sent.get("content-type")
+    out = {k: v for k, v in sent.items() if k not in ("content-type", "transfer-encoding")}
+    out.update(headers or {})
+    if resp.stream is not None:
+        return StreamingResponse(resp.stream, status_code=resp.status, headers=out, media_type=media_type)
+    return Response(resp.body, status_code=resp.status, headers=out, media_type=media_type)
+
+
+async def _websocket(handler: Handler, ws: WebSocket) -> None:
+    """A WebSocket handshake: the API decides (exec, attach, port-forward); a refusal is
+    answered as HTTP (kubectl reads the Status in it), else the WebSocket is the stream's."""
+    raw = _raw_request(ws, "GET", upgrades=frozenset({"websocket"}))
+    # The handshake's own headers, as the client sent them (wsproto keeps them out of the scope).
+    raw.headers["upgrade"] = "websocket"
+    if ws.scope.get("subprotocols"):
+        raw.headers["sec-websocket-protocol"] = ", ".join(ws.scope["subprotocols"])
+    resp = await handler.handle(raw)
+    if resp.upgrade is None or resp.upgrade.kind != "websocket":
+        if resp.status == 101:
+            resp = RawResponse(400, {"content-type": "text/plain"}, b"this request cannot be upgraded to a WebSocket")
+        await ws.send_denial_response(_response(resp))
+        return
+    await ws.accept(subprotocol=resp.upgrade.subprotocol)
+    channel = _Messages(ws)
+    try:
+        await resp.upgrade.run(channel)
+    finally:
+        await channel.close()
+
+
 def build_asgi_app(handler: Handler) -> Starlette:
     async def endpoint(request: Request) -> Response:
         body = _Body(request)
-        raw = RawRequest(
-            method=request.method,
-            # The decoded path as sent: request.url.path would drop tabs and line breaks.
-            path=request.scope["path"],
-            query=list(request.query_params.multi_items()),
-            headers=_headers(request),
-            reader=body.read,
-            remote_addr=request.client.host if request.client else "",
-        )
+        takeover = (request.scope.get("extensions") or {}).get(TAKEOVER)
+        raw = _raw_request(request, request.method, reader=body.read,
+                           upgrades=frozenset({"spdy"}) if takeover is not None else frozenset())
         resp = await handler.handle(raw)
-        # The last line of defence: a header value that cannot be encoded would fail the
-        # response after the handler may have stored a write, so it is escaped here too.
-        sent = safe_headers(resp.headers)
-        headers = {k: v for k, v in sent.items() if k not in ("content-type", "transfer-encoding")}
-        if body.close_after(raw.authenticated):
-            headers["connection"] = "close"
-        media_type = sent.get("content-type")
-        if resp.stream is not None:
-            return StreamingResponse(resp.stream, status_code=resp.status, headers=headers, media_type=media_type)
-        return Response(resp.body, status_code=resp.status, headers=headers, media_type=media_type)
+        if resp.upgrade is not None and resp.upgrade.kind == "spdy" and takeover is not None:
+            conn = await takeover([(k.encode("latin-1"), v.encode("latin-1")) for k, v in resp.upgrade.headers.items()])
+            try:
+                await resp.upgrade.run(conn)
+            finally:
+                conn.close()
+            return Response()  # not sent: the connection was the stream's
+        return _response(resp, {"connection": "close"} if body.close_after(raw.authenticated) else None)
+
+    http = request_response(endpoint)
+
+    async def default(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await _websocket(handler, WebSocket(scope, receive, send))
+        else:
+            await http(scope, receive, send)
 
     # Every method and every path reach the handler, which answers each with a Status (a
     # route's pattern would not match a path holding a line break, %0A, and a route's method
     # list answers others with a plain-text 404 or 405): the router's default is the endpoint.
     app = Starlette()
-    app.router.default = request_response(endpoint)
+    app.router.default = default
     return app
 
 
@@ -126,6 +202,8 @@ class HttpServer(ServerTask):
             kwargs.update(ssl_certfile=certfile, ssl_keyfile=keyfile, ssl_version=ssl.PROTOCOL_TLS_SERVER)
         config = uvicorn.Config(
             build_asgi_app(handler), host=host, port=port, log_level=log_level, access_log=False,
-            lifespan="off", timeout_keep_alive=75, timeout_graceful_shutdown=2, **kwargs,
+            lifespan="off", timeout_keep_alive=75, timeout_graceful_shutdown=2,
+            # SPDY upgrades (exec, attach, port-forward) are taken over by the application.
+            http=UpgradableH11Protocol, ws="wsproto", **kwargs,
         )
         super().__init__(config, what="API server", stop_timeout=5)

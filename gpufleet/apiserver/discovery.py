@@ -31,6 +31,9 @@ _SUBRESOURCE_KINDS: dict[str, tuple[str, str, str]] = {
     "binding": ("", "v1", "Binding"),
     "eviction": ("policy", "v1", "Eviction"),
     "token": ("authentication.k8s.io", "v1", "TokenRequest"),
+    "exec": ("", "v1", "PodExecOptions"),
+    "attach": ("", "v1", "PodAttachOptions"),
+    "portforward": ("", "v1", "PodPortForwardOptions"),
 }
 _SUBRESOURCE_VERBS: dict[str, list[str]] = {
     "status": ["get", "patch", "update"],
@@ -40,6 +43,9 @@ _SUBRESOURCE_VERBS: dict[str, list[str]] = {
     "eviction": ["create"],
     "token": ["create"],
     "finalize": ["update"],
+    "exec": ["create", "get"],
+    "attach": ["create", "get"],
+    "portforward": ["create", "get"],
 }
 
 

@@ -128,8 +128,20 @@ class NodeProxy:
     def _extensions(self, node_name: str) -> dict[str, Any]:
         return {"sni_hostname": serving_name(node_name)} if self._tls else {}
 
+    async def agent_dial(self, node_name: str) -> tuple[str | None, dict[str, str], ssl.SSLContext | None, str | None]:
+        """How to open a stream to the agent of ``node_name`` (pods/exec, attach,
+        portforward): its base URL (None when it publishes none), this server's headers for
+        it, and over TLS the context and the server name its certificate must bear."""
+        base = self._base(await self._node(node_name))
+        sni = serving_name(node_name) if self._tls else None
+        return base, self.node_headers(node_name), self._tls_context if self._tls else None, sni
+
     def install(self, api: Any) -> None:
-        """Serve pods/log and metrics.k8s.io through ``api`` (an ApiServer)."""
+        """Serve pods/log, pods/exec|attach|portforward and metrics.k8s.io through ``api``
+        (an ApiServer)."""
+        from gpufleet.apiserver.podstreams import PodStreams
+
+        api.stream_provider = PodStreams(self)
         api.log_provider = self.log_provider
         api.node_proxy_provider = self.proxy
         api.extra_groups[(METRICS_GROUP, METRICS_VERSION)] = self.metrics

@@ -14,6 +14,7 @@ storage through the same entry (``serve_resource``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -55,6 +56,8 @@ log = logging.getLogger("gpufleet.apiserver")
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 CRDS = "customresourcedefinitions.apiextensions.k8s.io"
+# The pod subresources that open a stream to the pod's node (exec, attach, port-forward).
+STREAMING = frozenset({"exec", "attach", "portforward"})
 
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
 # Serves nodes/{name}/proxy/...: (node name, the path after /proxy, the request).
@@ -106,6 +109,8 @@ class ApiServer:
         self.authorizer = authorizer
         self.log_provider = log_provider
         self.node_proxy_provider: NodeProxyProvider | None = None
+        # Serves pods/exec, pods/attach and pods/portforward (podstreams.PodStreams).
+        self.stream_provider: Any = None
         # Serves serviceaccounts/{name}/token (auth/serviceaccounts.py's TokenIssuer); without
         # one, no service account tokens are issued and the subresource answers 404.
         self.token_issuer: Any = None
@@ -192,6 +197,11 @@ class ApiServer:
                      method: str) -> RawResponse:
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
             allowed = await _decided(rec, self.authorizer(user, info))
+            if allowed and info.verb == "get" and info.resource == "pods" and info.subresource in STREAMING:
+                # A WebSocket handshake is a GET, yet it opens a stream as SPDY's POST does: it
+                # needs create too (kube-apiserver's AuthorizePodWebsocketUpgradeCreatePermission).
+                info = dataclasses.replace(info, verb="create")
+                allowed = await _decided(rec, self.authorizer(user, info))
             if not allowed:
                 what = f'{info.resource}{"/" + info.subresource if info.subresource else ""}'
                 scope = f' in the namespace "{info.namespace}"' if info.namespace else " at the cluster scope"

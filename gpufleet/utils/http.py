@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class BodyTooLarge(Exception):
@@ -46,6 +46,10 @@ class RawRequest:
     # Set by the server once it knows who sent the request (the adapter then drains a
     # refused body rather than cut the connection).
     authenticated: bool = field(default=False, repr=False, compare=False)
+    # The protocols the HTTP adapter can switch this request's connection to ("websocket"
+    # for a WebSocket handshake, "spdy" for an HTTP/1.1 connection it can hand over); empty
+    # in-process.
+    upgrades: frozenset[str] = field(default=frozenset(), repr=False, compare=False)
 
     async def read_body(self, limit: int) -> bytes:
         """The body, read now if it is still on the wire; BodyTooLarge past ``limit`` bytes
@@ -76,6 +80,31 @@ class RawResponse:
     body: bytes = b""
     # Set for streaming answers (watch, log -f): chunks to send as they come; body is then empty.
     stream: AsyncIterator[bytes] | None = None
+    # Set when the answer switches protocols (status 101): the adapter completes the switch
+    # and hands the connection to it.
+    upgrade: Upgrade | None = None
+
+
+@dataclass
+class Upgrade:
+    """A protocol switch: ``kind`` "websocket" (accepted with ``subprotocol``) or "spdy"
+    (101 with ``headers``); ``run`` is then given the connection: a ``MessageChannel`` for
+    a WebSocket, a byte stream (read/write/drain/close) for SPDY."""
+
+    kind: str
+    run: Callable[[Any], Awaitable[None]]
+    subprotocol: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class MessageChannel(Protocol):
+    """A WebSocket's messages: recv() answers bytes or str, None once it closed."""
+
+    async def recv(self) -> bytes | str | None: ...
+
+    async def send(self, data: bytes | str) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
 class Handler(Protocol):

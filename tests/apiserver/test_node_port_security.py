@@ -271,3 +271,35 @@ async def test_the_join_token_cannot_take_over_a_node_registered_by_another_iden
         await admin.delete("secrets", "gpufleet-token-node-n7", "kube-system")
     (tmp_path / "n7" / "node-token").unlink()
     assert await node_token(lambda t: connect(cp, t), cp.join_token, "n7", tmp_path / "n7")
+
+
+class StreamStub(Stub):
+    async def open_exec(self, namespace: str, pod: str, container: str, command: list[str], tty: bool) -> Any:
+        from gpufleet.agent.streamserver import StreamRefused
+
+        raise StreamRefused(f"no {container} in {namespace}/{pod} to run {command}", "NotFound", 404)
+
+
+async def test_the_agents_stream_websockets_answer_only_the_api_server(cp: ControlPlane, tmp_path: Path) -> None:
+    from websockets.asyncio.client import connect as ws_connect
+    from websockets.exceptions import InvalidStatus
+
+    _, serving = await join(cp, "n1", tmp_path / "n1")
+    server = AgentHttpServer(StreamStub(), "127.0.0.1", 0, serving=serving)
+    await server.start()
+    try:
+        url = f"wss://127.0.0.1:{server.port}/exec/ns/p/main?command=id&stdout=true"
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        with pytest.raises(InvalidStatus) as refused:
+            await ws_connect(url, ssl=ctx, subprotocols=["v5.channel.k8s.io"])  # type: ignore[list-item]
+        assert refused.value.response.status_code == 401
+        async with ws_connect(url, ssl=ctx, subprotocols=["v5.channel.k8s.io"],  # type: ignore[list-item]
+                              additional_headers=cp.node_proxy.node_headers("n1")) as ws:
+            message = await ws.recv()
+        assert isinstance(message, bytes) and message[0] == 3  # the error channel
+        status = json.loads(message[1:])
+        assert (status["status"], status["reason"]) == ("Failure", "NotFound")
+        assert status["message"] == "no main in ns/p to run ['id']"
+    finally:
+        await server.stop()

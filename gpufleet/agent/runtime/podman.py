@@ -82,6 +82,7 @@ from gpufleet.agent.runtime.podman_args import (
     parse_time,
     write_env_file,
 )
+from gpufleet.agent.runtime.podman_exec import PodmanStreamsMixin
 from gpufleet.agent.runtime.podman_images import ImagesMixin
 from gpufleet.agent.runtime.podman_sandbox import SandboxMixin
 from gpufleet.utils.clock import REAL_CLOCK, Clock
@@ -99,7 +100,7 @@ class _Container:
     last_cpu: tuple[float, float] | None = None  # (cpu seconds, monotonic time)
 
 
-class PodmanRuntime(SandboxMixin, ImagesMixin):
+class PodmanRuntime(SandboxMixin, ImagesMixin, PodmanStreamsMixin):
     name = "podman"
     capabilities = frozenset(CAPABILITIES)
 

@@ -310,8 +310,13 @@ _VIEWABLE_ONLY: list[tuple[str, list[str]]] = [
 ]
 
 
+# What view must not read though edit may: Secrets, and the pod subresources that reach into a
+# pod (exec, attach, port-forward, proxy), as Kubernetes' view role leaves them out.
+_ESCALATING = frozenset({"secrets", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy"})
+
+
 def _view_rules() -> list[dict[str, Any]]:
-    rules = [_rule([g], [r for r in rs if not r.startswith("secrets")], _READ) for g, rs in _EDITABLE]
+    rules = [_rule([g], [r for r in rs if r not in _ESCALATING], _READ) for g, rs in _EDITABLE]
     rules += [_rule([g], rs, _READ) for g, rs in _VIEWABLE_ONLY]
     return rules
 

@@ -14,10 +14,12 @@ from gpufleet.apiserver.subresources.log import Log
 from gpufleet.apiserver.subresources.proxy import Proxy
 from gpufleet.apiserver.subresources.scale import Scale
 from gpufleet.apiserver.subresources.status import Finalize, Status
+from gpufleet.apiserver.subresources.streams import Attach, Exec, PortForward
 from gpufleet.apiserver.subresources.token import Token
 
 SUBRESOURCES: dict[str, Subresource] = {
-    s.name: s for s in (Status(), Finalize(), Scale(), Binding(), Eviction(), Log(), Proxy(), Token())
+    s.name: s for s in (Status(), Finalize(), Scale(), Binding(), Eviction(), Log(), Proxy(), Token(),
+                           Exec(), Attach(), PortForward())
 }
 
 __all__ = ["SUBRESOURCES", "Subresource"]
