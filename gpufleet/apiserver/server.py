@@ -57,6 +57,9 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
 # Serves nodes/{name}/proxy/...: (node name, the path after /proxy, the request).
 NodeProxyProvider = Callable[[str, str, RawRequest], Awaitable[RawResponse]]
+# Serves pods/proxy and services/proxy: (the pod, scheme, its port's number or name, the path
+# after /proxy, the request), relayed through the pod's node agent.
+PodProxyProvider = Callable[[dict[str, Any], str, str, str, RawRequest], Awaitable[RawResponse]]
 Authenticator = Callable[[RawRequest], Awaitable[UserInfo | None]]
 Authorizer = Callable[[UserInfo, RequestInfo], Awaitable[bool]]
 
@@ -103,6 +106,7 @@ class ApiServer:
         self.authorizer = authorizer
         self.log_provider = log_provider
         self.node_proxy_provider: NodeProxyProvider | None = None
+        self.pod_proxy_provider: PodProxyProvider | None = None
         # Serves serviceaccounts/{name}/token (auth/serviceaccounts.py's TokenIssuer); without
         # one, no service account tokens are issued and the subresource answers 404.
         self.token_issuer: Any = None
