@@ -152,6 +152,12 @@ _BUILTIN: list[ResourceType] = [
     # policy/v1
     ResourceType("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True,
                  f"{_K8S}:PodDisruptionBudget", ("pdb",)),
+    # networking.k8s.io/v1 (NetworkPolicy is stored, not enforced: the API warns so)
+    ResourceType("networking.k8s.io", "v1", "Ingress", "ingresses", True, f"{_K8S}:Ingress", ("ing",)),
+    ResourceType("networking.k8s.io", "v1", "IngressClass", "ingressclasses", False, f"{_K8S}:IngressClass",
+                 subresources=()),
+    ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, f"{_K8S}:NetworkPolicy",
+                 ("netpol",), subresources=()),
     # rbac.authorization.k8s.io/v1
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, f"{_RBAC}:ClusterRole",
                  subresources=()),

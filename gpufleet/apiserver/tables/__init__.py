@@ -16,6 +16,7 @@ printers are in `pods`, `workloads`, `corekinds`, `cluster` and `ml`.
 from __future__ import annotations
 
 from gpufleet.apiserver.tables import ml as _ml  # noqa: F401  (registers the ML kinds' printers)
+from gpufleet.apiserver.tables import networking as _networking  # noqa: F401  (Ingress, NetworkPolicy)
 from gpufleet.apiserver.tables.cluster import (
     _HPA_COLUMNS,
     _LEASE_COLUMNS,
