@@ -120,6 +120,19 @@ def test_services_and_pods_proxy_return_the_pods_answer(served: Plane, kubectl: 
     assert kubectl("create", "--raw", f"{base}/pods/front-0/proxy/submit", "-f", "-",
                    input='{"a": 1}').ok().stdout == 'front POST /submit {"a": 1}'
 
+    # kubectl proxy, as a browser uses it.
+    proxy = kubectl.popen("proxy", "--port=0")
+    try:
+        assert proxy.stdout is not None
+        line = proxy.stdout.readline()
+        assert line.startswith("Starting to serve on "), line
+        with urllib.request.urlopen(f"http://{line.split()[-1]}{base}/services/front:80/proxy/page.html",
+                                    timeout=10) as r:
+            assert (r.status, r.read().decode()) == (200, "front GET /page.html")
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+
     empty = kubectl("get", "--raw", f"{base}/services/empty:80/proxy/").failed()
     assert empty.stderr.strip() == \
         'Error from server (ServiceUnavailable): no endpoints available for service "empty"', empty
