@@ -158,7 +158,7 @@ _BUILTIN: list[ResourceType] = [
                  storage_version="v2", conversion_path="gpufleet.api.conversion:HPA_V1"),
     # events.k8s.io/v1: the core v1 Events, in that group's shape (`kubectl events`, `kubectl get
     # events.events.k8s.io`)
-    ResourceType("events.k8s.io", "v1", "Event", "events", True, "gpufleet.api.events_v1:EventV1", ("ev",),
+    ResourceType("events.k8s.io", "v1", "Event", "events", True, "gpufleet.api.events_v1:EventV1",
                  subresources=(), storage_version="v1", storage_group="",
                  conversion_path="gpufleet.api.events_v1:EVENT_V1"),
     # storage.k8s.io/v1

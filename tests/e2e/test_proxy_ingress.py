@@ -149,9 +149,7 @@ def test_services_and_pods_proxy_return_the_pods_answer(served: Plane, kubectl: 
 
 def test_ingress_routes_host_and_path_through_the_gateway(served: Plane, kubectl: Kubectl) -> None:
     def fetch(path: str) -> str:
-        req = urllib.request.Request(f"{served.gateway}{path}", headers={"Host": "shop.example.com"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.read().decode()
+        return _fetch_as(served, "shop.example.com", path)
 
     assert until("the Ingress route", lambda: _quiet(fetch, "/api/items") == "api GET /api/items", served)
     assert fetch("/cart?id=3") == "front GET /cart?id=3"
@@ -159,6 +157,20 @@ def test_ingress_routes_host_and_path_through_the_gateway(served: Plane, kubectl
     row = until("the Ingress address", lambda: (r := kubectl("get", "ingress", "site", "-n", NS, "--no-headers")
                                                 .ok().stdout.split()) and r[3] != "80" and r, served)
     assert row[:5] == ["site", "gpufleet", "shop.example.com", "127.0.0.1", "80"]
+    # `kubectl create ingress` sends protobuf.
+    kubectl("create", "ingress", "made", "-n", NS, "--rule=made.example.com/x*=api:http,tls=cert").ok()
+    spec = json.loads(kubectl("get", "ingress", "made", "-n", NS, "-o", "jsonpath={.spec}").ok().stdout)
+    assert spec == {"ingressClassName": "gpufleet", "rules": [{"host": "made.example.com", "http": {"paths": [
+        {"backend": {"service": {"name": "api", "port": {"name": "http"}}}, "path": "/x", "pathType": "Prefix"}]}}],
+        "tls": [{"hosts": ["made.example.com"], "secretName": "cert"}]}
+    assert until("the made Ingress route", lambda: _quiet(
+        lambda p: _fetch_as(served, "made.example.com", p), "/x/y") == "api GET /x/y", served)
+
+
+def _fetch_as(plane: Plane, host: str, path: str) -> str:
+    req = urllib.request.Request(f"{plane.gateway}{path}", headers={"Host": host})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return r.read().decode()
 
 
 def _quiet(fn: Callable[[str], str], arg: str) -> str | None:
