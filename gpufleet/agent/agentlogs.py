@@ -1,5 +1,6 @@
-"""What the agent serves about its pods over HTTP: container logs (kubectl logs), and usage
-(the stats summary, metrics and workload metrics)."""
+"""What the agent serves about its pods over HTTP: container logs (kubectl logs), usage
+(the stats summary, metrics and workload metrics), and where a pod's port is reached (the
+relay behind pods/proxy and services/proxy, podproxy.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,27 @@ import psutil
 from gpufleet.agent import logfiles
 from gpufleet.agent import stats as stats_mod
 from gpufleet.agent.httpserver import LogAnswer
+from gpufleet.agent.podproxy import PodTarget, resolve_port
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
 
 log = logging.getLogger(__name__)
 
 class LogsAndStatsMixin:
     """NodeAgent's logs and stats (see agent.py)."""
+
+    # -- the pod relay --------------------------------------------------------------------
+
+    async def pod_target(self, namespace: str, pod: str, port: str) -> PodTarget:
+        """Where this node's pod ``namespace/pod`` answers on ``port`` (a container port's
+        number or name); a 503 for a pod this node does not run now."""
+        worker = self.worker_for(namespace, pod)
+        if worker is None or worker.removed or worker.terminal or not any(r.running for r in worker.records):
+            return PodTarget(code=503, reason="ServiceUnavailable",
+                             message=f'pod "{pod}" in namespace "{namespace}" is not running on node {self.name}')
+        number = resolve_port(worker.pod, port, worker.ports if worker.uses_host_network() else None)
+        if number is None:
+            return PodTarget(code=400, reason="BadRequest", message=f'pod "{pod}" has no container port named "{port}"')
+        return PodTarget(host=worker.pod_ip, port=number)
 
     # -- logs -----------------------------------------------------------------------------
 

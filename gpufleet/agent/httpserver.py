@@ -1,7 +1,8 @@
 """The agent's own HTTP endpoint, as the kubelet's port 10250: container logs (proxied to
 users by the API server's pods/log), exec, attach and port-forward streams (streamserver.py,
 for pods/exec, pods/attach and pods/portforward), a stats summary (read by metrics.k8s.io),
-the scraped workload metrics (read by the HPA), Prometheus metrics and a health check.
+the scraped workload metrics (read by the HPA), Prometheus metrics, a health check, and the
+relay to its pods behind pods/proxy and services/proxy (``/podProxy/...``, podproxy.py).
 
 It serves TLS with the node's serving certificate and answers only the API server: every
 request but /healthz must bear a proxy token of the API server for this node, fresh (60 s)
@@ -24,6 +25,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.websockets import WebSocket
 
+from gpufleet.agent.podproxy import PREFIX as POD_PROXY_PREFIX
+from gpufleet.agent.podproxy import PodRelay, PodTarget
 from gpufleet.agent.streamserver import stream_routes
 from gpufleet.utils.uvicornserver import ServerTask
 
@@ -52,6 +55,8 @@ class AgentEndpoints(Protocol):
     async def metrics_text(self) -> bytes: ...
 
     async def workload_metrics(self, namespace: str | None = None) -> dict[str, Any]: ...
+
+    async def pod_target(self, namespace: str, pod: str, port: str) -> PodTarget: ...
 
 
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -95,8 +100,12 @@ class RequireToken:
             return "not a token"
 
 
+_PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
 def build_app(endpoints: AgentEndpoints,
-              verify: Callable[[str], str | None] | None = None) -> Starlette | RequireToken:
+              verify: Callable[[str], str | None] | None = None,
+              relay: PodRelay | None = None) -> Starlette | RequireToken:
     """``verify``: the check of the API server's proxy tokens (ProxyTokenVerifier.verify).
     With it, container logs, /stats/*, /metrics and any other path answer only a request
     bearing a token it accepts (401 otherwise); /healthz answers anyone. Without it (an agent
@@ -134,6 +143,7 @@ def build_app(endpoints: AgentEndpoints,
         Route("/metrics", metrics),
         Route("/metrics/resource", metrics),
         *(stream_routes(endpoints) if hasattr(endpoints, "open_exec") else ()),  # type: ignore[arg-type]
+        *([Route(POD_PROXY_PREFIX + "/{rest:path}", relay.handle, methods=_PROXY_METHODS)] if relay is not None else []),
     ])
     return app if verify is None else RequireToken(app, verify)
 
@@ -144,8 +154,15 @@ class AgentHttpServer(ServerTask):
 
     def __init__(self, endpoints: AgentEndpoints, host: str, port: int, serving: Any = None) -> None:
         tls = dict(ssl_certfile=str(serving.cert_file), ssl_keyfile=str(serving.key_file)) if serving else {}
-        app = build_app(endpoints, serving.verifier().verify if serving else None)
+        target = getattr(endpoints, "pod_target", None)
+        self.relay = PodRelay(target) if target is not None else None
+        app = build_app(endpoints, serving.verifier().verify if serving else None, self.relay)
         config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
                                 lifespan="off", timeout_graceful_shutdown=1, ws="websockets-sansio",
                                 ws_ping_interval=None, **tls)
         super().__init__(config, what="the agent's HTTP server", task_name="agent-http", stop_timeout=3)
+
+    async def stop(self) -> None:
+        await super().stop()
+        if self.relay is not None:
+            await self.relay.close()

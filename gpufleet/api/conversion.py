@@ -55,6 +55,9 @@ class Conversion:
     # A field path of the storage version -> the path a client of this version wrote
     # (used to word validation errors); the storage-version object is the second argument.
     field_path: Callable[[str, Obj], str]
+    # A field selector's label of this version -> the stored version's (None: not supported);
+    # unset: the labels are the same.
+    field_label: Callable[[str], str | None] | None = None
 
 
 # --- HorizontalPodAutoscaler autoscaling/v2 <-> autoscaling/v1 ---------------------------------

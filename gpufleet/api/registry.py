@@ -42,6 +42,9 @@ class ResourceType:
     # gpufleet.api.conversion.Conversion between the two.
     storage_version: str = ""
     conversion_path: str = ""
+    # Set on a version served from another group's storage (events.k8s.io/v1 Events are core
+    # v1 Events): that group ("" is the core group); None: this one.
+    storage_group: str | None = None
 
     @property
     def singular(self) -> str:
@@ -59,6 +62,18 @@ class ResourceType:
     def key(self) -> str:
         """The group-resource string ('pods', 'deployments.apps'): the store's resource key."""
         return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def storage_key(self) -> str:
+        """The store's resource key of the objects this version serves."""
+        group = self.group if self.storage_group is None else self.storage_group
+        return f"{self.plural}.{group}" if group else self.plural
+
+    @property
+    def storage_api_version(self) -> str:
+        group = self.group if self.storage_group is None else self.storage_group
+        version = self.storage_version or self.version
+        return f"{group}/{version}" if group else version
 
     @property
     def gvk(self) -> tuple[str, str, str]:
@@ -104,11 +119,12 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("", "v1", "Node", "nodes", False, f"{_K8S}:Node", ("no",),
                  field_labels=("spec.unschedulable",), subresources=("status", "proxy")),
     ResourceType("", "v1", "Pod", "pods", True, f"{_K8S}:Pod", ("po",), ("all",),
-                 subresources=("status", "log", "binding", "eviction", "exec", "attach", "portforward"),
+                 subresources=("status", "log", "binding", "eviction", "exec", "attach", "portforward", "proxy"),
                  field_labels=("spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
                                "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
                                "status.podIP", "status.nominatedNodeName")),
-    ResourceType("", "v1", "Service", "services", True, f"{_K8S}:Service", ("svc",), ("all",)),
+    ResourceType("", "v1", "Service", "services", True, f"{_K8S}:Service", ("svc",), ("all",),
+                 subresources=("status", "proxy")),
     ResourceType("", "v1", "Endpoints", "endpoints", True, f"{_K8S}:Endpoints", ("ep",), subresources=()),
     ResourceType("", "v1", "Event", "events", True, f"{_K8S}:Event", ("ev",), subresources=(),
                  field_labels=("involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
@@ -146,6 +162,11 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("autoscaling", "v1", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True,
                  "gpufleet.api.autoscaling_v1:HorizontalPodAutoscalerV1", ("hpa",), ("all",),
                  storage_version="v2", conversion_path="gpufleet.api.conversion:HPA_V1"),
+    # events.k8s.io/v1: the core v1 Events, in that group's shape (`kubectl events`, `kubectl get
+    # events.events.k8s.io`)
+    ResourceType("events.k8s.io", "v1", "Event", "events", True, "gpufleet.api.events_v1:EventV1",
+                 subresources=(), storage_version="v1", storage_group="",
+                 conversion_path="gpufleet.api.events_v1:EVENT_V1"),
     # storage.k8s.io/v1
     ResourceType("storage.k8s.io", "v1", "StorageClass", "storageclasses", False, f"{_K8S}:StorageClass",
                  ("sc",), subresources=()),
@@ -157,6 +178,12 @@ _BUILTIN: list[ResourceType] = [
     # policy/v1
     ResourceType("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True,
                  f"{_K8S}:PodDisruptionBudget", ("pdb",)),
+    # networking.k8s.io/v1 (NetworkPolicy is stored, not enforced: the API warns so)
+    ResourceType("networking.k8s.io", "v1", "Ingress", "ingresses", True, f"{_K8S}:Ingress", ("ing",)),
+    ResourceType("networking.k8s.io", "v1", "IngressClass", "ingressclasses", False, f"{_K8S}:IngressClass",
+                 subresources=()),
+    ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, f"{_K8S}:NetworkPolicy",
+                 ("netpol",), subresources=()),
     # rbac.authorization.k8s.io/v1
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, f"{_RBAC}:ClusterRole",
                  subresources=()),
@@ -235,7 +262,7 @@ class Registry:
 
     def storage_of(self, t: ResourceType) -> ResourceType:
         """The storage version of ``t`` (``t`` itself when it is one)."""
-        return self._by_key[t.key] if not t.is_storage else t
+        return self._by_key[t.storage_key] if not t.is_storage else t
 
     def groups(self) -> dict[str, list[str]]:
         """group -> versions, the storage version of each group first; the core group is ''."""

@@ -46,7 +46,14 @@ _SUBRESOURCE_VERBS: dict[str, list[str]] = {
     "exec": ["create", "get"],
     "attach": ["create", "get"],
     "portforward": ["create", "get"],
+    # Proxying to a pod or a Service takes every method (nodes/proxy here only GET).
+    "pods/proxy": ["create", "delete", "get", "patch", "update"],
+    "services/proxy": ["create", "delete", "get", "patch", "update"],
 }
+
+
+def _subresource_verbs(rt: ResourceType, sub: str) -> list[str]:
+    return _SUBRESOURCE_VERBS.get(f"{rt.plural}/{sub}") or _SUBRESOURCE_VERBS.get(sub, ["get"])
 
 
 def negotiate_aggregated(accept: str) -> str | None:
@@ -83,7 +90,7 @@ def _resource_entry(rt: ResourceType) -> dict[str, Any]:
         subs.append({
             "subresource": sub,
             "responseKind": {"group": g, "version": v, "kind": k},
-            "verbs": _SUBRESOURCE_VERBS.get(sub, ["get"]),
+            "verbs": _subresource_verbs(rt, sub),
         })
     if subs:
         entry["subresources"] = subs
@@ -169,7 +176,7 @@ def api_resource_list(registry: Registry, group: str, version: str) -> dict | No
                 "singularName": "",
                 "namespaced": rt.namespaced,
                 "kind": k,
-                "verbs": _SUBRESOURCE_VERBS.get(sub, ["get"]),
+                "verbs": _subresource_verbs(rt, sub),
             }
             if g != rt.group or v != rt.version:
                 sub_entry["group"], sub_entry["version"] = g, v

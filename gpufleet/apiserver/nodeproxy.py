@@ -3,7 +3,9 @@ kube-apiserver proxies to the kubelet), the read-only metrics.k8s.io/v1beta1 gro
 (NodeMetrics and PodMetrics built from each Ready node's /stats/summary, as metrics-server
 does), so `kubectl logs` and `kubectl top` work against gpufleet, and the
 ``nodes/{name}/proxy/{path}`` subresource (GET), through which everyone else reads an
-agent's /stats/*, /metrics and /healthz (RBAC resource ``nodes/proxy``).
+agent's /stats/*, /metrics and /healthz (RBAC resource ``nodes/proxy``), and the relay to a
+pod behind pods/proxy and services/proxy (``pod_proxy``: every method, to the agent's
+``/podProxy/...``, which nodes/proxy does not reach).
 
 An agent is found through its Node: the InternalIP address and
 status.daemonEndpoints.kubeletEndpoint.Port. Every call to an agent carries this server's
@@ -42,6 +44,13 @@ METRICS_API_VERSION = f"{METRICS_GROUP}/{METRICS_VERSION}"
 GPU_METRICS_ANNOTATION = "gpufleet.io/gpu-metrics"
 # Response headers of an agent passed back through nodes/{name}/proxy.
 _PROXY_HEADERS = ("content-type", "cache-control", "last-modified", "etag")
+# Request headers not relayed to a pod: hop-by-hop ones and the caller's credentials (as
+# kube-apiserver drops Authorization once it has authenticated a request).
+_NOT_RELAYED = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+    "transfer-encoding", "upgrade", "host", "content-length", "authorization",
+})
+POD_PROXY_PREFIX = "/podProxy"
 _LOG_PARAMS = ("follow", "tailLines", "previous", "timestamps", "sinceSeconds", "sinceTime", "limitBytes")
 
 METRICS_DISCOVERY: dict[str, Any] = {
@@ -144,6 +153,7 @@ class NodeProxy:
         api.stream_provider = PodStreams(self)
         api.log_provider = self.log_provider
         api.node_proxy_provider = self.proxy
+        api.pod_proxy_provider = self.pod_proxy
         api.extra_groups[(METRICS_GROUP, METRICS_VERSION)] = self.metrics
         if not any(d["metadata"]["name"] == METRICS_GROUP for d in api.extra_discovery):
             api.extra_discovery.append(METRICS_DISCOVERY)
@@ -225,6 +235,9 @@ class NodeProxy:
     async def proxy(self, node_name: str, path: str, req: RawRequest) -> RawResponse:
         """GET ``path`` (with the request's query) from the agent of ``node_name``, as
         kube-apiserver's node proxy does with its kubelet client credentials."""
+        if path == POD_PROXY_PREFIX or path.startswith(POD_PROXY_PREFIX + "/"):
+            # The pod relay is reached through pods/proxy and services/proxy, with their RBAC.
+            raise ApiException(404, "NotFound", "the server could not find the requested resource")
         base = self._base(await self._node(node_name))
         if base is None:
             raise ApiException(503, "ServiceUnavailable", f"node {node_name} publishes no agent endpoint to proxy to")
@@ -237,6 +250,46 @@ class NodeProxy:
                                f"error trying to reach node {node_name}: {exc or type(exc).__name__}") from None
         headers = {k: v for k, v in resp.headers.items() if k.lower() in _PROXY_HEADERS}
         return RawResponse(resp.status_code, headers, resp.content)
+
+    # -- pods/proxy, services/proxy -------------------------------------------------------
+
+    async def pod_proxy(self, pod: dict[str, Any], scheme: str, port: str, path: str,
+                        req: RawRequest) -> RawResponse:
+        """``req`` relayed to ``port`` (a container port's number or name) of ``pod`` through
+        its node's agent, with this server's credentials for that node; the answer streams."""
+        meta = pod.get("metadata") or {}
+        name, ns = meta.get("name", ""), meta.get("namespace", "default")
+        node_name = (pod.get("spec") or {}).get("nodeName", "")
+        base = self._base(await self._node(node_name))
+        if base is None:
+            raise ApiException(503, "ServiceUnavailable",
+                               f"node {node_name} publishes no agent endpoint to reach pod {name} through")
+        url = (f"{base}{POD_PROXY_PREFIX}/{quote(ns)}/{quote(name)}/{scheme}:{quote(port)}"
+               f"{quote(path, safe='/:@!$&()*+,;=-._~%')}")
+        headers = {k: v for k, v in req.headers.items()
+                   if k not in _NOT_RELAYED and not k.startswith("impersonate-")}
+        headers.update(self.node_headers(node_name))
+        client = self._client(node_name)
+        request = client.build_request(req.method, url, params=list(req.query), headers=headers, content=req.body,
+                                       timeout=httpx.Timeout(self._timeout, read=300.0, write=300.0),
+                                       extensions=self._extensions(node_name))
+        try:
+            resp = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise ApiException(503, "ServiceUnavailable",
+                               f"error trying to reach node {node_name} for pod {name}: "
+                               f"{exc or type(exc).__name__}") from None
+        out = {k: v for k, v in resp.headers.items() if k not in _NOT_RELAYED}
+        length = resp.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= 1 << 20:
+            try:
+                body = b"".join([chunk async for chunk in resp.aiter_raw()])
+            except httpx.HTTPError as exc:
+                raise ApiException(503, "ServiceUnavailable", f"error reading from pod {name}: {exc}") from None
+            finally:
+                await resp.aclose()
+            return RawResponse(resp.status_code, out, body)
+        return RawResponse(resp.status_code, {**out, "transfer-encoding": "chunked"}, stream=_relay(resp))
 
     # -- metrics.k8s.io -----------------------------------------------------------------
 
@@ -396,7 +449,7 @@ async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
             if chunk:
                 yield chunk
     except httpx.HTTPError as exc:
-        log.info("log stream from the agent ended: %s", exc)
+        log.info("a stream from the agent ended: %s", exc)
     finally:
         with contextlib.suppress(Exception):
             await resp.aclose()

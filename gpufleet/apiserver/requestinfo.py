@@ -80,6 +80,10 @@ def parse_request(method: str, path: str, is_watch: bool, field_selector: str = 
     info.field_selector = field_selector
     info.label_selector = label_selector
     m = method.upper()
+    if info.subresource == "proxy":
+        # A proxied request's verb is its method's, whatever its query says (?watch is the
+        # backend's business).
+        is_watch = False
     if m in ("GET", "HEAD"):
         if is_watch:
             info.verb = "watch"

@@ -62,6 +62,9 @@ STREAMING = frozenset({"exec", "attach", "portforward"})
 LogProvider = Callable[[dict[str, Any], RawRequest], Awaitable[RawResponse]]
 # Serves nodes/{name}/proxy/...: (node name, the path after /proxy, the request).
 NodeProxyProvider = Callable[[str, str, RawRequest], Awaitable[RawResponse]]
+# Serves pods/proxy and services/proxy: (the pod, scheme, its port's number or name, the path
+# after /proxy, the request), relayed through the pod's node agent.
+PodProxyProvider = Callable[[dict[str, Any], str, str, str, RawRequest], Awaitable[RawResponse]]
 Authenticator = Callable[[RawRequest], Awaitable[UserInfo | None]]
 Authorizer = Callable[[UserInfo, RequestInfo], Awaitable[bool]]
 
@@ -111,6 +114,7 @@ class ApiServer:
         self.node_proxy_provider: NodeProxyProvider | None = None
         # Serves pods/exec, pods/attach and pods/portforward (podstreams.PodStreams).
         self.stream_provider: Any = None
+        self.pod_proxy_provider: PodProxyProvider | None = None
         # Serves serviceaccounts/{name}/token (auth/serviceaccounts.py's TokenIssuer); without
         # one, no service account tokens are issued and the subresource answers 404.
         self.token_issuer: Any = None

@@ -10,12 +10,14 @@ of the stored form name the field the client wrote.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from gpufleet.api.conversion import ConversionError
 from gpufleet.api.registry import ResourceType
+from gpufleet.api.selectors import FieldRequirement, FieldSelector, SelectorError, parse_field_selector
 from gpufleet.apiserver import decoding
 from gpufleet.apiserver.errors import ApiException, bad_request, invalid, not_found
 from gpufleet.apiserver.handlers.patch import named_revision, patch_failure, unsupported_patch
@@ -48,9 +50,9 @@ def _out(rt: ResourceType, value: Any) -> Any:
     if not isinstance(value, dict):
         return value
     kind = value.get("kind")
-    storage_api_version = f"{rt.group}/{rt.storage_version}" if rt.group else rt.storage_version
+    storage_api_version = rt.storage_api_version
     if kind == rt.kind and value.get("apiVersion") in (storage_api_version, None) and "metadata" in value:
-        if "spec" not in value and "status" not in value:  # a BOOKMARK: only the version changes
+        if set(value) <= {"apiVersion", "kind", "metadata"}:  # a BOOKMARK: only the version changes
             return {**value, "apiVersion": rt.api_version}
         return rt.conversion.from_storage(value)
     if kind == rt.list_kind:
@@ -111,6 +113,8 @@ async def serve(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Resou
                 user: UserInfo) -> RawResponse:
     storage = server.registry.storage_of(rt)
     verb, sub = info.verb, info.subresource
+    if rt.conversion.field_label is not None and info.field_selector:
+        req, info = _stored_field_selector(rt, req, info)
     if (verb in ("create", "update") and not sub) or (verb == "update" and sub == "status"):
         body = await decoding.parse_body(req)
         name = info.name or ((body.get("metadata") or {}).get("name", "") if isinstance(body, dict) else "")
@@ -134,6 +138,23 @@ async def serve(server: ApiServer, req: RawRequest, info: RequestInfo, rt: Resou
             return _convert_response(rt, await server.serve_resource(_apply_in_storage(rt, req), info, storage, user))
         return _convert_response(rt, await _patch(server, req, info, rt, storage, user))
     return _convert_response(rt, await server.serve_resource(req, info, storage, user))
+
+
+def _stored_field_selector(rt: ResourceType, req: RawRequest, info: RequestInfo) -> tuple[RawRequest, RequestInfo]:
+    """The request with its field selector in the stored version's labels."""
+    try:
+        parsed = parse_field_selector(info.field_selector)
+    except SelectorError as e:
+        raise bad_request(str(e)) from None
+    terms = []
+    for term in parsed.requirements:
+        label = rt.conversion.field_label(term.field)
+        if label is None:
+            raise bad_request(f"field label not supported: {term.field}")
+        terms.append(FieldRequirement(label, term.operator, term.value))
+    selector = str(FieldSelector(terms))
+    query = [(k, selector if k == "fieldSelector" else v) for k, v in req.query]
+    return replace(req, query=query), replace(info, field_selector=selector)
 
 
 def _apply_in_storage(rt: ResourceType, req: RawRequest) -> RawRequest:

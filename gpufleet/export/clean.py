@@ -85,6 +85,9 @@ _SYSTEM_FINALIZERS = frozenset({"kubernetes", "foregroundDeletion", "orphan", "k
 _BOUND_BY_CONTROLLER = "pv.kubernetes.io/bound-by-controller"
 # The StorageClass gpufleet makes at start: a real cluster brings its own storage.
 BUILT_IN_STORAGE_CLASS = ("local-path", "gpufleet.io/local-path")
+# The IngressClass of gpufleet's gateway: a real cluster has its own ingress controller, whose
+# default class an exported Ingress of this one gets there.
+BUILT_IN_INGRESS_CLASS = ("gpufleet", "gpufleet.io/gateway")
 _QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
@@ -111,6 +114,8 @@ def exported(obj: dict[str, Any]) -> bool:
     if kind == "PriorityClass" and name.startswith("system-"):
         return False
     if kind == "StorageClass" and (name, obj.get("provisioner")) == BUILT_IN_STORAGE_CLASS:
+        return False
+    if kind == "IngressClass" and (name, (obj.get("spec") or {}).get("controller")) == BUILT_IN_INGRESS_CLASS:
         return False
     if kind == "PersistentVolume" and group == "" and "pv.kubernetes.io/provisioned-by" in (
             meta.get("annotations") or {}):
@@ -168,6 +173,9 @@ def clean(obj: dict[str, Any]) -> dict[str, Any]:
             for claim in spec.get("volumeClaimTemplates") or []:
                 if isinstance(claim, dict):
                     claim.pop("status", None)
+        elif kind == "Ingress" and group == "networking.k8s.io":
+            if spec.get("ingressClassName") == BUILT_IN_INGRESS_CLASS[0]:
+                spec.pop("ingressClassName")
         elif kind == "Namespace":
             _set_or_drop(spec, "finalizers", [f for f in spec.get("finalizers") or [] if f != "kubernetes"])
         if not spec and kind == "Namespace":

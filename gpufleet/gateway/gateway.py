@@ -4,6 +4,9 @@ Routes:
   /services/{namespace}/{name}[:{port}]/{path}  -> a Ready endpoint of that Service (the port
                                                    by name or number; the first port if none)
   any path on a Service's own nodePort            -> that Service (type NodePort, nodePort set)
+  a host and path of an Ingress it serves         -> that rule's Service (ingress.py: host rules
+                                                   before the paths below, host-less rules and
+                                                   defaultBackend after them)
   /metrics                                        -> Prometheus text of the request statistics
                                                    (with ``authorize_metrics``: to a bearer token
                                                    allowed ``get`` on the non-resource URL
@@ -46,11 +49,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Node, Service
+from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Ingress, IngressClass, Node, Service
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.gateway.custommetrics import CustomMetrics
+from gpufleet.gateway.ingress import IngressRouting
 from gpufleet.gateway.routes import (
     CUSTOM_METRICS_PREFIX,
     HOP_BY_HOP,
@@ -71,7 +75,7 @@ from gpufleet.utils.clock import REAL_CLOCK, Clock
 log = logging.getLogger(__name__)
 
 
-class Gateway(ScaleFromZero, CustomMetrics):
+class Gateway(ScaleFromZero, CustomMetrics, IngressRouting):
     def __init__(
         self,
         client: Client,
@@ -106,6 +110,11 @@ class Gateway(ScaleFromZero, CustomMetrics):
         self.svc_informer = self.informers.informer(Service)
         self.hpa_informer = self.informers.informer(HorizontalPodAutoscaler)
         self.node_informer = self.informers.informer(Node)
+        self.ingress_informer = self.informers.informer(Ingress)
+        self.ingress_class_informer = self.informers.informer(IngressClass)
+        self._status_task: asyncio.Future | None = None
+        for informer in (self.ingress_informer, self.ingress_class_informer):
+            informer.add_event_handler(self._ingress_changed, lambda _o, n: self._ingress_changed(n))
         self.protected_ports = set(protected_ports)
         self.authorize_metrics = authorize_metrics
         self._local_addresses: set[str] = set()
@@ -156,10 +165,11 @@ class Gateway(ScaleFromZero, CustomMetrics):
         self._local_addresses = _host_addresses()
         await self.informers.start()
         await self.informers.wait_for_sync(30.0)
+        self._ingress_changed()
         log.info("gateway listening on %s", self.url)
 
     async def stop(self) -> None:
-        for task in self._activating.values():
+        for task in [*self._activating.values(), *([self._status_task] if self._status_task else [])]:
             task.cancel()
         await self.informers.stop()
         if self._runner is not None:
@@ -266,6 +276,9 @@ class Gateway(ScaleFromZero, CustomMetrics):
         local_port = sockname[1] if sockname else self.port
         if local_port != self.port and local_port in self._node_ports:
             return await self._proxy(request, self._node_ports[local_port], None, request.raw_path)
+        ingress = self.ingress_match(request)
+        if ingress is not None and ingress.host_specific:
+            return await self.ingress_proxy(request, ingress)
         if path.startswith("/services/"):
             parts = path.split("/", 4)
             if len(parts) < 4 or not parts[2] or not parts[3]:
@@ -283,6 +296,8 @@ class Gateway(ScaleFromZero, CustomMetrics):
             return web.Response(text="ok")
         if path.startswith(CUSTOM_METRICS_PREFIX):
             return self._custom_metrics(request)
+        if ingress is not None:
+            return await self.ingress_proxy(request, ingress)
         return _status(404, "NotFound", f"no route for {path}; services are under /services/{{namespace}}/{{name}}/")
 
     async def _metrics_refused(self, request: web.Request) -> web.Response | None:

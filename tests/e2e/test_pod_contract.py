@@ -2,7 +2,8 @@
 default where podman can run containers), driven through the API as a user would.
 
 - Two replicas with the same fixed containerPort both become Ready (each pod has a network
-  namespace and an IP of its own) and serve through their Service's Endpoints and the gateway.
+  namespace and an IP of its own) and serve through their Service's Endpoints, the gateway
+  and the API server's services/pods proxy.
 """
 
 from __future__ import annotations
@@ -185,6 +186,13 @@ async def test_two_replicas_with_one_fixed_port_serve_through_their_service_and_
             if seen == names:
                 break
         assert seen == names, seen
+        # The API server's proxy reaches the pods' own IPs (the node's pod network) through
+        # the node's agent: services/web:80/proxy picks a Ready pod, pods/<name>:8000/proxy that one.
+        got = await client.raw_request("GET", f"/api/v1/namespaces/{ns}/services/web:80/proxy/")
+        assert got.body.decode().strip() in names
+        for name in names:
+            got = await client.raw_request("GET", f"/api/v1/namespaces/{ns}/pods/{name}:8000/proxy/")
+            assert got.body.decode().strip() == name
     finally:
         await client.close()
 

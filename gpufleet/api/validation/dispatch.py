@@ -32,6 +32,12 @@ from gpufleet.api.validation.cluster import (
 from gpufleet.api.validation.core import Errs, validate_object_meta, validate_object_meta_update
 from gpufleet.api.validation.cronjob import _validate_cron_job
 from gpufleet.api.validation.errors import FieldError
+from gpufleet.api.validation.networking import (
+    _validate_ingress,
+    _validate_ingress_class,
+    _validate_ingress_class_update,
+    _validate_network_policy,
+)
 from gpufleet.api.validation.pods import _validate_pod, _validate_pod_update
 from gpufleet.api.validation.quota import _validate_limit_range, _validate_resource_quota
 from gpufleet.api.validation.services import _validate_service, _validate_service_update
@@ -80,6 +86,9 @@ _CREATE: dict[type, CreateFn] = {
     k8s.PersistentVolume: _validate_pv,
     k8s.PersistentVolumeClaim: _validate_pvc,
     k8s.StorageClass: _validate_storage_class,
+    k8s.Ingress: _validate_ingress,
+    k8s.IngressClass: _validate_ingress_class,
+    k8s.NetworkPolicy: _validate_network_policy,
 }
 _UPDATE: dict[type, UpdateFn] = {
     k8s.Pod: _validate_pod_update,
@@ -96,6 +105,7 @@ _UPDATE: dict[type, UpdateFn] = {
     k8s.PersistentVolume: _validate_pv_update,
     k8s.PersistentVolumeClaim: _validate_pvc_update,
     k8s.StorageClass: _validate_storage_class_update,
+    k8s.IngressClass: _validate_ingress_class_update,
 }
 
 

@@ -57,15 +57,17 @@ class ValidatingPlugin(Protocol):
 def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_service_account_token: bool = True,
                      ) -> tuple[list[MutatingPlugin], list[ValidatingPlugin]]:
     """kube-apiserver's default chain for what is served here: LimitRanger, ServiceAccount,
-    Priority, DefaultStorageClass, StorageObjectInUseProtection and the queues' suspension of
-    queued jobs (Kueue's webhook) mutate; LimitRanger,
+    Priority, DefaultStorageClass, StorageObjectInUseProtection, the queues' suspension of
+    queued jobs (Kueue's webhook) and DefaultIngressClass mutate; LimitRanger,
     Priority, PersistentVolumeClaimResize, PodSecurity (``pod_security``: its configuration,
-    default enforce baseline outside kube-system), EndpointsAddresses and then ResourceQuota (last, so it charges
+    default enforce baseline outside kube-system), EndpointsAddresses, NetworkPolicyNotEnforced
+    (a Warning) and then ResourceQuota (last, so it charges
     exactly what will be stored) validate. ``mount_service_account_token=False`` keeps the
     ServiceAccount plugin from mounting tokens (for a server that issues none)."""
     from gpufleet.apiserver.admission.crdrules import CustomResourceDefinitionRules
     from gpufleet.apiserver.admission.endpoints import EndpointsAddresses
     from gpufleet.apiserver.admission.limitrange import LimitRangerAdmission
+    from gpufleet.apiserver.admission.networking import DefaultIngressClass, NetworkPolicyNotEnforced
     from gpufleet.apiserver.admission.podsecurity import PodSecurityAdmission
     from gpufleet.apiserver.admission.priority import PriorityAdmission
     from gpufleet.apiserver.admission.queues import QueuedJobSuspender
@@ -80,8 +82,8 @@ def standard_plugins(pod_security: PodSecurityConfig | None = None, *, mount_ser
     limit_ranger, priority = LimitRangerAdmission(), PriorityAdmission()
     service_account = ServiceAccountAdmission(mount_token=mount_service_account_token)
     mutating: list[MutatingPlugin] = [limit_ranger, service_account, priority, DefaultStorageClass(),
-                                      StorageObjectInUseProtection(), QueuedJobSuspender()]
+                                      StorageObjectInUseProtection(), QueuedJobSuspender(), DefaultIngressClass()]
     validating: list[ValidatingPlugin] = [limit_ranger, priority, PersistentVolumeClaimResize(),
                                           PodSecurityAdmission(pod_security), EndpointsAddresses(),
-                                          CustomResourceDefinitionRules(), ResourceQuotaAdmission()]
+                                          CustomResourceDefinitionRules(), NetworkPolicyNotEnforced(), ResourceQuotaAdmission()]
     return mutating, validating

@@ -284,7 +284,7 @@ def _rule(groups: list[str], resources: list[str], verbs: list[str], names: list
 _EDITABLE: list[tuple[str, list[str]]] = [
     ("", ["pods", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "pods/eviction", "configmaps",
           "endpoints", "persistentvolumeclaims", "replicationcontrollers", "replicationcontrollers/scale",
-          "secrets", "serviceaccounts", "services"]),
+          "secrets", "serviceaccounts", "services", "services/proxy"]),
     ("apps", ["deployments", "deployments/scale", "deployments/rollback", "replicasets", "replicasets/scale",
               "statefulsets", "statefulsets/scale", "daemonsets"]),
     ("autoscaling", ["horizontalpodautoscalers"]),
@@ -316,7 +316,10 @@ _ESCALATING = frozenset({"secrets", "pods/attach", "pods/exec", "pods/portforwar
 
 
 def _view_rules() -> list[dict[str, Any]]:
-    rules = [_rule([g], [r for r in rs if r not in _ESCALATING], _READ) for g, rs in _EDITABLE]
+    # As Kubernetes' view: no secrets, and no exec, attach, port-forward or proxying to what runs
+    # in the namespace.
+    rules = [_rule([g], [r for r in rs if r not in _ESCALATING and not r.endswith("/proxy")], _READ)
+             for g, rs in _EDITABLE]
     rules += [_rule([g], rs, _READ) for g, rs in _VIEWABLE_ONLY]
     return rules
 

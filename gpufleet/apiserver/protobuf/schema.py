@@ -305,8 +305,33 @@ _AUTHENTICATION: dict[str, dict[int, tuple[str, str]]] = {
     "TokenRequestStatus": {1: ("token", "!string"), 2: ("expirationTimestamp", "!Time")},
 }
 
+# networking.k8s.io/v1 Ingress (what `kubectl create ingress` sends).
+_NETWORKING: dict[str, dict[int, tuple[str, str]]] = {
+    "Ingress": {1: ("metadata", "ObjectMeta"), 2: ("spec", "IngressSpec"), 3: ("status", "IngressStatus")},
+    "IngressSpec": {
+        1: ("defaultBackend", "*IngressBackend"),
+        2: ("tls", "[]IngressTLS"),
+        3: ("rules", "[]IngressRule"),
+        4: ("ingressClassName", "*string"),
+    },
+    "IngressBackend": {3: ("resource", "*TypedLocalObjectReference"), 4: ("service", "*IngressServiceBackend")},
+    "TypedLocalObjectReference": {1: ("apiGroup", "*string"), 2: ("kind", "!string"), 3: ("name", "!string")},
+    "IngressServiceBackend": {1: ("name", "!string"), 2: ("port", "ServiceBackendPort")},
+    "ServiceBackendPort": {1: ("name", "string"), 2: ("number", "int32")},
+    "IngressTLS": {1: ("hosts", "[]string"), 2: ("secretName", "string")},
+    "IngressRule": {1: ("host", "string"), 2: ("", "^IngressRuleValue")},
+    "IngressRuleValue": {1: ("http", "*HTTPIngressRuleValue")},
+    "HTTPIngressRuleValue": {1: ("paths", "![]HTTPIngressPath")},
+    "HTTPIngressPath": {1: ("path", "string"), 2: ("backend", "IngressBackend"), 3: ("pathType", "*string")},
+    "IngressStatus": {1: ("loadBalancer", "IngressLoadBalancerStatus")},
+    "IngressLoadBalancerStatus": {1: ("ingress", "[]IngressLoadBalancerIngress")},
+    "IngressLoadBalancerIngress": {1: ("ip", "string"), 2: ("hostname", "string"), 4: ("ports", "[]IngressPortStatus")},
+    "IngressPortStatus": {1: ("port", "!int32"), 2: ("protocol", "!string"), 3: ("error", "*string")},
+}
+
 SCHEMA: dict[str, dict[int, tuple[str, str]]] = {
     **_META, **_CORE, **_APPS, **_BATCH, **_SCHEDULING, **_RBAC, **_POLICY, **_AUTOSCALING, **_AUTHENTICATION,
+    **_NETWORKING,
 }
 
 # Top-level kinds this module decodes, by (apiVersion, kind). A registered kind that is not here
@@ -332,6 +357,7 @@ KINDS: dict[tuple[str, str], str] = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "HorizontalPodAutoscaler",
     ("autoscaling/v1", "HorizontalPodAutoscaler"): "V1HorizontalPodAutoscaler",
     ("authentication.k8s.io/v1", "TokenRequest"): "TokenRequest",
+    ("networking.k8s.io/v1", "Ingress"): "Ingress",
 }
 # Kinds only a subresource takes (serviceaccounts/token): not in the registry, decoded all the same.
 SUBRESOURCE_KINDS = {("authentication.k8s.io/v1", "TokenRequest")}

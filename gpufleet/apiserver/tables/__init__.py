@@ -18,6 +18,7 @@ from __future__ import annotations
 from gpufleet.apiserver.tables import apps as _apps  # noqa: F401  (StatefulSet, DaemonSet, ControllerRevision)
 from gpufleet.apiserver.tables import cronjob as _cronjob  # noqa: F401  (registers the CronJob printer)
 from gpufleet.apiserver.tables import ml as _ml  # noqa: F401  (registers the ML kinds' printers)
+from gpufleet.apiserver.tables import networking as _networking  # noqa: F401  (Ingress, NetworkPolicy)
 from gpufleet.apiserver.tables.cluster import (
     _HPA_COLUMNS,
     _LEASE_COLUMNS,
