@@ -112,3 +112,69 @@ async def _ns_gone(client: Client, name: str) -> bool:
     except NotFound:
         return True
     return False
+
+
+# -- the garbage collector -----------------------------------------------------------------------
+
+
+def configmap(name: str, *owners: dict[str, Any], block: bool = False) -> dict[str, Any]:
+    refs = [ref(o, **({"blockOwnerDeletion": True} if block else {})) for o in owners]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS,
+                                                                  "ownerReferences": refs}}
+
+
+async def delete(client: Client, url: str, policy: str) -> None:
+    await client.raw_request("DELETE", url, json={"kind": "DeleteOptions", "apiVersion": "v1",
+                                                  "propagationPolicy": policy})
+
+
+async def cm_gone(client: Client, name: str) -> bool:
+    return await _gone(client, f"/api/v1/namespaces/{NS}/configmaps/{name}")
+
+
+async def test_custom_resources_as_owners_and_dependents(client: Client, controllers) -> None:
+    await controllers(enabled=("garbagecollector",), gc_resync_period=0.2)
+    # Made after the collector started: a rediscovery brings its monitor.
+    await make_crd(client, "widgets", "Widget")
+    w = await make(client, "widgets", "Widget", "w")
+    await client.create(configmap("of-w", w))
+    deploy = await client.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+                                  "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "d"}},
+                                           "template": {"metadata": {"labels": {"app": "d"}},
+                                                        "spec": {"containers": [{"name": "c", "image": "x"}]}}}},
+                                 raw=True)
+    await make(client, "widgets", "Widget", "of-d", ownerReferences=[ref(deploy)])
+
+    await delete(client, path("widgets", NS, "w"), "Background")
+    await eventually(lambda: cm_gone(client, "of-w"), what="the Widget's ConfigMap collected")
+    await client.delete("deployments", "d", NS, propagation_policy="Background")
+    await eventually(lambda: _gone(client, path("widgets", NS, "of-d")), what="the Deployment's Widget collected")
+
+    # Foreground: the Widget waits for its blocking dependent, then goes.
+    fg = await make(client, "widgets", "Widget", "fg")
+    await client.create(configmap("of-fg", fg, block=True))
+    await delete(client, path("widgets", NS, "fg"), "Foreground")
+    await eventually(lambda: cm_gone(client, "of-fg"), what="the foreground dependent deleted")
+    await eventually(lambda: _gone(client, path("widgets", NS, "fg")), what="the foreground owner released")
+
+    # Orphan: the dependent stays, without its reference.
+    orph = await make(client, "widgets", "Widget", "orph")
+    await client.create(configmap("of-orph", orph))
+    await delete(client, path("widgets", NS, "orph"), "Orphan")
+    await eventually(lambda: _gone(client, path("widgets", NS, "orph")), what="the orphaning owner released")
+    kept = await client.get("configmaps", "of-orph", NS, raw=True)
+    assert not kept["metadata"].get("ownerReferences")
+
+
+async def test_a_kind_whose_crd_is_deleted_loses_its_monitor(client: Client, controllers) -> None:
+    await make_crd(client, "gadgets", "Gadget")
+    manager = await controllers(enabled=("garbagecollector",), gc_resync_period=0.2)
+    gc = manager.controller("garbagecollector")
+    assert "gadgets.example.com" in gc.monitors  # found when it started
+    g = await make(client, "gadgets", "Gadget", "g")
+    await client.create(configmap("of-g", g))
+    await client.raw_request("DELETE", f"{CRDS}/gadgets.example.com")
+    # The CRD's clean-up deletes the Gadget; the collector follows.
+    await eventually(lambda: cm_gone(client, "of-g"), what="the Gadget's ConfigMap collected")
+    await eventually(lambda: "gadgets.example.com" not in gc.monitors, what="the monitor dropped")
+    assert client.registry.by_api_version_kind("example.com/v1", "Gadget") is None
