@@ -375,8 +375,9 @@ class GarbageCollector(QueueController):
         if owner_uid in self._absent:
             return DANGLING
         rt = self._owner_type(objects.field(ref, "apiVersion") or "", objects.field(ref, "kind") or "")
+        if rt is None or (rt.key not in self.monitors and monitorable(rt, self.ignored)):
+            self._wake.set()  # a kind made since the last discovery: watch it soon
         if rt is None:
-            self._wake.set()  # perhaps a kind made since the last discovery
             return None
         ns = (objects.namespace_of(obj) or None) if rt.namespaced else None
         try:
