@@ -9,6 +9,7 @@ version: its schema, subresources, printer columns and selectable fields.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from pydantic import Field
@@ -232,6 +233,132 @@ def uses_cel(schema: Any) -> bool:
     if isinstance(schema, list):
         return any(uses_cel(v) for v in schema)
     return False
+
+
+# -- names: which CRD may serve which names (kube-apiserver's naming controller) -------------------
+
+
+def requested_names(crd: dict[str, Any]) -> dict[str, Any]:
+    """spec.names with singular and listKind defaulted."""
+    names = names_of(crd)
+    kind = names.get("kind") or ""
+    out: dict[str, Any] = {"plural": names.get("plural") or "", "singular": names.get("singular") or kind.lower(),
+                           "kind": kind, "listKind": names.get("listKind") or (f"{kind}List" if kind else "")}
+    for key in ("shortNames", "categories"):
+        if names.get(key):
+            out[key] = list(names[key])
+    return out
+
+
+def accepted_names(crd: dict[str, Any]) -> dict[str, Any]:
+    names = (crd.get("status") or {}).get("acceptedNames")
+    return names if isinstance(names, dict) else {}
+
+
+def _claims(names: dict[str, Any], resources: set[str], kinds: set[str]) -> None:
+    resources.update(n for n in (names.get("plural"), names.get("singular"), *(names.get("shortNames") or ())) if n)
+    kinds.update(n for n in (names.get("kind"), names.get("listKind")) if n)
+
+
+def builtin_claims(types: list[Any], group: str) -> tuple[set[str], set[str]]:
+    """The resource names and kinds the built-in resource types of ``group`` use."""
+    resources: set[str] = set()
+    kinds: set[str] = set()
+    for t in types:
+        if t.group == group:
+            _claims({"plural": t.plural, "singular": t.singular, "shortNames": list(t.short_names),
+                     "kind": t.kind, "listKind": t.list_kind}, resources, kinds)
+    return resources, kinds
+
+
+@dataclass
+class Naming:
+    """What the naming decision gives a CRD: its accepted names, and its NamesAccepted and
+    Established conditions as (status, reason, message)."""
+
+    accepted: dict[str, Any]
+    names_accepted: tuple[str, str, str]
+    established: tuple[str, str, str]
+
+
+def _fresh(requested: str, accepted: str, used: set[str]) -> str | None:
+    """None when ``requested`` may be had (already this CRD's, or nobody's), else the error."""
+    if requested == accepted or requested not in used:
+        return None
+    return f'"{requested}" is already in use'
+
+
+def decide_names(crd: dict[str, Any], resources: set[str], kinds: set[str]) -> Naming:
+    """The names ``crd`` is granted given the names others of its group hold (``resources``:
+    plurals, singulars and short names; ``kinds``: kinds and list kinds), as kube-apiserver's
+    naming controller grants them: a name another holds stays with it, and the CRD's
+    NamesAccepted is False with the conflict's reason (PluralConflict, SingularConflict,
+    ShortNamesConflict, KindConflict, ListKindConflict). Established becomes True once all
+    names are accepted, and stays True (the names accepted before keep being served)."""
+    requested, accepted = requested_names(crd), accepted_names(crd)
+    new = dict(accepted)
+    problem: tuple[str, str] | None = None
+    for key, used, reason in (("plural", resources, "PluralConflict"), ("singular", resources, "SingularConflict")):
+        err = _fresh(requested[key], accepted.get(key) or "", used)
+        if err:
+            problem = (reason, err)
+        else:
+            new[key] = requested[key]
+    wanted_short = list(requested.get("shortNames") or [])
+    if wanted_short != list(accepted.get("shortNames") or []):
+        mine = set(accepted.get("shortNames") or [])
+        errs = [e for e in (_fresh(n, "", resources) for n in wanted_short if n not in mine) if e]
+        if errs:
+            problem = ("ShortNamesConflict", errs[0] if len(errs) == 1 else f"[{', '.join(errs)}]")
+        elif wanted_short:
+            new["shortNames"] = wanted_short
+        else:
+            new.pop("shortNames", None)
+    for key, reason in (("kind", "KindConflict"), ("listKind", "ListKindConflict")):
+        err = _fresh(requested[key], accepted.get(key) or "", kinds)
+        if err:
+            problem = (reason, err)
+        else:
+            new[key] = requested[key]
+    if requested.get("categories"):
+        new["categories"] = requested["categories"]
+    else:
+        new.pop("categories", None)
+    names_accepted = ("False", problem[0], problem[1]) if problem else ("True", "NoConflicts", "no conflicts found")
+    was = condition(crd, ESTABLISHED)
+    if was is not None and was.get("status") == "True":
+        established = ("True", str(was.get("reason") or "InitialNamesAccepted"), str(was.get("message") or ""))
+    elif problem is None:
+        established = ("True", "InitialNamesAccepted", "the initial names have been accepted")
+    else:
+        established = ("False", "NotAccepted", "not all names are accepted")
+    return Naming(new, names_accepted, established)
+
+
+def decide_all_names(crds: list[dict[str, Any]], builtin: list[Any],
+                     is_builtin: Any = lambda crd: False) -> dict[str, Naming]:
+    """The naming of every CRD, oldest first, each against what the others of its group hold
+    (their names as granted so far) and the group's built-in resource types. A CRD for a
+    built-in resource (``is_builtin``) is granted its names: it changes nothing."""
+    ordered = sorted(crds, key=lambda c: (str((c.get("metadata") or {}).get("creationTimestamp") or ""),
+                                          (c.get("metadata") or {}).get("name") or ""))
+    granted: dict[str, tuple[str, dict[str, Any]]] = {
+        (c.get("metadata") or {}).get("name") or "": (spec_of(c).get("group") or "", accepted_names(c)) for c in ordered}
+    out: dict[str, Naming] = {}
+    for crd in ordered:
+        name = (crd.get("metadata") or {}).get("name") or ""
+        group = spec_of(crd).get("group") or ""
+        if is_builtin(crd):
+            naming = decide_names({**crd, "status": {}}, set(), set())
+        else:
+            resources, kinds = builtin_claims(builtin, group)
+            for other, (other_group, names) in granted.items():
+                if other != name and other_group == group:
+                    _claims(names, resources, kinds)
+            naming = decide_names(crd, resources, kinds)
+        granted[name] = (group, naming.accepted)
+        out[name] = naming
+    return out
 
 
 # Registers the CRD's validation with the validation dispatch.

@@ -11,8 +11,13 @@
 - A dependent that still has a live owner only loses its references to the owners that are
   gone or being deleted in the foreground.
 
-The graph is kept in memory from one shared informer per kind: every kind in the registry that
-can be listed, watched and deleted, except Events (numerous and never owned). Two indexes,
+The graph is kept in memory from one informer per kind (a monitor): every kind that can be
+listed, watched and deleted, except Events (numerous and never owned). The built-in kinds are
+watched through the shared informers from the start; the rest (custom resources) are found
+through the API's discovery, as Kubernetes' collector resyncs its monitors: when it starts,
+every ``resync_period`` seconds, and soon after an owner reference names a kind it does not
+know. A kind no longer served (its CRD deleted) loses its monitor, and its objects count as
+gone. Two indexes,
 uid -> object and owner uid -> dependent uids, make each decision a lookup. An owner not in
 the caches may simply not have been seen yet, so before treating it as gone the collector
 reads it from the API (and remembers owners confirmed absent).
@@ -21,21 +26,24 @@ Each look at an object is a pure decision (``decide_owner`` for an owner being d
 the orphan or foreground finalizer, ``decide_dependent`` over the states of its owners) that
 the collector then carries out.
 
-Not done: cycle detection between foreground deletions, and objects of kinds outside the
-registry (their owner references are left alone).
+Not done: cycle detection between foreground deletions. An owner reference to a kind the
+server does not serve is left alone (the owner counts as present).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.api.registry import ResourceType
-from gpufleet.client import objects
+from gpufleet.client import discovery, objects
 from gpufleet.client.api import Client, retry_on_conflict
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, NotFound
@@ -50,6 +58,15 @@ FOREGROUND = "foregroundDeletion"
 ORPHAN = "orphan"
 IGNORED_KINDS = frozenset({"events", "events.events.k8s.io"})
 ABSENT_CACHE_SIZE = 1024
+# How often the monitored kinds are brought in line with discovery (Kubernetes: 30 s), and the
+# least time between two rediscoveries an unknown owner kind asks for.
+RESYNC_PERIOD = 10.0
+RESYNC_MIN_INTERVAL = 1.0
+
+
+def monitorable(rt: ResourceType, ignored: frozenset[str] = IGNORED_KINDS) -> bool:
+    """Whether the collector watches ``rt``: listable, watchable and deletable, not ignored."""
+    return rt.key not in ignored and {"list", "watch", "delete"} <= set(rt.verbs)
 
 
 def _refs(obj: Any) -> list[Any]:
@@ -130,7 +147,8 @@ class GarbageCollector(QueueController):
     name = "garbagecollector"
 
     def __init__(self, client: Client, informers: SharedInformerFactory, *,
-                 ignored: frozenset[str] = IGNORED_KINDS, **kwargs: Any) -> None:
+                 ignored: frozenset[str] = IGNORED_KINDS, resync_period: float = RESYNC_PERIOD,
+                 **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
         self.monitors: dict[str, Informer] = {}
         self._types: dict[str, ResourceType] = {}
@@ -139,17 +157,108 @@ class GarbageCollector(QueueController):
         # owner uid -> dependent uids (owners may not exist, or not be cached yet)
         self._dependents: dict[str, set[str]] = {}
         self._absent: OrderedDict[str, None] = OrderedDict()
+        self.ignored = ignored
+        self.resync_period = resync_period
+        # The monitors found through discovery (this collector's own informers).
+        self._dynamic: dict[str, Informer] = {}
+        self._wake = asyncio.Event()
+        self._resync_task: asyncio.Task[None] | None = None
         for rt in client.registry.all():
-            if rt.key in ignored or not {"list", "watch", "delete"} <= set(rt.verbs):
+            if monitorable(rt, ignored):
+                self._monitor(rt, informers.informer(rt))
+
+    def _monitor(self, rt: ResourceType, informer: Informer) -> None:
+        self.monitors[rt.key] = informer
+        self._types[rt.key] = rt
+        informer.add_event_handler(
+            functools.partial(self._added, rt.key),
+            functools.partial(self._updated, rt.key),
+            functools.partial(self._deleted, rt.key),
+        )
+
+    # -- the monitored kinds ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.resync_monitors()
+        await super().start()
+        self._resync_task = asyncio.create_task(self._resync_loop(), name="garbagecollector:resync")
+
+    async def stop(self) -> None:
+        if self._resync_task is not None:
+            self._resync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._resync_task
+            self._resync_task = None
+        await super().stop()
+        for informer in self._dynamic.values():
+            await informer.stop()
+
+    async def _resync_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.resync_period)
+            self._wake.clear()
+            started = time.monotonic()
+            try:
+                await self.resync_monitors()
+            except Exception:
+                log.exception("garbage collector: resyncing the monitors")
+            await asyncio.sleep(max(0.0, RESYNC_MIN_INTERVAL - (time.monotonic() - started)))
+
+    async def resync_monitors(self) -> None:
+        """Monitors for the kinds discovery lists that have none; those of kinds no longer
+        served stopped, their objects counted as gone."""
+        try:
+            types = await discovery.preferred_resources(self.client)
+        except discovery.DiscoveryError as e:
+            log.info("garbage collector: discovery failed, monitors kept: %s", e)
+            return
+        discovery.learn(self.client, types)
+        wanted = {rt.key: rt for rt in types if monitorable(rt, self.ignored)}
+        for key in [k for k, informer in self._dynamic.items() if k not in wanted or wanted[k] != informer.rt]:
+            await self._forget_kind(key)
+        added = []
+        for key, rt in wanted.items():
+            if key in self.monitors:
                 continue
-            informer = informers.informer(rt)
-            self.monitors[rt.key] = informer
-            self._types[rt.key] = rt
-            informer.add_event_handler(
-                functools.partial(self._added, rt.key),
-                functools.partial(self._updated, rt.key),
-                functools.partial(self._deleted, rt.key),
-            )
+            informer = Informer(self.client, rt, raw=True)
+            self._dynamic[key] = informer
+            self._monitor(rt, informer)
+            await informer.start()
+            added.append(informer)
+        if added:
+            log.info("garbage collector: watching %s", ", ".join(i.rt.key for i in added))
+            for informer in added:
+                await informer.wait_for_sync(10.0)
+            # Owners of these kinds were unknown until now: their dependents are looked at again.
+            for deps in list(self._dependents.values()):
+                for dep in deps:
+                    self.queue.add(dep)
+
+    async def _forget_kind(self, key: str) -> None:
+        informer = self._dynamic.pop(key)
+        self.monitors.pop(key, None)
+        self._types.pop(key, None)
+        await informer.stop()
+        log.info("garbage collector: %s is no longer served", key)
+        for obj in informer.list():
+            uid = objects.uid_of(obj)
+            self._deleted(key, obj)
+            if uid:
+                self._remember_absent(uid)
+
+    def _remember_absent(self, uid: str) -> None:
+        self._absent[uid] = None
+        while len(self._absent) > ABSENT_CACHE_SIZE:
+            self._absent.popitem(last=False)
+
+    def _owner_type(self, api_version: str, kind: str) -> ResourceType | None:
+        rt = self.client.registry.by_api_version_kind(api_version, kind)
+        if rt is not None:
+            return rt
+        group = api_version.rpartition("/")[0]
+        # Another version of a monitored kind (the monitor watches its preferred version).
+        return next((t for t in self._types.values() if t.group == group and t.kind == kind), None)
 
     # -- the graph ----------------------------------------------------------------------------
 
@@ -216,7 +325,8 @@ class GarbageCollector(QueueController):
         if entry is None:
             return None
         rt_key, key = entry
-        obj = self.monitors[rt_key].get(key)
+        monitor = self.monitors.get(rt_key)
+        obj = monitor.get(key) if monitor is not None else None
         if obj is None or objects.uid_of(obj) != uid:
             return None
         return self._types[rt_key], obj
@@ -264,8 +374,9 @@ class GarbageCollector(QueueController):
             return WAITING if _deleting(owner) and FOREGROUND in _finalizers(owner) else SOLID
         if owner_uid in self._absent:
             return DANGLING
-        rt = self.client.registry.by_api_version_kind(objects.field(ref, "apiVersion") or "",
-                                                      objects.field(ref, "kind") or "")
+        rt = self._owner_type(objects.field(ref, "apiVersion") or "", objects.field(ref, "kind") or "")
+        if rt is None or (rt.key not in self.monitors and monitorable(rt, self.ignored)):
+            self._wake.set()  # a kind made since the last discovery: watch it soon
         if rt is None:
             return None
         ns = (objects.namespace_of(obj) or None) if rt.namespaced else None
@@ -275,9 +386,7 @@ class GarbageCollector(QueueController):
             live = None
         meta = (live or {}).get("metadata") or {}
         if live is None or meta.get("uid") != owner_uid:
-            self._absent[owner_uid] = None
-            while len(self._absent) > ABSENT_CACHE_SIZE:
-                self._absent.popitem(last=False)
+            self._remember_absent(owner_uid)
             return DANGLING
         deleting = meta.get("deletionTimestamp") and FOREGROUND in (meta.get("finalizers") or [])
         return WAITING if deleting else SOLID

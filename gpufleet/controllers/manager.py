@@ -90,6 +90,8 @@ class ControllerOptions:
     root_ca: bytes | None = None
     # Where the local-path StorageClass made at start keeps its volumes on each node.
     local_path_node_path: str = DEFAULT_NODE_PATH
+    # How often the garbage collector looks for kinds to watch in discovery (CRDs made or deleted).
+    gc_resync_period: float = 10.0
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -144,7 +146,7 @@ class ControllerManager:
                 "default_eviction_seconds": opts.default_eviction_seconds,
             },
             "endpoints": common,
-            "garbagecollector": common,
+            "garbagecollector": {**common, "resync_period": opts.gc_resync_period},
             "resourcequota": {**common, "charge_grace": opts.quota_charge_grace,
                               "resync_period": opts.quota_resync_period},
             "disruption": {**common, "recorder": recorder("controllermanager")},

@@ -236,6 +236,10 @@ def test_a_kopf_operator_reconciles_the_custom_kind(cluster: Cluster, kubectl: K
         event = painted()[0]
         assert event["message"] == "painted blue" and event["involvedObject"]["kind"] == "Widget"
         assert event["source"]["component"] == "kopf"
+        # The garbage collector follows the owner reference to the custom kind.
+        kubectl("delete", "widget", "k1", "--wait=false").ok()
+        wait_for(lambda: kubectl("get", "configmap", "k1-paint").returncode != 0, timeout=20,
+                 what="the garbage collector to delete the widget's ConfigMap")
     finally:
         proc.terminate()
         try:

@@ -30,6 +30,8 @@ from gpufleet.apiserver.customresources.kinds import (
 from gpufleet.apiserver.customresources.strategy import (
     CustomResourceDefinitionStrategy,
     CustomResourceStrategy,
+    derive_status,
+    naming_of_all,
 )
 from gpufleet.apiserver.errors import ApiException
 from gpufleet.store import base as store_base
@@ -50,6 +52,20 @@ __all__ = [
 
 # How often a deleted CRD whose objects wait on their own finalizers is looked at again.
 CLEANUP_RETRY_SECONDS = 0.5
+
+
+def _fingerprint(items: list[dict[str, Any]]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(((o.get("metadata") or {}).get("name", ""),
+                         str((o.get("metadata") or {}).get("resourceVersion", ""))) for o in items))
+
+
+def _same_naming(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    def part(status: dict[str, Any]) -> Any:
+        conds = {c.get("type"): (c.get("status"), c.get("reason"), c.get("message"))
+                 for c in status.get("conditions") or [] if isinstance(c, dict)}
+        return (status.get("acceptedNames") or {}, conds.get(crds.NAMES_ACCEPTED), conds.get(crds.ESTABLISHED))
+
+    return part(a) == part(b)
 
 
 class CustomResources:
@@ -77,16 +93,15 @@ class CustomResources:
         """Brings the registry in line with the stored CRDs (nothing to do when none changed)."""
         terminating: list[dict[str, Any]] = []
         async with self._lock:
-            result = await self.api.store.list(crds.RESOURCE_KEY, None)
-            fingerprint = tuple(sorted(((o.get("metadata") or {}).get("name", ""),
-                                        str((o.get("metadata") or {}).get("resourceVersion", "")))
-                                       for o in result.items))
+            items = (await self.api.store.list(crds.RESOURCE_KEY, None)).items
+            fingerprint = _fingerprint(items)
             if fingerprint == self._fingerprint:
                 return
-            self._fingerprint = fingerprint
+            items = await self._name(items)
+            self._fingerprint = _fingerprint(items)
             registry = self.api.registry
             seen: set[str] = set()
-            for crd in result.items:
+            for crd in items:
                 name = (crd.get("metadata") or {}).get("name", "")
                 seen.add(name)
                 if (crd.get("metadata") or {}).get("deletionTimestamp"):
@@ -95,7 +110,10 @@ class CustomResources:
                     continue
                 for t in self._types.pop(name, []):
                     registry.unregister(t)
-                types = [t for t in resource_types(crd, CustomResourceStrategy) if not self._taken(t)]
+                if not crds.is_established(crd):
+                    continue  # its names are another's: not served
+                served = {**crd, "spec": {**crds.spec_of(crd), "names": crds.accepted_names(crd)}}
+                types = [t for t in resource_types(served, CustomResourceStrategy) if not self._taken(t)]
                 for t in types:
                     registry.register(t)
                 self._types[name] = types
@@ -109,6 +127,29 @@ class CustomResources:
                 # Waited for a while, so a plain delete is done by the time it answers.
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(asyncio.shield(task), timeout=2.0)
+
+    async def _name(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The CRDs with the names each may have (kube-apiserver's naming controller): a CRD
+        whose accepted names or conditions change gets its status written."""
+        rt = self.api.registry.by_key(crds.RESOURCE_KEY)
+        assert rt is not None
+        namings = naming_of_all(items)
+        out = []
+        for crd in items:
+            name = (crd.get("metadata") or {}).get("name", "")
+            naming = namings.get(name)
+            status = derive_status(crd, crd.get("status"), naming) if naming is not None else None
+            if status is None or _same_naming(status, crd.get("status") or {}):
+                out.append(crd)
+                continue
+            try:
+                new, _ = await self.api.generic.update(rt, "", name, {**crd, "status": status},
+                                                       subresource="status", current=crd)
+                out.append(new)
+            except ApiException as e:  # changed meanwhile: the next sync names it again
+                log.info("CustomResourceDefinition %s: status not written: %s", name, e.message)
+                out.append(crd)
+        return out
 
     async def _cleanup(self, name: str) -> None:
         """Deletes the objects of the deleted CRD ``name``, then lets the CRD go."""

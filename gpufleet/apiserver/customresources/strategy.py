@@ -17,6 +17,7 @@ from typing import Any
 from gpufleet.api import apiextensions as crds
 from gpufleet.api import jsonpath, k8s, structural
 from gpufleet.api import validation as v
+from gpufleet.api.registry import REGISTRY
 from gpufleet.apiserver.errors import ApiException
 from gpufleet.apiserver.strategy import Strategy, register_strategy
 from gpufleet.apiserver.tables import NAME_COLUMN, Column, Printer, human_duration, since, to_table
@@ -124,31 +125,48 @@ def _condition(previous: list[dict[str, Any]], type_: str, status: str, reason: 
     return {"type": type_, "status": status, "lastTransitionTime": now, "reason": reason, "message": message}
 
 
-def derive_status(crd: dict[str, Any], previous: dict[str, Any] | None) -> dict[str, Any]:
+def derive_status(crd: dict[str, Any], previous: dict[str, Any] | None,
+                  naming: crds.Naming | None = None) -> dict[str, Any]:
     """The status a CRD's names and versions give it: accepted names, NamesAccepted and
-    Established, stored versions (those ever used for storage, the current one included)."""
+    Established as ``naming`` decides them (without it, as the previous status had them; a
+    CRD without any is granted its names), stored versions (those ever used for storage,
+    the current one included)."""
     prev = previous if isinstance(previous, dict) else {}
-    names = crds.names_of(crd)
-    kind = names.get("kind") or ""
-    accepted: dict[str, Any] = {"plural": names.get("plural") or "", "singular": names.get("singular") or kind.lower(),
-                                "kind": kind, "listKind": names.get("listKind") or (f"{kind}List" if kind else "")}
-    for key in ("shortNames", "categories"):
-        if names.get(key):
-            accepted[key] = list(names[key])
     now = rfc3339(time.time())
     conditions = [c for c in prev.get("conditions") or [] if isinstance(c, dict)]
+    if naming is None:
+        kept_names = {c.get("type"): c for c in conditions}
+        if prev.get("acceptedNames") and crds.NAMES_ACCEPTED in kept_names and crds.ESTABLISHED in kept_names:
+            naming = crds.Naming(prev["acceptedNames"],
+                                 *(tuple(str(kept_names[t].get(k) or "") for k in ("status", "reason", "message"))
+                                   for t in (crds.NAMES_ACCEPTED, crds.ESTABLISHED)))
+        else:
+            naming = crds.decide_names({**crd, "status": {}}, set(), set())
     kept = [c for c in conditions if c.get("type") not in (crds.NAMES_ACCEPTED, crds.ESTABLISHED)]
     status_conditions = [
-        _condition(conditions, crds.NAMES_ACCEPTED, "True", "NoConflicts", "no conflicts found", now),
-        _condition(conditions, crds.ESTABLISHED, "True", "InitialNamesAccepted",
-                   "the initial names have been accepted", now),
+        _condition(conditions, crds.NAMES_ACCEPTED, *naming.names_accepted, now),
+        _condition(conditions, crds.ESTABLISHED, *naming.established, now),
         *kept,
     ]
     stored = [s for s in prev.get("storedVersions") or [] if isinstance(s, str)]
     storage = crds.storage_version(crd)
     if storage and storage not in stored:
         stored.append(storage)
-    return {"conditions": status_conditions, "acceptedNames": accepted, "storedVersions": stored}
+    return {"conditions": status_conditions, "acceptedNames": naming.accepted, "storedVersions": stored}
+
+
+BUILTIN_KEYS = frozenset(t.key for t in REGISTRY.served())
+
+
+def is_builtin(crd: dict[str, Any], builtin_keys: frozenset[str] | set[str] = BUILTIN_KEYS) -> bool:
+    """Whether ``crd`` names a resource gpufleet serves by itself (it changes nothing)."""
+    names, spec = crds.names_of(crd), crds.spec_of(crd)
+    return f"{names.get('plural')}.{spec.get('group')}" in builtin_keys
+
+
+def naming_of_all(items: list[dict[str, Any]]) -> dict[str, crds.Naming]:
+    builtin = [t for t in REGISTRY.served() if t.key != crds.RESOURCE_KEY]
+    return crds.decide_all_names(items, builtin, is_builtin)
 
 
 def _created_at(obj: dict[str, Any], now: float) -> list[Any]:
@@ -168,7 +186,11 @@ class CustomResourceDefinitionStrategy(Strategy):
 
     async def prepare_for_create(self, store: store_base.Store, obj: dict[str, Any]) -> None:
         await super().prepare_for_create(store, obj)
-        obj["status"] = derive_status(obj, None)
+        name = (obj.get("metadata") or {}).get("name") or ""
+        others = [c for c in (await store.list(crds.RESOURCE_KEY, None)).items
+                  if (c.get("metadata") or {}).get("name") != name]
+        fresh = {**obj, "status": {}}
+        obj["status"] = derive_status(obj, None, naming_of_all([*others, fresh]).get(name))
 
     def prepare_for_update(self, new: dict[str, Any], old: dict[str, Any]) -> None:
         new["status"] = derive_status(new, new.get("status"))
