@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from apiserver_helpers import CONFIGMAPS, DEPLOYMENTS, NAMESPACES, Api
 
-from gpufleet.api.registry import REGISTRY, Registry, ResourceType
+from gpufleet.api.registry import REGISTRY, Registry
 from gpufleet.apiserver import protobuf
 from gpufleet.apiserver.errors import ApiException
 from gpufleet.apiserver.protobuf import KINDS, MAGIC, SCHEMA, SUBRESOURCE_KINDS, decode_k8s_protobuf
@@ -25,11 +25,8 @@ FIXTURES = Path(__file__).parent / "protobuf_fixtures"
 NAMES = sorted(p.name.removesuffix(".expected.json") for p in FIXTURES.glob("*.expected.json"))
 PROTOBUF = "application/vnd.kubernetes.protobuf"
 
-# CronJob is not served by gpufleet, but kubectl sends it like the others; decoding it needs the
-# kind to be registered.
-WITH_CRONJOB = Registry(
-    [*REGISTRY.served(), ResourceType("batch", "v1", "CronJob", "cronjobs", True, "unused:Unused")]
-)
+# A registry without CronJob: a kind the server does not serve is refused by name.
+WITHOUT_CRONJOB = Registry([rt for rt in REGISTRY.served() if rt.kind != "CronJob"])
 
 
 def fixture(name: str, version: str) -> bytes:
@@ -92,7 +89,7 @@ def test_every_capture_has_both_versions() -> None:
 @pytest.mark.parametrize("version", ["1.32", "1.33"])
 @pytest.mark.parametrize("name", NAMES)
 def test_kubectl_body_decodes_to_the_json_kubectl_would_send(name: str, version: str) -> None:
-    assert decode_k8s_protobuf(fixture(name, version), WITH_CRONJOB) == expected(name)
+    assert decode_k8s_protobuf(fixture(name, version), REGISTRY) == expected(name)
 
 
 def test_decoded_deployment_shape() -> None:
@@ -112,8 +109,8 @@ def test_secret_data_and_binary_configmap_are_base64() -> None:
     assert blob["binaryData"] == {"bin.dat": "aGVsbG8A//5iaW4="}
 
 
-def test_cronjob_is_not_a_gpufleet_kind() -> None:
-    err = decode_error(fixture("cronjob", "1.32"))
+def test_a_kind_the_server_does_not_serve_is_refused_by_name() -> None:
+    err = decode_error(fixture("cronjob", "1.32"), WITHOUT_CRONJOB)
     assert err.code == 400 and 'no kind "CronJob" is registered for version "batch/v1"' in err.message
 
 
@@ -147,11 +144,11 @@ def test_schema_references_resolve() -> None:
         assert message in SCHEMA
 
 
-def test_every_modelled_kind_is_a_registered_kind_or_cronjob() -> None:
+def test_every_modelled_kind_is_a_registered_kind() -> None:
     for api_version, kind in KINDS:
         if (api_version, kind) in SUBRESOURCE_KINDS:
             continue
-        assert WITH_CRONJOB.by_api_version_kind(api_version, kind) is not None, kind
+        assert REGISTRY.by_api_version_kind(api_version, kind) is not None, kind
 
 
 def test_a_token_request_decodes_as_kubectl_create_token_sends_it() -> None:
@@ -274,7 +271,7 @@ def test_corrupted_kubectl_bodies_never_crash() -> None:
             else:
                 body[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 4)))
         try:
-            assert isinstance(decode_k8s_protobuf(bytes(body), WITH_CRONJOB), dict)
+            assert isinstance(decode_k8s_protobuf(bytes(body), REGISTRY), dict)
         except ApiException as e:
             assert e.code in (400, 415), (e.code, e.message, bytes(body))
 
