@@ -6,8 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctrl_helpers import NS, events_for, eventually, fail_by_gpu, set_pod_status
+from ctrl_helpers import (
+    NS,
+    FakeAgent,
+    events_for,
+    eventually,
+    fail_by_gpu,
+    job,
+    owned_pods,
+    replicaset,
+    set_pod_status,
+)
+from test_job import condition as job_condition
+from test_job import job_status
 from test_pytorchjob import _count, _new_gang, condition, pods_of, pytorchjob
+from test_statefulset import statefulset
 
 from gpufleet.client.api import Client
 from gpufleet.controllers.pytorchjob import (
@@ -85,3 +98,58 @@ async def _replaced(client: Client, job: str, old: dict[str, Any], name: str) ->
     if len(pods) == len(old) and name in pods and pods[name]["metadata"]["uid"] != old[name]["metadata"]["uid"]:
         return pods
     return None
+
+
+# -- Jobs, ReplicaSets, StatefulSets ---------------------------------------------------------
+
+
+async def test_a_job_ignoring_disruptions_replaces_a_pod_on_a_failed_gpu(client: Client, controllers) -> None:
+    await controllers(enabled=("job",), job_pod_failure_backoff=0.0)
+    policy = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    j = await client.create(job("eval", backoffLimit=0, podFailurePolicy=policy), raw=True)
+    plain = await client.create(job("plain", backoffLimit=0), raw=True)
+    (first,) = await eventually(lambda: _active(client, j["metadata"]["uid"], 1))
+    (other,) = await eventually(lambda: _active(client, plain["metadata"]["uid"], 1))
+    await fail_by_gpu(client, first["metadata"]["name"])
+    await fail_by_gpu(client, other["metadata"]["name"])
+    (second,) = await eventually(lambda: _active(client, j["metadata"]["uid"], 1, exclude=first))
+    # Kubernetes' own rule, unchanged: without the policy the disruption spends the limit.
+    cond = await eventually(lambda: job_condition(client, "plain", "Failed"))
+    assert cond["reason"] == "BackoffLimitExceeded"
+    await set_pod_status(client, second["metadata"]["name"], phase="Succeeded")
+    await eventually(lambda: job_condition(client, "eval", "Complete"))
+    status = await job_status(client, "eval")
+    assert status.get("failed", 0) == 0 and status["succeeded"] == 1
+
+
+async def test_a_replicaset_and_a_statefulset_replace_a_pod_the_agent_failed(client: Client, controllers) -> None:
+    await controllers(enabled=("replicaset", "statefulset"))
+    async with FakeAgent(client, delay=0.0):
+        rs = await client.create(replicaset("web", 2), raw=True)
+        await client.create(statefulset("db", 1), raw=True)
+        pods = await eventually(lambda: _active(client, rs["metadata"]["uid"], 2, running=True))
+        db0 = await eventually(lambda: _running(client, "db-0"))
+        # restartPolicy Always: only the agent's GPU fault makes these pods Failed.
+        await fail_by_gpu(client, pods[0]["metadata"]["name"])
+        await fail_by_gpu(client, "db-0")
+        again = await eventually(lambda: _active(client, rs["metadata"]["uid"], 2, exclude=pods[0], running=True))
+        assert pods[1]["metadata"]["uid"] in {p["metadata"]["uid"] for p in again}
+        new_db0 = await eventually(lambda: _running(client, "db-0", not_uid=db0["metadata"]["uid"]))
+        assert new_db0["metadata"]["name"] == "db-0"
+
+
+async def _active(client: Client, uid: str, n: int, *, exclude: dict[str, Any] | None = None,
+                  running: bool = False) -> list[dict[str, Any]] | None:
+    pods = [p for p in await owned_pods(client, uid)
+            if (exclude is None or p["metadata"]["uid"] != exclude["metadata"]["uid"])
+            and (not running or (p.get("status") or {}).get("phase") == "Running")]
+    return pods if len(pods) == n else None
+
+
+async def _running(client: Client, name: str, not_uid: str | None = None) -> dict[str, Any] | None:
+    try:
+        p = await client.get("pods", name, NS, raw=True)
+    except Exception:
+        return None
+    ok = (p.get("status") or {}).get("phase") == "Running" and p["metadata"]["uid"] != not_uid
+    return p if ok and not p["metadata"].get("deletionTimestamp") else None
