@@ -68,7 +68,7 @@ async def test_a_gang_moves_off_a_failed_gpu_without_spending_its_backoff_limit(
 
 async def test_an_elastic_job_replaces_only_the_member_on_the_failed_gpu(client: Client, controllers) -> None:
     await controllers(**FAST)
-    body = pytorchjob("elastic", workers=3, master=False, elasticPolicy={"minReplicas": 2, "maxReplicas": 3},
+    body = pytorchjob("elastic", workers=3, master=False, elasticPolicy={"minReplicas": 2, "maxReplicas": 3, "maxRestarts": 5},
                       runPolicy={"backoffLimit": 0}, meta={"annotations": {"gpufleet.io/elastic-autoscale": "false"}})
     await client.create(body, raw=True)
     first = await eventually(lambda: _count(client, "elastic", 3))

@@ -359,9 +359,18 @@ def test_a_preempted_member_is_an_ordinary_restart():
     assert actions.patches[0].patch["metadata"]["annotations"]["gpufleet.io/gang-restarts"] == "2"
 
 
+def elastic_with_restarts(max_restarts: int | None, **kw: Any) -> PyTorchJob:
+    j = job(workers=3, master=False, elastic=(1, 3), gpus=1, **kw)
+    body = j.to_dict()
+    if max_restarts is not None:
+        body["spec"]["elasticPolicy"]["maxRestarts"] = max_restarts
+    return PyTorchJob.from_dict(body)
+
+
 def test_an_elastic_member_failed_by_its_gpu_is_replaced_alone():
-    j = job(workers=3, master=False, elastic=(1, 3), gpus=1, conditions=conds("Created", "Running"),
-            annotations={"gpufleet.io/elastic-autoscale": "false", "gpufleet.io/hardware-restarts": "2"})
+    j = elastic_with_restarts(3, conditions=conds("Created", "Running"),
+                              annotations={"gpufleet.io/elastic-autoscale": "false",
+                                           "gpufleet.io/hardware-restarts": "2"})
     pods = [*elastic_gang(3)[:2], broken(pod("worker", 2, gpus=1, size=3))]
     actions = run(j, pods)
     assert actions.reason == "ReplaceMember"
@@ -371,8 +380,9 @@ def test_an_elastic_member_failed_by_its_gpu_is_replaced_alone():
     assert condition(actions, "Restarting")["reason"] == "GPUUnhealthy"
     assert not any(c.expect for c in actions.creates)  # its name is free once it is gone
     # Once it is gone: the same member again, in the same attempt, under the running group.
-    j2 = job(workers=3, master=False, elastic=(1, 3), gpus=1, conditions=actions.status["conditions"],
-             annotations={"gpufleet.io/elastic-autoscale": "false", "gpufleet.io/hardware-restarts": "3"})
+    j2 = elastic_with_restarts(3, conditions=actions.status["conditions"],
+                               annotations={"gpufleet.io/elastic-autoscale": "false",
+                                            "gpufleet.io/hardware-restarts": "3"})
     nxt = run(j2, pods[:2], memory=Memory(created=(0, frozenset({("Worker", 0), ("Worker", 1), ("Worker", 2)}))))
     assert nxt.reason == "CreateMissing" and not nxt.deletes
     (body,) = [c.body for c in nxt.creates if c.expect]
@@ -381,8 +391,19 @@ def test_an_elastic_member_failed_by_its_gpu_is_replaced_alone():
 
 
 def test_an_elastic_jobs_rendezvous_host_failed_by_its_gpu_restarts_the_gang():
-    j = job(workers=3, master=False, elastic=(1, 3), gpus=1, conditions=conds("Created", "Running"),
-            annotations={"gpufleet.io/elastic-autoscale": "false"})
+    j = elastic_with_restarts(3, conditions=conds("Created", "Running"),
+                              annotations={"gpufleet.io/elastic-autoscale": "false"})
     pods = [broken(pod("worker", 0, gpus=1, size=3)), *elastic_gang(3)[1:]]
     actions = run(j, pods)
     assert actions.reason == "MoveOffHardware" and len(actions.deletes) == 3
+
+
+@pytest.mark.parametrize("max_restarts", [None, 0])
+def test_an_elastic_member_is_not_replaced_alone_when_torchrun_has_no_restarts(max_restarts: int | None):
+    # The survivors' torchrun would exit on the lost peer: the gang restarts instead.
+    j = elastic_with_restarts(max_restarts, conditions=conds("Created", "Running"),
+                              annotations={"gpufleet.io/elastic-autoscale": "false"})
+    pods = [*elastic_gang(3)[:2], broken(pod("worker", 2, gpus=1, size=3))]
+    actions = run(j, pods)
+    assert actions.reason == "MoveOffHardware" and len(actions.deletes) == 3
+    assert actions.patches[0].patch["metadata"]["annotations"]["gpufleet.io/gang-attempt"] == "1"

@@ -413,17 +413,17 @@ class _Sync:
     def move_off_hardware(self, broken: Any, attempt: int, current: list[Any]) -> Actions:
         """A member Failed because its GPU or node failed (``api.gpu.pod_failed_by_hardware``):
         the work did not fail, so neither backoffLimit nor restartPolicy nor the back-off
-        applies; the count goes to ``gpufleet.io/hardware-restarts``. An elastic job resized
-        in place replaces only that member (not its rendezvous host): the others keep running
-        and re-form the group through torchrun's rendezvous. Any other job restarts its gang
-        from its checkpoint on healthy GPUs (the failed GPU is fenced off its node)."""
+        applies; the count goes to ``gpufleet.io/hardware-restarts``. An elastic job replaces
+        only that member when torchrun can re-form the group without it (``replace_alone``):
+        the others keep running. Any other job restarts its gang from its checkpoint on
+        healthy GPUs (the failed GPU is fenced off its node)."""
         cond = hardware_disruption(broken)
         reason = _field(cond, "reason") or GPU_UNHEALTHY_REASON
         detail = _field(cond, "message") or (broken.status.message if broken.status is not None else None) or reason
         node = getattr(broken.spec, "node_name", None) or "no node"
         why = f"pod {objects.name_of(broken)} on node {node} failed with its hardware: {detail}"
         moves = hardware_restarts(self.job) + 1
-        if resize_in_place(self.job) and pod_member(broken) != leader(self.job):
+        if replace_alone(self.job, broken):
             self.fire("MoveOffHardware", f"PyTorchJob {self.name} replaces one member because {why}; the "
                                          "other members re-form the group through the rendezvous.", reason)
             self.a.patches.append(Patch(KIND_REF, self.name, self.ns, {"metadata": {"annotations": {
@@ -521,6 +521,18 @@ def resize_step(job: Any, current: list[Any], own: list[Any], cluster_pods: list
 
 def _field(obj: Any, name: str) -> Any:
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def replace_alone(job: Any, broken: Any) -> bool:
+    """Whether a member lost to hardware is replaced under the running torchrun group: an
+    elastic job resized in place, the member not its rendezvous host (whose store the others
+    use), and ``elasticPolicy.maxRestarts`` at least 1. The survivors' workers fail on the
+    collective that lost a peer; their torchrun agents restart them (one of maxRestarts) and
+    re-form the group through the rendezvous, which the replacement then joins. With no
+    restarts left, torchrun would exit and fail the survivors' pods too."""
+    ep = job.spec.elastic_policy if job.spec is not None else None
+    return (resize_in_place(job) and pod_member(broken) != leader(job)
+            and ep is not None and (ep.max_restarts or 0) >= 1)
 
 
 def hardware_failed_member(job: Any, current: list[Any], wanted: set[tuple[str, int]]) -> Any:
