@@ -267,6 +267,10 @@ def _default_job(job: k8s.Job) -> None:
         spec.completion_mode = "NonIndexed"
     if spec.suspend is None:
         spec.suspend = False
+    for rule in (spec.pod_failure_policy.rules if spec.pod_failure_policy is not None else None) or []:
+        for pattern in rule.on_pod_conditions or []:
+            if pattern.status is None:
+                pattern.status = "True"
     if spec.pod_replacement_policy is None:
         spec.pod_replacement_policy = (
             "Failed" if spec.pod_failure_policy is not None else "TerminatingOrFailed"

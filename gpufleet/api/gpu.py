@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +101,44 @@ def parse_gpu_indices(text: str) -> tuple[int, ...]:
 def format_gpu_indices(indices: Iterable[int]) -> str:
     """The ``gpufleet.io/gpu-indices`` value for a set of indices: sorted, comma-separated."""
     return ",".join(str(i) for i in sorted(indices))
+
+
+# -- GPU health ------------------------------------------------------------------------------
+
+GPU_UNHEALTHY_REASON = "GPUUnhealthy"
+DISRUPTION_TARGET = "DisruptionTarget"
+
+# DisruptionTarget reasons that mean the pod's hardware or its node failed under it, not the
+# work itself: the node agent's GPUUnhealthy (a GPU fell off the bus, an XID such as 79), and
+# Kubernetes' DeletionByTaintManager (NoExecute taint of a node not Ready or unreachable) and
+# DeletionByPodGC (the pod's node is gone). Not among them: PreemptionByScheduler and
+# EvictionByEvictionAPI (voluntary: someone chose to stop the pod, and the pod is deleted, so
+# controllers see it lost) and TerminationByKubelet (node-pressure eviction, which the pod's
+# own memory or disk use may have caused).
+HARDWARE_DISRUPTION_REASONS = frozenset({GPU_UNHEALTHY_REASON, "DeletionByTaintManager", "DeletionByPodGC"})
+
+
+def _get(obj: Any, wire: str, attr: str) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(wire)
+    return getattr(obj, attr, None)
+
+
+def hardware_disruption(pod: Any) -> Any:
+    """The DisruptionTarget condition (model or wire dict) of a Failed pod that says its
+    hardware or node failed under it, else None."""
+    status = _get(pod, "status", "status")
+    if status is None or _get(status, "phase", "phase") != "Failed":
+        return None
+    for c in _get(status, "conditions", "conditions") or []:
+        if (_get(c, "type", "type") == DISRUPTION_TARGET and _get(c, "status", "status") == "True"
+                and _get(c, "reason", "reason") in HARDWARE_DISRUPTION_REASONS):
+            return c
+    return None
+
+
+def pod_failed_by_hardware(pod: Any) -> bool:
+    """Whether a pod (model or wire dict) is Failed because its hardware or node failed: phase
+    Failed with condition DisruptionTarget True and a reason of ``HARDWARE_DISRUPTION_REASONS``.
+    Controllers move such work to healthy GPUs without counting it as the work's failure."""
+    return hardware_disruption(pod) is not None

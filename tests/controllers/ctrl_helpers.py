@@ -289,3 +289,31 @@ class Heartbeat:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
+
+
+async def fail_by_gpu(client: Client, name: str, *, ns: str = NS, gpu: int = 1,
+                      node_name: str = "n1") -> dict[str, Any]:
+    """What the node agent writes through pods/status when the pod's GPU fails (XID 79): the
+    pod stopped, Failed, reason GPUUnhealthy, and condition DisruptionTarget saying which GPU."""
+    message = f"GPU {gpu} (GPU-{gpu:04d}) on node {node_name} is unhealthy: XID 79 (GPU has fallen off the bus)"
+    for _ in range(10):
+        current = await client.get("pods", name, ns, raw=True)
+        status = dict(current.get("status") or {})
+        ts = rfc3339(time.time())
+        conds = [c for c in status.get("conditions") or [] if c.get("type") not in ("Ready", "ContainersReady",
+                                                                                    "DisruptionTarget")]
+        conds += [{"type": "Ready", "status": "False", "lastTransitionTime": ts},
+                  {"type": "ContainersReady", "status": "False", "lastTransitionTime": ts},
+                  {"type": "DisruptionTarget", "status": "True", "reason": "GPUUnhealthy", "message": message,
+                   "lastTransitionTime": ts}]
+        status.update(phase="Failed", reason="GPUUnhealthy", message=message, conditions=conds)
+        status["containerStatuses"] = [{
+            "name": c["name"], "image": c["image"], "imageID": "", "ready": False, "restartCount": 0,
+            "state": {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": ts, "finishedAt": ts}},
+        } for c in current["spec"]["containers"]]
+        current["status"] = status
+        try:
+            return await client.update_status(current, raw=True)
+        except Conflict:
+            continue
+    raise AssertionError(f"could not update the status of pod {name}")

@@ -217,3 +217,55 @@ def test_a_finished_job_expires_after_its_ttl():
     (delete,) = decide_expire(job(ttl=3, status=finished), NOW).deletes
     assert (delete.name, delete.propagation_policy, delete.uid) == ("work", "Foreground", "job-uid")
     assert decide_expire(job(ttl=3), NOW).deletes == []
+
+
+# -- podFailurePolicy ---------------------------------------------------------------------
+
+IGNORE_DISRUPTIONS = {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+                                {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [42]}}]}
+
+
+def with_policy(j: Job, policy: dict[str, Any]) -> Job:
+    body = j.to_dict()
+    body["spec"]["podFailurePolicy"] = policy
+    return Job.from_dict(body)
+
+
+def failed_pod(name: str, *, code: int = 137, disruption: str | None = None) -> Pod:
+    body = pod(name, "Failed").to_dict()
+    body["status"]["containerStatuses"] = [{"name": "c", "image": "i", "imageID": "", "ready": False,
+                                            "restartCount": 0, "state": {"terminated": {"exitCode": code}}}]
+    if disruption:
+        body["status"]["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": disruption,
+                                         "message": "GPU 1 (GPU-0001) on node n1 is unhealthy: XID 79"}]
+    return Pod.from_dict(body)
+
+
+def test_an_ignore_rule_for_disruptions_replaces_a_pod_failed_by_its_gpu_without_counting_it():
+    j = with_policy(job(completions=1, parallelism=1, backoff_limit=0, status={"startTime": NOW.text}),
+                    IGNORE_DISRUPTIONS)
+    sync, pods_actions, tracking, finish = run(j, [failed_pod("x", disruption="GPUUnhealthy")],
+                                               settings=Settings(5.0, 60.0))
+    assert cond({"conditions": sync.conditions}, "FailureTarget") is None
+    assert sync.failed == 0 and sync.backoff == Backoff()  # no back-off either
+    assert pods_actions.reason == "ScaleUp" and len(pods_actions.creates) == 1
+    assert [p.metadata.name for p in sync.to_release] == ["x"]  # its finalizer comes off, uncounted
+    assert "failed" not in finish.status and cond(finish.status, "Failed") is None
+
+
+def test_without_a_policy_a_disrupted_pod_counts_as_kubernetes_counts_it():
+    j = job(completions=1, parallelism=1, backoff_limit=0, status={"startTime": NOW.text})
+    sync, *_ = run(j, [failed_pod("x", disruption="GPUUnhealthy")])
+    assert cond({"conditions": sync.conditions}, "FailureTarget")["reason"] == "BackoffLimitExceeded"
+
+
+def test_a_fail_job_rule_fails_the_job_naming_the_pod_and_the_rule():
+    j = with_policy(job(completions=3, parallelism=2, status={"startTime": NOW.text}), IGNORE_DISRUPTIONS)
+    sync, pods_actions, _, _ = run(j, [failed_pod("x", code=42), pod("y")])
+    target = cond({"conditions": sync.conditions}, "FailureTarget")
+    assert target["reason"] == "PodFailurePolicy"
+    assert target["message"] == "Container c for pod default/x failed with exit code 42 matching FailJob rule at index 1"
+    assert [d.name for d in pods_actions.deletes] == ["y"]
+    # Other exit codes match no rule: counted as usual.
+    sync, *_ = run(j, [failed_pod("z", code=1), pod("y")])
+    assert cond({"conditions": sync.conditions}, "FailureTarget") is None and sync.failed == 1

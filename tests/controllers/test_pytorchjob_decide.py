@@ -313,3 +313,97 @@ def test_an_elastic_job_adds_workers_in_place_without_a_restart():
     actions = run(j, pods)
     assert actions.reason == "CreateMissing" and not actions.patches and not actions.deletes
     assert [c.body["metadata"]["name"] for c in actions.creates if c.expect] == ["train-worker-2"]
+
+
+# -- work moves off failed hardware --------------------------------------------------------
+
+
+def broken(p: Pod, reason: str = "GPUUnhealthy") -> Pod:
+    """The pod as the node agent leaves it when its GPU fails: Failed, with DisruptionTarget."""
+    body = p.to_dict()
+    message = "GPU 1 (GPU-1b) on node n1 failed: XID 79 (GPU has fallen off the bus)"
+    body["status"].update(phase="Failed", reason=reason, message=message, conditions=[
+        {"type": "DisruptionTarget", "status": "True", "reason": reason, "message": message}])
+    return Pod.from_dict(body)
+
+
+def test_a_member_failed_by_its_gpu_restarts_the_gang_without_spending_the_backoff_limit():
+    pods = [*gang()[:2], broken(pod("worker", 1, exit_code=137))]
+    for restart in ("OnFailure", "Never"):  # neither the limit nor restartPolicy applies
+        actions = run(job(conditions=conds("Created", "Running"), restart=restart,
+                          run_policy={"backoffLimit": 0}), pods)
+        assert actions.reason == "MoveOffHardware"
+        restarting = condition(actions, "Restarting")
+        assert restarting["status"] == "True" and restarting["reason"] == "GPUUnhealthy"
+        assert "pod train-worker-1 on node n1 failed with its hardware" in restarting["message"]
+        assert "XID 79" in restarting["message"]
+        (patch,) = actions.patches
+        assert patch.patch == {"metadata": {"annotations": {
+            "gpufleet.io/gang-attempt": "1", "gpufleet.io/hardware-restarts": "1"}}}  # gang-restarts untouched
+        assert sorted(d.name for d in actions.deletes if d.kind is Pod) == [
+            "train-master-0", "train-worker-0", "train-worker-1"]
+        assert [(e.type, e.reason) for e in actions.events] == [("Warning", "GPUUnhealthy")]
+        assert actions.requeue_after == 0.05 and actions.memo["not_before"] == NOW.monotonic  # no back-off
+
+
+def test_a_peer_crashing_on_the_broken_collective_is_not_the_jobs_failure_either():
+    pods = [pod("master", 0), pod("worker", 0, "Failed", exit_code=1), broken(pod("worker", 1))]
+    actions = run(job(conditions=conds("Created", "Running"), run_policy={"backoffLimit": 0}), pods)
+    assert actions.reason == "MoveOffHardware"
+
+
+def test_a_preempted_member_is_an_ordinary_restart():
+    pods = [*gang()[:2], broken(pod("worker", 1, exit_code=137), reason="PreemptionByScheduler")]
+    actions = run(job(conditions=conds("Created", "Running"), restarts=1), pods)
+    assert actions.reason == "Restart"
+    assert actions.patches[0].patch["metadata"]["annotations"]["gpufleet.io/gang-restarts"] == "2"
+
+
+def elastic_with_restarts(max_restarts: int | None, **kw: Any) -> PyTorchJob:
+    j = job(workers=3, master=False, elastic=(1, 3), gpus=1, **kw)
+    body = j.to_dict()
+    if max_restarts is not None:
+        body["spec"]["elasticPolicy"]["maxRestarts"] = max_restarts
+    return PyTorchJob.from_dict(body)
+
+
+def test_an_elastic_member_failed_by_its_gpu_is_replaced_alone():
+    j = elastic_with_restarts(3, conditions=conds("Created", "Running"),
+                              annotations={"gpufleet.io/elastic-autoscale": "false",
+                                           "gpufleet.io/hardware-restarts": "2"})
+    pods = [*elastic_gang(3)[:2], broken(pod("worker", 2, gpus=1, size=3))]
+    actions = run(j, pods)
+    assert actions.reason == "ReplaceMember"
+    assert [d.name for d in actions.deletes] == ["train-worker-2"]  # the others keep running
+    (patch,) = actions.patches
+    assert patch.patch == {"metadata": {"annotations": {"gpufleet.io/hardware-restarts": "3"}}}  # same attempt
+    assert condition(actions, "Restarting")["reason"] == "GPUUnhealthy"
+    assert not any(c.expect for c in actions.creates)  # its name is free once it is gone
+    # Once it is gone: the same member again, in the same attempt, under the running group.
+    j2 = elastic_with_restarts(3, conditions=actions.status["conditions"],
+                               annotations={"gpufleet.io/elastic-autoscale": "false",
+                                            "gpufleet.io/hardware-restarts": "3"})
+    nxt = run(j2, pods[:2], memory=Memory(created=(0, frozenset({("Worker", 0), ("Worker", 1), ("Worker", 2)}))))
+    assert nxt.reason == "CreateMissing" and not nxt.deletes
+    (body,) = [c.body for c in nxt.creates if c.expect]
+    assert body["metadata"]["name"] == "train-worker-2"
+    assert body["metadata"]["annotations"]["gpufleet.io/gang-attempt"] == "0"
+
+
+def test_an_elastic_jobs_rendezvous_host_failed_by_its_gpu_restarts_the_gang():
+    j = elastic_with_restarts(3, conditions=conds("Created", "Running"),
+                              annotations={"gpufleet.io/elastic-autoscale": "false"})
+    pods = [broken(pod("worker", 0, gpus=1, size=3)), *elastic_gang(3)[1:]]
+    actions = run(j, pods)
+    assert actions.reason == "MoveOffHardware" and len(actions.deletes) == 3
+
+
+@pytest.mark.parametrize("max_restarts", [None, 0])
+def test_an_elastic_member_is_not_replaced_alone_when_torchrun_has_no_restarts(max_restarts: int | None):
+    # The survivors' torchrun would exit on the lost peer: the gang restarts instead.
+    j = elastic_with_restarts(max_restarts, conditions=conds("Created", "Running"),
+                              annotations={"gpufleet.io/elastic-autoscale": "false"})
+    pods = [*elastic_gang(3)[:2], broken(pod("worker", 2, gpus=1, size=3))]
+    actions = run(j, pods)
+    assert actions.reason == "MoveOffHardware" and len(actions.deletes) == 3
+    assert actions.patches[0].patch["metadata"]["annotations"]["gpufleet.io/gang-attempt"] == "1"

@@ -6,7 +6,9 @@ real model with torch.distributed (gloo) under a PyTorchJob.
     remaining servers, resumes from its checkpoint (the step goes on, not back to 0), and
     the job succeeds.
 (b) An elastic job under torchrun is scaled 2 -> 4 (`gpufleet scale`) -> 2 (`kubectl scale`)
-    Workers: the world size in its log follows, and the step never goes back.
+    Workers: the world size in its log follows, and the step never goes back. Then a GPU
+    fails under one Worker (the agent's report written through pods/status): only that
+    Worker is replaced, the other keeps its pod and torchrun, and training goes on.
 """
 
 from __future__ import annotations
@@ -236,3 +238,39 @@ async def test_elastic_resize_changes_world_size_without_losing_progress(fleet: 
         job_now = await client.get("pytorchjobs", "elastic", NS, raw=True)
         assert "gpufleet.io/gang-restarts" not in (job_now["metadata"].get("annotations") or {})
         await job_pods(client, "elastic", fleet)
+
+        # A GPU fails under worker-1: the node agent's report (Failed, DisruptionTarget
+        # GPUUnhealthy). Only that member is replaced; worker-0's pod and its torchrun keep
+        # running, and the group re-forms at 2 from the checkpoint.
+        before = {p["metadata"]["name"]: p for p in await job_pods(client, "elastic", fleet)}
+        mark = shrunk[-1][0]
+        await report_gpu_failed(client, "elastic-worker-1")
+        t0 = time.monotonic()
+
+        async def replaced() -> list | None:
+            pods = {p["metadata"]["name"]: p for p in await job_pods(client, "elastic", fleet)}
+            w1 = pods.get("elastic-worker-1")
+            if w1 is None or w1["metadata"]["uid"] == before["elastic-worker-1"]["metadata"]["uid"]:
+                return None
+            return await at_world(2, mark)
+
+        again = await fleet.wait_until(replaced, 90, "worker-1 replaced and training with 2 workers again")
+        print(f"elastic member on a failed GPU: world_size 2 again after {time.monotonic() - t0:.1f} s")
+        assert again[0][0] >= mark - 5, f"progress lost: at step {mark} before, {again[0][0]} after"
+        w0 = await client.get("Pod", "elastic-worker-0", NS, raw=True)
+        assert w0["metadata"]["uid"] == before["elastic-worker-0"]["metadata"]["uid"]
+        assert process_pids([w0]) == process_pids([before["elastic-worker-0"]])  # the same torchrun
+        annotations = (await client.get("pytorchjobs", "elastic", NS, raw=True))["metadata"]["annotations"]
+        assert annotations["gpufleet.io/hardware-restarts"] == "1" and "gpufleet.io/gang-restarts" not in annotations
+
+
+async def report_gpu_failed(client: Client, name: str) -> None:
+    """What the node agent writes through pods/status when the pod's GPU fails."""
+    pod = await client.get("Pod", name, NS, raw=True)
+    message = f"GPU 0 on node {pod['spec']['nodeName']} is unhealthy: XID 79 (GPU has fallen off the bus)"
+    status = pod["status"]
+    status.update(phase="Failed", reason="GPUUnhealthy", message=message)
+    status["conditions"] = [c for c in status.get("conditions") or [] if c["type"] != "DisruptionTarget"] + [
+        {"type": "DisruptionTarget", "status": "True", "reason": "GPUUnhealthy", "message": message,
+         "lastTransitionTime": status.get("startTime")}]
+    await client.update_status(pod, raw=True)

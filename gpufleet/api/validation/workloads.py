@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpufleet.api import k8s
+from gpufleet.api import k8s, podfailurepolicy
 from gpufleet.api.batch import CONTROLLER_UID_LABEL, LEGACY_CONTROLLER_UID_LABEL
 from gpufleet.api.validation.containers import RESTART_POLICIES
 from gpufleet.api.validation.core import (
@@ -217,6 +217,56 @@ def validate_job_spec(spec: k8s.JobSpec, path: str, errs: Errs) -> None:
     _validate_template_for_controller(
         spec.template, spec.selector, usable, f"{path}.template", errs, restart_policies=["OnFailure", "Never"]
     )
+    if spec.pod_failure_policy is not None:
+        _validate_pod_failure_policy(spec, path, errs)
+
+
+def _validate_pod_failure_policy(spec: k8s.JobSpec, path: str, errs: Errs) -> None:
+    """Kubernetes' validatePodFailurePolicy (the rules podfailurepolicy.match reads)."""
+    policy, base = spec.pod_failure_policy, f"{path}.podFailurePolicy"
+    tspec = spec.template.spec if spec.template is not None else None
+    restart = tspec.restart_policy if tspec is not None else None
+    if restart is not None and restart != "Never":
+        errs.append(invalid(f"{path}.template.spec.restartPolicy", restart,
+                            'only "Never" is supported when podFailurePolicy is specified'))
+    if len(policy.rules) > 20:
+        errs.append(invalid(f"{base}.rules", len(policy.rules), "must have at most 20 items"))
+    names = {c.name for c in (tspec.containers if tspec is not None else None) or []}
+    names |= {c.name for c in (tspec.init_containers if tspec is not None else None) or []}
+    for i, rule in enumerate(policy.rules):
+        rpath = f"{base}.rules[{i}]"
+        if rule.action not in podfailurepolicy.ACTIONS:
+            errs.append(not_supported(f"{rpath}.action", rule.action, list(podfailurepolicy.ACTIONS)))
+        elif rule.action == podfailurepolicy.FAIL_INDEX and spec.backoff_limit_per_index is None:
+            errs.append(invalid(f"{rpath}.action", rule.action, "valid only when backoffLimitPerIndex is set"))
+        if rule.on_exit_codes is None and not rule.on_pod_conditions:
+            errs.append(required(rpath, "specifying one of OnExitCodes and OnPodConditions is required"))
+        elif rule.on_exit_codes is not None and rule.on_pod_conditions:
+            errs.append(invalid(rpath, Unquoted("{...}"),
+                                "specifying both OnExitCodes and OnPodConditions is not supported"))
+        req = rule.on_exit_codes
+        if req is not None:
+            epath = f"{rpath}.onExitCodes"
+            if req.operator not in podfailurepolicy.OPERATORS:
+                errs.append(not_supported(f"{epath}.operator", req.operator, list(podfailurepolicy.OPERATORS)))
+            if not req.values:
+                errs.append(required(f"{epath}.values", "at least one value is required"))
+            elif len(req.values) > 255:
+                errs.append(invalid(f"{epath}.values", len(req.values), "must have at most 255 items"))
+            for j, v in enumerate(req.values or []):
+                if j and v <= req.values[j - 1]:
+                    errs.append(invalid(f"{epath}.values[{j}]", v, "must be ordered and without duplicates"))
+                if v == 0 and req.operator == "In":
+                    errs.append(invalid(f"{epath}.values[{j}]", v, "must not be 0 for the In operator"))
+            if req.container_name is not None and req.container_name not in names:
+                errs.append(invalid(f"{epath}.containerName", req.container_name,
+                                    "must be one of the container or initContainer names in the pod template"))
+        for j, pattern in enumerate(rule.on_pod_conditions or []):
+            cpath = f"{rpath}.onPodConditions[{j}]"
+            if not pattern.type:
+                errs.append(required(f"{cpath}.type"))
+            if pattern.status not in (None, "True", "False", "Unknown"):
+                errs.append(not_supported(f"{cpath}.status", pattern.status, ["False", "True", "Unknown"]))
 
 
 def _validate_generated_selector(job: k8s.Job, errs: Errs) -> None:

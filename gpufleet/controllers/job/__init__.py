@@ -22,6 +22,11 @@ What it does, as Kubernetes' job controller (1.31) does:
 - waits ``pod_failure_backoff * 2**(n-1)`` (capped) before replacing the n-th consecutive
   failure (Kubernetes: 10 s doubling to 6 min; ours is shorter and configurable);
 - ``ttlSecondsAfterFinished`` deletes the finished Job (foreground, so its pods go first).
+- ``podFailurePolicy`` (``api/podfailurepolicy.py``): a Failed pod matching a FailJob rule
+  fails the Job (reason PodFailurePolicy), one matching an Ignore rule is replaced without
+  counting against ``backoffLimit`` or the back-off (``onPodConditions: [{type:
+  DisruptionTarget}]`` covers a pod the node agent stopped on a failed GPU), Count and no
+  match count as usual. Without a policy a disrupted pod counts, as in Kubernetes.
 
 The selector: the API server gives every Job without ``manualSelector`` the selector
 ``batch.kubernetes.io/controller-uid=<uid>`` and puts that label, ``job-name`` and their
@@ -30,7 +35,7 @@ the controller selects pods by ``spec.selector``. A Job stored before that was d
 selector (both fields are immutable): for it the controller uses the generated selector and
 puts the labels on the pods it creates.
 
-Not done: podFailurePolicy, successPolicy, backoffLimitPerIndex/maxFailedIndexes,
+Not done: FailIndex rules (they count, as backoffLimitPerIndex is not done), successPolicy, backoffLimitPerIndex/maxFailedIndexes,
 podReplacementPolicy (pods are replaced once they are terminating or failed), managedBy.
 
 The decisions are plain functions in ``decide`` (with the table of condition transitions,

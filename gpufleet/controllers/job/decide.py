@@ -23,6 +23,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api import podfailurepolicy
 from gpufleet.api.k8s import Job, Pod
 from gpufleet.client import objects
 from gpufleet.client.events import NORMAL, WARNING
@@ -88,6 +89,9 @@ TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
                NORMAL, "Resumed", "Job resumed"),
     Transition("ExceedBackoffLimit", frozenset({ACTIVE, SUSPENDED}), FAILURE_TARGET, FAILURE_TARGET, "True",
                BACKOFF_LIMIT_EXCEEDED, "Job has reached the specified backoff limit"),
+    # The message names the pod and the rule (``podfailurepolicy.match``).
+    Transition("FailByPodFailurePolicy", frozenset({ACTIVE}), FAILURE_TARGET, FAILURE_TARGET, "True",
+               podfailurepolicy.POD_FAILURE_POLICY_REASON, None),
     Transition("ExceedDeadline", frozenset({ACTIVE}), FAILURE_TARGET, FAILURE_TARGET, "True", DEADLINE_EXCEEDED,
                "Job was active longer than specified deadline"),
     Transition("MeetSuccessCriteria", frozenset({ACTIVE, SUSPENDED}), SUCCESS_CRITERIA_MET, SUCCESS_CRITERIA_MET,
@@ -112,13 +116,15 @@ def state(conditions: list[dict[str, Any]]) -> str:
     return SUSPENDED if _true(conditions, "Suspended") else ACTIVE
 
 
-def fire(name: str, conditions: list[dict[str, Any]], now: str, actions: Actions | None = None) -> bool:
+def fire(name: str, conditions: list[dict[str, Any]], now: str, actions: Actions | None = None,
+         message: str | None = None) -> bool:
     """Apply transition ``name`` to ``conditions`` (its Event into ``actions``); whether the
-    condition changed."""
+    condition changed. ``message``: for a transition whose message the table leaves open."""
     t = TRANSITIONS[name]
     target = find_condition(conditions, FAILURE_TARGET) or {}
     reason = target.get("reason", "") if t.reason is FROM_TARGET else t.reason
-    message = target.get("message", "") if t.message is FROM_TARGET else t.message
+    if message is None:
+        message = target.get("message", "") if t.message is FROM_TARGET else t.message
     changed = ensure_condition(conditions, t.condition, t.status, reason or "", message or "", now)
     if changed and actions is not None and t.event_reason != "":
         event_reason = target.get("reason", "Failed") if t.event_reason is FROM_TARGET else t.event_reason
@@ -240,6 +246,8 @@ def begin(obs: Observed, now: Instant) -> Sync:
     new_failed = [p for p in pods if has_tracking_finalizer(p) and pod_counts_as_failed(p)
                   and objects.uid_of(p) not in uncounted_failed and objects.uid_of(p) not in removed]
 
+    new_failed, fail_job = judge_failures(job, new_failed)
+
     completed = parse_indexes(old_status.get("completedIndexes")) if indexed else set()
     if indexed:
         for p in [*new_ok, *(p for p in pods if pod_phase(p) == "Succeeded")]:
@@ -259,7 +267,9 @@ def begin(obs: Observed, now: Instant) -> Sync:
     # What the Job's outcome is, once decided it stays decided.
     if not _true(conditions, FAILURE_TARGET):
         backoff_limit = job.spec.backoff_limit if job.spec.backoff_limit is not None else 6
-        if failed > backoff_limit or past_backoff_limit_on_failure(job, active_pods):
+        if fail_job is not None:
+            fire("FailByPodFailurePolicy", conditions, now.text, message=fail_job)
+        elif failed > backoff_limit or past_backoff_limit_on_failure(job, active_pods):
             fire("ExceedBackoffLimit", conditions, now.text)
         elif past_deadline(job, status, now.wall):
             fire("ExceedDeadline", conditions, now.text)
@@ -267,6 +277,27 @@ def begin(obs: Observed, now: Instant) -> Sync:
             start = timestamp(status.get("startTime")) or now.wall
             sync.requeue(max(start + job.spec.active_deadline_seconds - now.wall, 0.0) + 0.001)
     return sync
+
+
+def judge_failures(job: Any, failed: list[Any]) -> tuple[list[Any], str | None]:
+    """The newly failed pods that count against backoffLimit under the Job's podFailurePolicy
+    (all of them without one), and the message of the first FailJob rule matched. Pods an
+    Ignore rule matches are not counted: their finalizer comes off and they are replaced."""
+    policy = job.spec.pod_failure_policy
+    if policy is None:
+        return failed, None
+    counted: list[Any] = []
+    fail_job: str | None = None
+    for p in failed:
+        if pod_phase(p) != "Failed":  # a pod deleted before it finished: no rule judges it
+            counted.append(p)
+            continue
+        message, counts, _ = podfailurepolicy.match(policy, p)
+        if message is not None and fail_job is None:
+            fail_job = message
+        if counts:
+            counted.append(p)
+    return counted, fail_job
 
 
 def _deletes(pods: list[Any]) -> list[Delete]:

@@ -64,6 +64,14 @@ Where gpufleet differs, and why:
   checkpoint instead, not counted as a failure (condition Restarting, reason
   PyTorchJobResizing; pods carry ``gpufleet.io/gang-size``); torchrun is then told the exact
   size (PET_NNODES "n:n").
+- Hardware. A member Failed with DisruptionTarget for its hardware (``api.gpu.
+  pod_failed_by_hardware``: the node agent's GPUUnhealthy, a node's NoExecute taint, its node
+  gone) is not the job's failure: backoffLimit, restartPolicy and the back-off do not apply,
+  ``gpufleet.io/hardware-restarts`` counts the moves, and condition Restarting (reason
+  GPUUnhealthy, or the pod's disruption reason) names the pod, GPU and XID. A fixed gang
+  restarts from its checkpoint as a new attempt; an elastic job resized in place with
+  elasticPolicy.maxRestarts >= 1 replaces only that member (not its rendezvous host), and
+  the others re-form the group through torchrun's rendezvous (docs/gpu-work-moves.md).
 - Checkpoints. GPUFLEET_CHECKPOINT_DIR is the same for every member and every attempt:
   the job's annotation ``gpufleet.io/checkpoint-dir`` when set, else
   ``<checkpoint_root>/<namespace>/<job>-<uid[:8]>``. Across servers it must be on a shared
@@ -95,6 +103,7 @@ from gpufleet.controllers.pytorchjob.model import (
     GANG_PENDING,
     GANG_SCHEDULED,
     GANG_SIZE_ANNOTATION,
+    HARDWARE_RESTARTS_ANNOTATION,
     RESIZE_ANNOTATION,
     RESTARTS_ANNOTATION,
     gang_wait_reason,
@@ -109,6 +118,7 @@ __all__ = [
     "GANG_PENDING",
     "GANG_SCHEDULED",
     "GANG_SIZE_ANNOTATION",
+    "HARDWARE_RESTARTS_ANNOTATION",
     "RESIZE_ANNOTATION",
     "RESTARTS_ANNOTATION",
     "TRANSITIONS",

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpufleet.api.gpu import GPU_UNHEALTHY_REASON, hardware_disruption
 from gpufleet.api.k8s import ConfigMap, Pod
 from gpufleet.api.kubeflow import (
     CREATED,
@@ -42,6 +43,7 @@ from gpufleet.controllers.pytorchjob.model import (
     ELASTIC_REASON_ANNOTATION,
     GANG_PENDING,
     GANG_SCHEDULED,
+    HARDWARE_RESTARTS_ANNOTATION,
     KIND_REF,
     RESTARTS_ANNOTATION,
     _bound,
@@ -53,6 +55,7 @@ from gpufleet.controllers.pytorchjob.model import (
     gang_members,
     gang_restarts,
     gang_wait_reason,
+    hardware_restarts,
     is_finished,
     leader,
     pod_attempt,
@@ -107,6 +110,10 @@ TRANSITIONS: dict[str, Transition] = {t.name: t for t in (
                "PyTorchJobRunning"),
     Transition("Restart", ACTIVE, RESTARTING, RESTARTING, "True", "PyTorchJobRestarting", "PyTorchJobRestarting",
                WARNING, True),
+    # Work moves off failed hardware: not counted against backoffLimit. The reason is the
+    # pod's DisruptionTarget reason (GPUUnhealthy, DeletionByTaintManager, DeletionByPodGC).
+    Transition("MoveOffHardware", ACTIVE, RESTARTING, RESTARTING, "True", GPU_UNHEALTHY_REASON,
+               GPU_UNHEALTHY_REASON, WARNING, True),
     Transition("Resize", ACTIVE, RESTARTING, RESTARTING, "True", "PyTorchJobResizing", "Resizing", NORMAL, True),
     Transition("Succeed", ACTIVE, SUCCEEDED, SUCCEEDED, "True", "PyTorchJobSucceeded", "PyTorchJobSucceeded",
                NORMAL, True),
@@ -188,15 +195,18 @@ class _Sync:
 
     # -- the vocabulary -------------------------------------------------------------------
 
-    def fire(self, name: str, message: str) -> bool:
+    def fire(self, name: str, message: str, reason: str | None = None) -> bool:
+        """Apply transition ``name``; ``reason`` replaces the table's for the condition and
+        the Event (MoveOffHardware says which disruption it was)."""
         t = TRANSITIONS[name]
         before = phase(self.conditions)
-        changed = set_job_condition(self.conditions, t.condition, t.status, t.reason, message, self.now.text)
+        changed = set_job_condition(self.conditions, t.condition, t.status, reason or t.reason, message,
+                                    self.now.text)
         if changed and before not in t.sources:
             log.warning("pytorchjob %s/%s: %s from phase %s, which the table does not list",
                         self.ns, self.name, name, before)
         if changed or t.always_event:
-            self.a.event(t.event_type, t.event, message)
+            self.a.event(t.event_type, reason or t.event, message)
         return changed
 
     def done(self, reason: str, requeue: float | None = None) -> Actions:
@@ -251,10 +261,12 @@ class _Sync:
                                      propagation_policy="Foreground", ignore_conflict=True))
         return self.done(reason)
 
-    def bump_attempt(self, attempt: int, restarts: int | None) -> None:
+    def bump_attempt(self, attempt: int, restarts: int | None, hardware: int | None = None) -> None:
         annotations = {ATTEMPT_ANNOTATION: str(attempt)}
         if restarts is not None:
             annotations[RESTARTS_ANNOTATION] = str(restarts)
+        if hardware is not None:
+            annotations[HARDWARE_RESTARTS_ANNOTATION] = str(hardware)
         self.a.patches.append(Patch(KIND_REF, self.name, self.ns, {"metadata": {"annotations": annotations}},
                                     owner=True))
         if self.shared is None:
@@ -338,6 +350,9 @@ class _Sync:
             return self.expire("Succeeded")
 
         wanted = set(gang_members(job))
+        broken = hardware_failed_member(job, current, wanted)
+        if broken is not None:
+            return self.move_off_hardware(broken, attempt, current)
         trouble = gang_trouble(job, current, wanted, pods, self.o.memory)
         if trouble is not None:
             why, retryable = trouble
@@ -394,6 +409,36 @@ class _Sync:
         if autoscale_enabled(job) and interval > 0:
             requeue = min(requeue or interval, interval)
         return self.done("CreateMissing" if missing else "InPlace", requeue)
+
+    def move_off_hardware(self, broken: Any, attempt: int, current: list[Any]) -> Actions:
+        """A member Failed because its GPU or node failed (``api.gpu.pod_failed_by_hardware``):
+        the work did not fail, so neither backoffLimit nor restartPolicy nor the back-off
+        applies; the count goes to ``gpufleet.io/hardware-restarts``. An elastic job replaces
+        only that member when torchrun can re-form the group without it (``replace_alone``):
+        the others keep running. Any other job restarts its gang from its checkpoint on
+        healthy GPUs (the failed GPU is fenced off its node)."""
+        cond = hardware_disruption(broken)
+        reason = _field(cond, "reason") or GPU_UNHEALTHY_REASON
+        detail = _field(cond, "message") or (broken.status.message if broken.status is not None else None) or reason
+        node = getattr(broken.spec, "node_name", None) or "no node"
+        why = f"pod {objects.name_of(broken)} on node {node} failed with its hardware: {detail}"
+        moves = hardware_restarts(self.job) + 1
+        if replace_alone(self.job, broken):
+            self.fire("MoveOffHardware", f"PyTorchJob {self.name} replaces one member because {why}; the "
+                                         "other members re-form the group through the rendezvous.", reason)
+            self.a.patches.append(Patch(KIND_REF, self.name, self.ns, {"metadata": {"annotations": {
+                HARDWARE_RESTARTS_ANNOTATION: str(moves)}}}, owner=True))
+            self.delete_pods([broken])
+            self.status["replicaStatuses"] = replica_statuses(self.job, self.o.pods)
+            self.write()
+            return self.done("ReplaceMember", 0.05)
+        self.fire("MoveOffHardware", f"PyTorchJob {self.name} is restarting from its last checkpoint on healthy "
+                                     f"GPUs because {why}.", reason)
+        self.bump_attempt(attempt + 1, None, moves)
+        self.delete_pods([p for p in self.o.pods if not is_being_deleted(p)])
+        self.write()
+        self.a.memo["not_before"] = self.now.monotonic  # no back-off: the next gang goes on healthy GPUs
+        return self.done("MoveOffHardware", 0.05)
 
     def report_gang_wait(self, current: list[Any]) -> None:
         """Say on the job why its gang waits: the scheduler holds every member back together
@@ -471,6 +516,32 @@ def resize_step(job: Any, current: list[Any], own: list[Any], cluster_pods: list
         fits = [n for n, g in free.items() if g >= need]
         if fits:
             return workers + 1, "ElasticGrow", f"node {sorted(fits)[0]} has {free[sorted(fits)[0]]} idle GPUs"
+    return None
+
+
+def _field(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def replace_alone(job: Any, broken: Any) -> bool:
+    """Whether a member lost to hardware is replaced under the running torchrun group: an
+    elastic job resized in place, the member not its rendezvous host (whose store the others
+    use), and ``elasticPolicy.maxRestarts`` at least 1. The survivors' workers fail on the
+    collective that lost a peer; their torchrun agents restart them (one of maxRestarts) and
+    re-form the group through the rendezvous, which the replacement then joins. With no
+    restarts left, torchrun would exit and fail the survivors' pods too."""
+    ep = job.spec.elastic_policy if job.spec is not None else None
+    return (resize_in_place(job) and pod_member(broken) != leader(job)
+            and ep is not None and (ep.max_restarts or 0) >= 1)
+
+
+def hardware_failed_member(job: Any, current: list[Any], wanted: set[tuple[str, int]]) -> Any:
+    """The first member of this attempt Failed by its hardware or node, else None. It goes
+    before any other failure: when a GPU dies its peers often crash on the broken collective
+    too, and those crashes are not the work's fault either."""
+    for p in sorted(current, key=lambda p: objects.name_of(p)):
+        if pod_member(p) in wanted and hardware_disruption(p) is not None:
+            return p
     return None
 
 

@@ -36,6 +36,7 @@ POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 
 ATTEMPT_ANNOTATION = "gpufleet.io/gang-attempt"
 RESTARTS_ANNOTATION = "gpufleet.io/gang-restarts"
+HARDWARE_RESTARTS_ANNOTATION = "gpufleet.io/hardware-restarts"
 GANG_SIZE_ANNOTATION = "gpufleet.io/gang-size"
 RESIZE_ANNOTATION = "gpufleet.io/elastic-resize"
 CHECKPOINT_ANNOTATION = "gpufleet.io/checkpoint-dir"
@@ -112,6 +113,14 @@ def checkpoint_dir(job: PyTorchJob, root: str) -> str:
 def gang_restarts(job: PyTorchJob) -> int:
     try:
         return int((objects.meta(job, "annotations") or {}).get(RESTARTS_ANNOTATION, 0))
+    except ValueError:
+        return 0
+
+
+def hardware_restarts(job: PyTorchJob) -> int:
+    """How often work moved off failed hardware (gang restarts and members replaced)."""
+    try:
+        return int((objects.meta(job, "annotations") or {}).get(HARDWARE_RESTARTS_ANNOTATION, 0))
     except ValueError:
         return 0
 
