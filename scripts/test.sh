@@ -8,4 +8,4 @@ echo "== ruff"
 echo "== import-linter (layer contracts)"
 .venv/bin/lint-imports
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
