@@ -100,3 +100,8 @@ def parse_gpu_indices(text: str) -> tuple[int, ...]:
 def format_gpu_indices(indices: Iterable[int]) -> str:
     """The ``gpufleet.io/gpu-indices`` value for a set of indices: sorted, comma-separated."""
     return ",".join(str(i) for i in sorted(indices))
+
+# -- health -----------------------------------------------------------------------------------
+# The reason a pod stopped because its GPU failed carries (status.reason and its
+# DisruptionTarget condition), and the reason of the node's GPUHealthy condition.
+GPU_UNHEALTHY_REASON = "GPUUnhealthy"
