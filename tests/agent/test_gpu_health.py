@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,18 @@ async def test_xid_fences_the_gpu_stops_its_pod_and_validation_returns_it(h):
         in metrics
     assert 'gpufleet_gpu_xid_errors_total{' in metrics and 'xid="79"} 1.0' in metrics
     assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in metrics and "gpufleet_gpu_fenced{" in metrics
+
+    # What an operator reads: the history in `gpufleet describe node` and `kubectl describe node`.
+    r = await cli(h, "describe", "node", NODE)
+    assert r.exit_code == 0, r.output
+    section = r.output.split("GPU Health:")[1]
+    assert uuid in section and "79x1" in section and "XID 79" in section and "Unhealthy" in section
+    kubectl = await asyncio.to_thread(subprocess.run, ["kubectl", "--kubeconfig", str(h.tmp / "cp" / "kubeconfig"),
+                                                       "describe", "node", NODE], capture_output=True, text=True,
+                                      timeout=60)
+    assert kubectl.returncode == 0, kubectl.stderr
+    assert GPU_HEALTH_ANNOTATION in kubectl.stdout and "GPUHealthy" in kubectl.stdout
+    assert "GPUUnhealthy" in kubectl.stdout  # the Events
 
 
 async def test_repeated_failures_hold_the_gpu_until_uncordoned_and_cordon_gpu(h):

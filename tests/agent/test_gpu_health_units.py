@@ -268,3 +268,14 @@ def test_nvml_health_poll(monkeypatch):
     t = tracker()
     t.observe(sigs, {i: f"GPU-{i}" for i in range(4)}, set(), 1.0)
     assert t.fenced() == {0, 1, 2, 3}
+
+
+def test_agent_flags_refuse_a_bad_policy_naming_the_flag():
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.main import app
+
+    r = CliRunner().invoke(app, ["agent", "--gpus", "1", "--gpu-health-policy", "xid:79=reboot"])
+    assert r.exit_code == 2 and "--gpu-health-policy" in r.output and "action must be one of" in r.output
+    r = CliRunner().invoke(app, ["agent", "--gpus", "1", "--gpu-failure-window", "soon"])
+    assert r.exit_code == 2 and "--gpu-failure-window" in r.output
