@@ -80,9 +80,12 @@ class GPUHealthMixin:
 
     async def _gpu_health_pass(self) -> None:
         signals = await self._call_devices("health_signals")
-        if self.devices.name == "declared":
-            # An inventory that changed may have more or fewer GPUs.
-            self._gpus = self._overlay_health(list(self.devices.fingerprint()))
+        generation = getattr(self.devices, "generation", None)
+        if generation is not None and generation != self._devices_generation:
+            # An inventory that changed may have more or fewer GPUs, or other models.
+            self._devices_generation = generation
+            self._gpus = await self._fingerprint()
+            self._node_dirty.set()
         uuids = {g.index: g.uuid for g in self._gpus}
         node_obj = self._node_informer.get(self.name) if self._node_informer is not None else None
         annotations = ((node_obj or {}).get("metadata") or {}).get("annotations") or {}

@@ -157,6 +157,8 @@ class DeclaredDevices:
         # The inventory file this came from, and its mtime when last read (reload_if_changed).
         self.inventory_path: Path | None = None
         self._mtime: int | None = None
+        # Moves whenever what fingerprint() reports may have changed.
+        self.generation = 0
 
     @classmethod
     def from_entries(cls, entries: Sequence[Mapping[str, Any]], node_name: str = "") -> DeclaredDevices:
@@ -279,6 +281,7 @@ class DeclaredDevices:
             log.warning("inventory %s: not reloaded: %s", self.inventory_path, exc)
             return False
         self._entries = fresh._entries
+        self.generation += 1
         return True
 
     def health_signals(self) -> dict[int, list[Signal]]:
@@ -303,6 +306,7 @@ class DeclaredDevices:
                     self._busy[i] = (min(max(pct, 0.0), 100.0), memory_used_mib)
 
     def set_health(self, index: int, healthy: bool, reason: str = "") -> None:
+        self.generation += 1
         if healthy:
             self._health.pop(index, None)
         else:
