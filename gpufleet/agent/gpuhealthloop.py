@@ -30,7 +30,7 @@ from gpufleet.api.gpuhealth import (
     parse_cordon,
     with_unhealthy_taint,
 )
-from gpufleet.client import ApiError, TransportError
+from gpufleet.client import ApiError, Conflict, TransportError
 from gpufleet.utils.clock import rfc3339
 
 log = logging.getLogger(__name__)
@@ -153,6 +153,10 @@ class GPUHealthMixin:
                                                     stderr=asyncio.subprocess.STDOUT, start_new_session=True)
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), self.config.gpu_validation_timeout)
+        except asyncio.CancelledError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            raise
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
@@ -191,7 +195,11 @@ class GPUHealthMixin:
         meta = node_obj.get("metadata") or {}
         patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")},
                  "spec": {"taints": with_unhealthy_taint(taints, want)}}
-        await self.client.patch("nodes", self.name, patch, raw=True)
+        try:
+            await self.client.patch("nodes", self.name, patch, raw=True)
+        except Conflict:
+            # Someone wrote the Node meanwhile (an operator's taint): the next heartbeat reads it again.
+            return
         self.recorder.record_nowait(self._node_ref(), WARNING if want else NORMAL, "GPUTaint",
                                     f"{'added' if want else 'removed'} taint {GPU_UNHEALTHY_TAINT}:NoSchedule")
 

@@ -163,10 +163,13 @@ class RegistrationMixin:
         assert self.settings is not None
         self._gpus = await self._fingerprint()
         meta = self._wanted_meta()
+        patched = None
         if meta != self._last_meta:
-            await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
+            patched = await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
             self._last_meta = meta
         cached = current or (self._node_informer.get(self.name) if self._node_informer else None)
+        # The taint is written against the newest copy (a stale resourceVersion is refused).
+        newest = patched if isinstance(patched, dict) else cached
         existing = (cached or {}).get("status") or self._last_status or {}
         status = node.node_status(self.settings, self._gpus, existing, self.clock.now())
         gpu_condition = self._gpu_health_condition(existing.get("conditions") or [], self.clock.now())
@@ -180,7 +183,7 @@ class RegistrationMixin:
                              if c.get("type") == "Ready"), None)
         changed = (self._last_status is None or node.comparable(status) != node.comparable(self._last_status)
                    or cached_ready not in (None, "True"))
-        await self._sync_gpu_taint(cached)
+        await self._sync_gpu_taint(newest)
         if not (changed or due):
             return
         await self.client.patch("nodes", self.name, {"status": status}, subresource="status", raw=True)
