@@ -235,7 +235,10 @@ class HealthTracker:
     def validated(self, index: int, ok: bool, detail: str, now: float) -> list[Change]:
         st = self.state(index)
         st.validating = False
-        if not st.fenced or st.held:
+        if not st.fenced or st.held or st.cordoned:
+            return []
+        if any(drains(action_for(s, self.policy)) for s in st.current):
+            # It failed again while the check ran: the fence stands, the check is moot.
             return []
         if ok:
             return self._return(st, now, f"validation passed{': ' + detail if detail else ''}")

@@ -103,6 +103,17 @@ def test_fence_validate_return():
     assert [h["event"] for h in t.gpus[1].history] == ["Unhealthy", "Healthy"]
 
 
+def test_a_check_that_passes_while_the_gpu_fails_again_does_not_return_it():
+    t = tracker()
+    t.observe({1: [Signal(XID, 79)]}, UUIDS, set(), 1.0)
+    t.observe({1: []}, UUIDS, set(), 2.0)
+    assert t.due_for_validation(2.0) == [1]
+    t.gpus[1].validating = True
+    t.observe({1: [Signal(ECC_VOLATILE, 1)]}, UUIDS, set(), 3.0)
+    assert t.validated(1, True, "ok", 4.0) == []
+    assert t.fenced() == {1} and t.gpus[1].reason == "ECCUncorrectable"
+
+
 def test_application_xid_and_warnings_do_not_fence():
     t = tracker()
     changes = t.observe({0: [Signal(XID, 13), Signal(THROTTLE, 1, "hw-thermal")]}, UUIDS, set(), 1.0)
