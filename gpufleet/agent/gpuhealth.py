@@ -24,7 +24,6 @@ from typing import Any
 
 from gpufleet.api.gpuhealth import (
     DRAIN_NODE,
-    THROTTLE,
     WARN,
     XID,
     Policy,
@@ -277,8 +276,3 @@ class HealthTracker:
         first = out[0]
         reason = REPEATED_FAILURES if first.held else (first.reason or OPERATOR_CORDON)
         return "False", reason, "; ".join(st.message or f"GPU {st.index} {st.state.lower()}" for st in out)
-
-
-def throttle_signal(reasons: Iterable[str]) -> Signal | None:
-    words = sorted({str(r) for r in reasons if r})
-    return Signal(THROTTLE, len(words), ",".join(words)) if words else None

@@ -169,6 +169,12 @@ def worst(signals: Iterable[Signal], policy: Policy = DEFAULT_POLICY) -> tuple[s
     return best
 
 
+def throttle_signal(reasons: Iterable[str]) -> Signal | None:
+    """The throttle signal for these reasons ("hw-thermal", ...); None for none."""
+    words = sorted({str(r) for r in reasons if r})
+    return Signal(THROTTLE, len(words), ",".join(words)) if words else None
+
+
 def drains(action: str) -> bool:
     return action in (DRAIN_GPU, DRAIN_NODE)
 

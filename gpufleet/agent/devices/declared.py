@@ -29,6 +29,7 @@ from gpufleet.api.gpuhealth import (
     REMAPPED_ROWS_FAILED,
     XID,
     Signal,
+    throttle_signal,
 )
 
 log = logging.getLogger(__name__)
@@ -59,8 +60,6 @@ def health_signals_of(e: Mapping[str, Any], where: str, problems: list[str]) -> 
     ``xid`` (a number or a list), ``ecc`` ({volatile, aggregate} uncorrected counts, or one
     number: volatile), ``remappedRowsFailed``, ``nvlinkErrors``, ``throttle`` (a reason, a list
     of reasons, or true: thermal)."""
-    from gpufleet.agent.gpuhealth import throttle_signal
-
     out: list[Signal] = []
     health = e.get("health")
     if health is not None:

@@ -24,6 +24,7 @@ from gpufleet.api.gpuhealth import (
     RETIRED_PAGES_PENDING,
     XID,
     Signal,
+    throttle_signal,
 )
 
 # nvml.h's values, for a pynvml that lacks a name.
@@ -123,8 +124,6 @@ def _nvlink(nv: Any, h: Any) -> list[Signal]:
 
 
 def _throttle(nv: Any, h: Any) -> list[Signal]:
-    from gpufleet.agent.gpuhealth import throttle_signal
-
     mask = _call(nv, "nvmlDeviceGetCurrentClocksEventReasons", h)
     if mask is None:
         mask = _call(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", h)
