@@ -117,14 +117,12 @@ async def test_xid_fences_the_gpu_stops_its_pod_and_validation_returns_it(h):
     uuid = agent.gpus[bad].uuid
 
     inv.write({bad: "xid: 79"})
-    marked = time.monotonic()
 
     async def fenced():
         n = await node(h)
         return n if allocatable(n) == "1" and condition(n)["status"] == "False" else None
     n = await eventually(fenced, FENCE_LIMIT_S, "the GPU out of allocatable")
     p = await h.wait_pod("trainer", lambda p: p["status"].get("phase") == "Failed", FENCE_LIMIT_S, "trainer failed")
-    assert time.monotonic() - marked < FENCE_LIMIT_S + 1
     assert n["status"]["capacity"]["nvidia.com/gpu"] == "2"
     cond = condition(n)
     assert cond["reason"] == "XID79" and f"GPU {bad} ({uuid})" in cond["message"] and "XID 79" in cond["message"]
