@@ -260,21 +260,26 @@ def test_nvml_health_poll(monkeypatch):
     fake = HealthNvml(gpus, events=[(0, 13), (1, 79)])
     monkeypatch.setitem(sys.modules, "pynvml", fake.module())
     nv = NvmlDevices()
+    fake.nvlink[0] = 40  # errors from before the agent watched: not counted
+    first = nv.health_signals()
+    assert (first[0], first[1]) == ([Signal(XID, 13)], [Signal(XID, 79)])
     fake.ecc[2] = (3, 7)
     fake.remap[1] = (0, 1, 0, 1)
-    fake.nvlink[0] = 250
+    fake.nvlink[0] = 290
     fake.throttle[2] = 0x40
     sigs = nv.health_signals()
-    assert sigs[0] == [Signal(XID, 13), Signal(NVLINK_ERRORS, 250)]
-    assert sigs[1] == [Signal(XID, 79), Signal(REMAPPED_ROWS_FAILED, 1)]
+    assert sigs[0] == [Signal(NVLINK_ERRORS, 250)]
+    assert sigs[1] == [Signal(REMAPPED_ROWS_FAILED, 1)]
     assert sigs[2] == [Signal(ECC_VOLATILE, 3), Signal(ECC_AGGREGATE, 7), Signal(THROTTLE, 1, "hw-thermal")]
     assert sigs[3] == []  # no remapping support: the rest is still read
-    # XIDs are events: read once. A GPU that falls off the bus is reported lost.
+    # XIDs are events: read once (the first poll had them). A GPU that falls off the bus is
+    # reported lost.
     gpus[3].lost = True
     sigs = nv.health_signals()
     assert Signal(XID, 79) not in sigs[1]
     assert [s.kind for s in sigs[3]] == [GPU_LOST]
-    # Through the state machine: 0 drains for NVLink errors over the threshold, 1 for its XID,
+    # Through the state machine: 0 drains for NVLink errors over the threshold, 1 for its failed
+    # row remapping,
     # 2 for its volatile ECC errors, 3 for being lost.
     t = tracker()
     t.observe(sigs, {i: f"GPU-{i}" for i in range(4)}, set(), 1.0)

@@ -66,6 +66,7 @@ class NvmlDevices:
         self._known: dict[int, GPU] = {}
         # XIDs read from the event set since the last health poll, by GPU UUID.
         self._pending_xids: dict[str, list[int]] = {}
+        self._nvlink_baseline: dict[str, int] = {}
         self._events: Any = None
         try:
             self._count = nv.nvmlDeviceGetCount()
@@ -114,7 +115,7 @@ class NvmlDevices:
 
         self._drain_xid_events()
         pending, self._pending_xids = self._pending_xids, {}
-        return poll_health(self._nv, self._count, pending)
+        return poll_health(self._nv, self._count, pending, self._nvlink_baseline)
 
     def fingerprint(self) -> list[GPU]:
         nv = self._nv

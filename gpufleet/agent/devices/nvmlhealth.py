@@ -45,8 +45,13 @@ def _lost(nv: Any, exc: BaseException) -> bool:
     return getattr(exc, "value", None) == code or (lost_cls is not None and isinstance(exc, lost_cls))
 
 
-def poll_health(nv: Any, count: int, xids_by_uuid: Mapping[str, Sequence[int]]) -> dict[int, list[Signal]]:
+def poll_health(nv: Any, count: int, xids_by_uuid: Mapping[str, Sequence[int]],
+                nvlink_baseline: dict[str, int] | None = None) -> dict[int, list[Signal]]:
+    """``nvlink_baseline``: each GPU's NVLink error total at its first poll, by UUID (filled in
+    here): the counters only grow, so errors count from when the agent started watching,
+    and a board that collected a few replays a month is not drained for its age."""
     out: dict[int, list[Signal]] = {}
+    baseline = nvlink_baseline if nvlink_baseline is not None else {}
     for i in range(count):
         sigs: list[Signal] = []
         out[i] = sigs
@@ -60,7 +65,7 @@ def poll_health(nv: Any, count: int, xids_by_uuid: Mapping[str, Sequence[int]]) 
         uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
         sigs += [Signal(XID, int(x)) for x in xids_by_uuid.get(uuid, ())]
         try:
-            sigs += _ecc(nv, h) + _remapping(nv, h) + _nvlink(nv, h) + _throttle(nv, h)
+            sigs += _ecc(nv, h) + _remapping(nv, h) + _nvlink(nv, h, uuid, baseline) + _throttle(nv, h)
         except nv.NVMLError as exc:
             if _lost(nv, exc):
                 sigs.append(Signal(GPU_LOST, 1, str(exc)))
@@ -110,17 +115,21 @@ def _remapping(nv: Any, h: Any) -> list[Signal]:
     return out
 
 
-def _nvlink(nv: Any, h: Any) -> list[Signal]:
+def _nvlink(nv: Any, h: Any, uuid: str, baseline: dict[str, int]) -> list[Signal]:
     counters = [getattr(nv, n) for n in _NVLINK_COUNTERS if hasattr(nv, n)]
     if not counters or not hasattr(nv, "nvmlDeviceGetNvLinkErrorCounter"):
         return []
     total = 0
     for link in range(getattr(nv, "NVML_NVLINK_MAX_LINKS", 18)):
-        if _call(nv, "nvmlDeviceGetNvLinkState", h, link) != getattr(nv, "NVML_FEATURE_ENABLED", 1):
+        state = _call(nv, "nvmlDeviceGetNvLinkState", h, link)
+        if state is None and link == 0:
+            break  # no NVLink on this board
+        if state != getattr(nv, "NVML_FEATURE_ENABLED", 1):
             continue
         for c in counters:
             total += int(_call(nv, "nvmlDeviceGetNvLinkErrorCounter", h, link, c) or 0)
-    return [Signal(NVLINK_ERRORS, total)] if total else []
+    grown = total - baseline.setdefault(uuid, total)
+    return [Signal(NVLINK_ERRORS, grown)] if grown > 0 else []
 
 
 def _throttle(nv: Any, h: Any) -> list[Signal]:
