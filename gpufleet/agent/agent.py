@@ -129,6 +129,7 @@ class NodeAgent(RegistrationMixin, GPUHealthMixin, LogsAndStatsMixin, StreamsMix
         self._health_tasks: set[asyncio.Task] = set()
         self._node_dirty = asyncio.Event()
         self._devices_generation: int | None = None
+        self._health_restored = False
         self.port_table = PortTable(config.address)
         self.workers: dict[str, PodWorker] = {}
         self._uid_by_key: dict[str, str] = {}

@@ -72,6 +72,9 @@ class GPUHealthState:
     last_xid: int = 0
     values: dict[str, int] = field(default_factory=dict)
     history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=10))
+    # False after restore(): the first poll only learns what the device reports, so a signal
+    # that fenced the GPU before the agent restarted is not counted as a new failure.
+    primed: bool = True
 
     @property
     def state(self) -> str:
@@ -139,8 +142,8 @@ class HealthTracker:
         for index in sorted(set(uuids) | set(signals)):
             st = self.state(index, uuids.get(index, ""))
             sigs = frozenset(signals.get(index, ()))
-            new = sigs - st.current
-            st.current = sigs
+            new = sigs - st.current if st.primed else frozenset()
+            st.current, st.primed = sigs, True
             for s in new:
                 if s.kind == XID:
                     st.xid_counts[s.value] += 1
@@ -251,6 +254,39 @@ class HealthTracker:
 
     # -- what is published -------------------------------------------------------------------
 
+    def restore(self, record: Mapping[str, Any], uuids: Mapping[int, str]) -> list[int]:
+        """Take up the fences an earlier run of the agent published (its gpufleet.io/gpu-health
+        annotation): a GPU fenced then stays fenced until a validation passes, even when the
+        event that fenced it (an XID) is long gone. Only for GPUs with the same UUID; returns
+        the indices restored."""
+        out = []
+        for key, entry in record.items():
+            if not key.isdigit() or not isinstance(entry, Mapping):
+                continue
+            index = int(key)
+            if index not in uuids or entry.get("uuid") != uuids[index]:
+                continue
+            st = self.state(index, uuids[index])
+            for h in entry.get("history") or []:
+                if isinstance(h, Mapping):
+                    st.history.append(dict(h))
+            for code, n in (entry.get("xids") or {}).items():
+                if str(code).isdigit() and isinstance(n, int):
+                    st.xid_counts[int(code)] = n
+            sig = entry.get("signal")
+            state = entry.get("state")
+            if state in (FENCED_STATE, HELD_STATE) and isinstance(sig, Mapping) and isinstance(sig.get("kind"), str):
+                value = sig.get("value")
+                st.fenced, st.primed = True, False
+                if state == HELD_STATE:
+                    # Its index is in the cordon annotation, which only an operator clears.
+                    st.held = st.cordoned = True
+                st.signal = Signal(sig["kind"], value if isinstance(value, int) else 0, str(sig.get("detail") or ""))
+                st.reason = str(entry.get("reason") or st.signal.reason())
+                st.message = str(entry.get("message") or "")
+                out.append(index)
+        return out
+
     def annotation(self) -> str:
         doc = {}
         for index, st in sorted(self.gpus.items()):
@@ -259,6 +295,9 @@ class HealthTracker:
                 entry["uuid"] = st.uuid
             if st.reason:
                 entry["reason"] = st.reason
+            if st.fenced and st.signal is not None:
+                entry["signal"] = {"kind": st.signal.kind, "value": st.signal.value,
+                                   **({"detail": st.signal.detail} if st.signal.detail else {})}
             if st.message:
                 entry["message"] = st.message
             if st.xid_counts:

@@ -67,6 +67,21 @@ class GPUHealthMixin:
             out.append(g)
         return out
 
+    def _restore_gpu_health(self, node_obj: dict[str, Any]) -> None:
+        """Once, at the first registration of this run: the fences the last run published."""
+        if self._health_restored:
+            return
+        self._health_restored = True
+        from gpufleet.api.gpuhealth import parse_health_annotation
+
+        annotations = (node_obj.get("metadata") or {}).get("annotations") or {}
+        record = parse_health_annotation(annotations.get(GPU_HEALTH_ANNOTATION))
+        restored = self.gpu_health.restore(record, {g.index: g.uuid for g in self._gpus})
+        if restored:
+            log.info("agent %s: GPU(s) %s were fenced before the agent restarted; they stay fenced until "
+                     "validated", self.name, ", ".join(map(str, restored)))
+            self._gpus = self._overlay_health(self._gpus)
+
     async def _gpu_health_loop(self) -> None:
         interval = self.config.gpu_health_interval
         while True:

@@ -149,6 +149,7 @@ class RegistrationMixin:
             self._node_uid = current["metadata"].get("uid")
             self._last_meta = None
             self._last_status = None
+            self._restore_gpu_health(current)
             await self._sync_node(current)
             log.info("agent %s: the node was already registered; updated it", self.name)
         self._need_register = False

@@ -55,9 +55,9 @@ async def h(tmp_path):
         await harness.close()
 
 
-async def gpu_agent(h: Harness, inv: Inventory, **config: Any):
+async def gpu_agent(h: Harness, inv: Inventory, rc_value: str = "0", **config: Any):
     rc = h.tmp / "validation-rc"
-    rc.write_text("0")
+    rc.write_text(rc_value)
     settings = dict(gpu_health_interval=0.2, gpu_validation_backoff=0.3,
                     gpu_validation_command=("sh", "-c", f'exit "$(cat {rc})"'))
     settings.update(config)
@@ -228,6 +228,29 @@ async def test_repeated_failures_hold_the_gpu_until_uncordoned_and_cordon_gpu(h)
     r = await cli(h, "uncordon", "--gpu", f"{NODE}:{i}")
     assert r.exit_code == 0, r.output
     await eventually(lambda: _node_if(h, lambda n: allocatable(n) == "2"), FENCE_LIMIT_S, "uncordoned GPU back")
+
+
+async def test_a_fence_outlives_an_agent_restart(h):
+    inv = Inventory(h.tmp / "gpus.yaml", 2)
+    agent, _ = await gpu_agent(h, inv)
+    inv.write({0: "xid: 119"})
+    await eventually(lambda: _node_if(h, lambda n: allocatable(n) == "1"), FENCE_LIMIT_S, "GPU 0 fenced")
+    await agent.stop()
+    await agent.client.close()
+    h.agents.remove(agent)
+    # While the agent is away the inventory reads healthy again; the next agent still wants a
+    # passing validation before GPU 0 returns.
+    inv.write({})
+    agent, rc = await gpu_agent(h, inv, rc_value="1")
+
+    async def refused():
+        n = await node(h)
+        failed = [e for e in await node_events(h) if e["reason"] == "GPUValidationFailed"]
+        return n if failed and allocatable(n) == "1" else None
+    n = await eventually(refused, 10, "the restarted agent's validation refused")
+    assert health(n, 0)["state"] == "Fenced" and health(n, 0)["xids"] == {"119": 1}
+    rc.write_text("0")
+    await eventually(lambda: _node_if(h, lambda n: allocatable(n) == "2"), 10, "GPU 0 back")
 
 
 async def _node_if(h: Harness, pred) -> dict[str, Any] | None:

@@ -114,6 +114,30 @@ def test_a_check_that_passes_while_the_gpu_fails_again_does_not_return_it():
     assert t.fenced() == {1} and t.gpus[1].reason == "ECCUncorrectable"
 
 
+def test_fences_survive_an_agent_restart_through_the_annotation():
+    from gpufleet.api.gpuhealth import parse_health_annotation
+
+    t = tracker()
+    t.observe({0: [Signal(XID, 119)], 1: [Signal(XID, 79)]}, UUIDS, set(), 1.0)
+    t.observe({0: [], 1: []}, UUIDS, set(), 2.0)
+    t.validated(1, False, "exit code 1", 3.0)
+    t.validated(1, False, "exit code 1", 20.0)  # the third failure: held
+    record = parse_health_annotation(t.annotation())
+    assert (record["0"]["state"], record["1"]["state"]) == ("Fenced", "Held")
+
+    again = tracker()
+    # A GPU that was swapped (another UUID) starts clean.
+    assert again.restore(record, {0: "GPU-a", 1: "GPU-b", 2: "GPU-c"}) == [0, 1]
+    assert again.fenced() == {0, 1} and again.held() == {1}
+    assert again.gpus[0].reason == "XID119" and again.gpus[1].xid_counts[79] == 1
+    # The XID is long gone, but the GPU comes back only through a validation; what the device
+    # still reports after the restart is not a new failure.
+    assert again.observe({0: [], 1: [Signal(XID, 79)]}, UUIDS, {1}, 30.0) == []
+    assert again.due_for_validation(30.0) == [0]
+    assert again.gpus[1].failures == []
+    assert list(again.gpus[0].history) == record["0"]["history"]  # the history carries over
+
+
 def test_application_xid_and_warnings_do_not_fence():
     t = tracker()
     changes = t.observe({0: [Signal(XID, 13), Signal(THROTTLE, 1, "hw-thermal")]}, UUIDS, set(), 1.0)
