@@ -84,6 +84,8 @@ class GPUHealthMixin:
 
     async def _gpu_health_loop(self) -> None:
         interval = self.config.gpu_health_interval
+        # After the first registration, which takes up the fences an earlier run published.
+        await self._registered.wait()
         while True:
             try:
                 await self._gpu_health_pass()
