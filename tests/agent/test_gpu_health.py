@@ -167,7 +167,8 @@ async def test_xid_fences_the_gpu_stops_its_pod_and_validation_returns_it(h):
     assert [e["event"] for e in health(n, bad)["history"]] == ["Unhealthy", "Healthy"]
     reasons = [e["reason"] for e in await node_events(h)]
     assert "GPUValidating" in reasons and "GPUHealthy" in reasons
-    metrics = (await agent.metrics_text()).decode()
+    # The agent's /metrics, read as Prometheus does through the API server.
+    metrics = (await h.api.raw_request("GET", f"/api/v1/nodes/{NODE}/proxy/metrics")).body.decode()
     assert f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{NODE}",UUID="{uuid}",gpu="{bad}",modelName="H100-80GB-HBM3"}} 79.0' \
         in metrics
     assert 'gpufleet_gpu_xid_errors_total{' in metrics and 'xid="79"} 1.0' in metrics
