@@ -30,12 +30,15 @@ from gpufleet.agent import stats as stats_mod
 from gpufleet.agent.agentlogs import LogsAndStatsMixin
 from gpufleet.agent.agentstreams import StreamsMixin
 from gpufleet.agent.apiproxy import ApiRelay
+from gpufleet.agent.gpuhealth import HealthTracker
+from gpufleet.agent.gpuhealthloop import GPUHealthMixin
 from gpufleet.agent.httpserver import AgentHttpServer
 from gpufleet.agent.localpath import LocalPathCleanup
 from gpufleet.agent.podworker import PodWorker, WorkerContext
 from gpufleet.agent.registration import RegistrationMixin
 from gpufleet.agent.resources import GPUTable, PortTable
 from gpufleet.agent.runtime.base import PodNetworkUnavailable, RecoveredContainer, RecoveredSandbox, Runtime
+from gpufleet.api.gpuhealth import DEFAULT_POLICY, Policy
 from gpufleet.client import (
     ApiError,
     Client,
@@ -94,9 +97,21 @@ class AgentConfig:
     stop_grace: float = 5.0
     # Trees training checkpoints may be mounted from into pods (<root>/<namespace>/...).
     checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
+    # GPU health (docs/gpu-health.md): how often the devices' health is polled (a declared
+    # inventory file is re-read when its mtime moves), what each signal means, the validation
+    # a fenced GPU must pass to return (None: the default for the device plugin), how long it
+    # may take and how long after a failed one the next runs, and how many failures (fences
+    # and failed validations) within the window hold a GPU out until an operator uncordons it.
+    gpu_health_interval: float = 1.0
+    gpu_health_policy: Policy = DEFAULT_POLICY
+    gpu_validation_command: tuple[str, ...] | None = None
+    gpu_validation_timeout: float = 120.0
+    gpu_validation_backoff: float = 60.0
+    gpu_failure_limit: int = 3
+    gpu_failure_window: float = 3600.0
 
 
-class NodeAgent(RegistrationMixin, LogsAndStatsMixin, StreamsMixin):
+class NodeAgent(RegistrationMixin, GPUHealthMixin, LogsAndStatsMixin, StreamsMixin):
     def __init__(self, client: Client, runtime: Runtime, devices: Any, config: AgentConfig,
                  clock: Clock = REAL_CLOCK) -> None:
         self.client = client
@@ -108,6 +123,13 @@ class NodeAgent(RegistrationMixin, LogsAndStatsMixin, StreamsMixin):
         self.state_dir = Path(config.state_dir)
         self.recorder = EventRecorder(client, COMPONENT, host=self.name, clock=clock)
         self.gpu_table = GPUTable()
+        self.gpu_health = HealthTracker(config.gpu_health_policy, failure_limit=config.gpu_failure_limit,
+                                        failure_window=config.gpu_failure_window,
+                                        validation_backoff=config.gpu_validation_backoff)
+        self._health_tasks: set[asyncio.Task] = set()
+        self._node_dirty = asyncio.Event()
+        self._devices_generation: int | None = None
+        self._health_restored = False
         self.port_table = PortTable(config.address)
         self.workers: dict[str, PodWorker] = {}
         self._uid_by_key: dict[str, str] = {}
@@ -223,6 +245,8 @@ class NodeAgent(RegistrationMixin, LogsAndStatsMixin, StreamsMixin):
         self._pods.add_event_handler(on_add=self._on_pod, on_update=lambda old, new: self._on_pod(new),
                                      on_delete=self._on_pod_deleted)
         self._tasks.append(asyncio.create_task(self._node_loop(), name=f"agent:{self.name}:node"))
+        if hasattr(self.devices, "health_signals"):
+            self._tasks.append(asyncio.create_task(self._gpu_health_loop(), name=f"agent:{self.name}:gpu-health"))
         if self._has_pod_network():
             self._tasks.append(asyncio.create_task(self._network_loop(), name=f"agent:{self.name}:network"))
         await self._node_informer.start()
@@ -243,9 +267,9 @@ class NodeAgent(RegistrationMixin, LogsAndStatsMixin, StreamsMixin):
         return True
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._health_tasks]:
             task.cancel()
-        for task in self._tasks:
+        for task in [*self._tasks, *self._health_tasks]:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()

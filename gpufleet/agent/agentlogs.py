@@ -189,7 +189,7 @@ class LogsAndStatsMixin:
         return stats_mod.summary(await self.sample())
 
     async def metrics_text(self) -> bytes:
-        return stats_mod.prometheus_text(await self.sample())
+        return stats_mod.prometheus_text(await self.sample(), [self.gpu_health_collector()])
 
     async def workload_metrics(self, namespace: str | None = None) -> dict[str, Any]:
         """The pods' own Prometheus metrics (see workloadmetrics), for the HPA's Pods metrics."""

@@ -10,6 +10,8 @@ from typing import Any
 
 from gpufleet.agent import podstatus, podsync
 from gpufleet.agent.podcontext import ContainerRecord, WorkerContext
+from gpufleet.api.gpu import GPU_UNHEALTHY_REASON
+from gpufleet.api.gpuhealth import disruption_condition
 from gpufleet.client import ApiError, NotFound, TransportError
 from gpufleet.utils.clock import rfc3339
 
@@ -98,6 +100,12 @@ class StatusReport:
         if self.deadline_exceeded:
             status["reason"] = "DeadlineExceeded"
             status["message"] = "Pod was active on the node longer than the specified deadline"
+        gpu_failure = getattr(self, "gpu_failure", None)
+        if gpu_failure is not None and self.terminal == "Failed":
+            status["reason"] = GPU_UNHEALTHY_REASON
+            status["message"] = f"Stopped by the node: {gpu_failure}"
+            if not any(c.get("type") == "DisruptionTarget" for c in conds):
+                conds.append(disruption_condition(status["message"], rfc3339(self.ctx.clock.now())))
         return status
 
     async def _write_status(self, final: bool = False) -> float | None:

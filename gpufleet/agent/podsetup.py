@@ -169,6 +169,10 @@ class PodSetup:
                 missing = [i for i in indices if i not in known]
                 if missing:
                     return self._blocked("GPUsUnavailable", f"GPU {missing[0]} does not exist on node {ctx.node_name}")
+                fenced = [i for i in indices if getattr(known[i], "health", "Healthy") != "Healthy"]
+                if fenced:
+                    return self._blocked("GPUsUnavailable", f"GPU {fenced[0]} on node {ctx.node_name} is unhealthy "
+                                         "(fenced)")
                 if len(indices) < need:
                     return self._blocked("GPUsUnavailable", f"the pod requests {need} GPUs but its "
                                          f"{GPU_INDICES_ANNOTATION} annotation names {len(indices)}")

@@ -188,6 +188,8 @@ class PodView:
     deleting: bool = False
     deleted: bool = False
     killed: bool = False
+    # The node fenced a GPU this pod holds (gpuhealthloop.py).
+    gpu_failed: bool = False
 
 
 # -- what it decides ---------------------------------------------------------------------------
@@ -451,6 +453,12 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
     if pod.terminal:
         out.steps.append(Release())
         out.reason = "finished"
+        return out
+    if pod.gpu_failed:
+        # As the kubelet evicts: stop the containers, and the pod fails (its controller, not
+        # this node, decides what runs next).
+        out.steps += [KillAll(pod.grace, "its GPU failed"), Finish("Failed")]
+        out.reason = "GPU failed"
         return out
     left = active_deadline_in(pod, now)
     if left is not None and left <= 0:

@@ -77,6 +77,8 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
         self.write_backoff = 0.5
         self.blocked: tuple[str, str] | None = None  # (reason, message) while resources are unavailable
         self.deadline_exceeded = False
+        # Why the pod is stopped for a failed GPU (the message of its DisruptionTarget condition).
+        self.gpu_failure: str | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._bg: set[asyncio.Task] = set()
@@ -111,6 +113,14 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
 
     def remove(self) -> None:
         self.removed = True
+        self.wake()
+
+    def fail_for_gpu(self, message: str) -> None:
+        """A GPU the pod holds failed: stop it and report it Failed, reason GPUUnhealthy."""
+        if self.terminal or self.gpu_failure is not None:
+            return
+        self.gpu_failure = message
+        self._event(WARNING, "GPUUnhealthy", f"stopping the pod: {message}")
         self.wake()
 
     def wake(self) -> None:
@@ -358,7 +368,8 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             backoff=podsync.BackoffPolicy(self.ctx.backoff_initial, self.ctx.backoff_cap, self.ctx.backoff_reset),
             grace=self._grace(), active_deadline_seconds=spec.get("activeDeadlineSeconds"),
             start_time=self.start_time, terminal=self.terminal, removed=self.removed,
-            deleting=bool(meta.get("deletionTimestamp")), deleted=self.deleted, killed=self.killed)
+            deleting=bool(meta.get("deletionTimestamp")), deleted=self.deleted, killed=self.killed,
+            gpu_failed=self.gpu_failure is not None)
 
     async def _sync(self) -> float | None:
         clock = self.ctx.clock

@@ -38,12 +38,16 @@ class RegistrationMixin:
             result = await result
         return result
 
-    async def _fingerprint(self) -> list[Any]:
+    async def _fingerprint_raw(self) -> list[Any]:
         try:
             return list(await self._call_devices("fingerprint"))
         except Exception:
             log.exception("agent %s: fingerprinting GPUs failed", self.name)
             return list(self._gpus)
+
+    async def _fingerprint(self) -> list[Any]:
+        """The GPUs as found, fenced ones reported Unhealthy (gpuhealthloop.py)."""
+        return self._overlay_health(await self._fingerprint_raw())
 
     async def _reserve(self, indices: list[int]) -> dict[str, str]:
         return dict(await self._call_devices("reserve", list(indices)))
@@ -93,7 +97,7 @@ class RegistrationMixin:
                 await self._sync_node()
                 self._registered.set()
                 backoff = 0.2
-                await self.clock.sleep(self.config.heartbeat_interval)
+                await self._nap(self.config.heartbeat_interval)
             except asyncio.CancelledError:
                 raise
             except NotFound:
@@ -106,6 +110,21 @@ class RegistrationMixin:
             except Exception:
                 log.exception("agent %s: heartbeat failed", self.name)
                 await self.clock.sleep(self.config.heartbeat_interval)
+
+    async def _nap(self, seconds: float) -> None:
+        """Sleep until the next heartbeat, or until something (a GPU fenced) asks for the Node
+        to be written now."""
+        if self._node_dirty.is_set():
+            self._node_dirty.clear()
+            return
+        waiter = asyncio.ensure_future(self._node_dirty.wait())
+        sleeper = asyncio.ensure_future(self.clock.sleep(seconds))
+        try:
+            await asyncio.wait({waiter, sleeper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+            sleeper.cancel()
+        self._node_dirty.clear()
 
     async def _register(self) -> None:
         assert self.settings is not None
@@ -130,6 +149,7 @@ class RegistrationMixin:
             self._node_uid = current["metadata"].get("uid")
             self._last_meta = None
             self._last_status = None
+            self._restore_gpu_health(current)
             await self._sync_node(current)
             log.info("agent %s: the node was already registered; updated it", self.name)
         self._need_register = False
@@ -137,19 +157,25 @@ class RegistrationMixin:
     def _wanted_meta(self) -> dict[str, Any]:
         assert self.settings is not None
         return {"labels": node.node_labels(self.settings, self._gpu_labels()),
-                "annotations": {node.GPUS_ANNOTATION: self._gpu_annotation()}}
+                "annotations": {node.GPUS_ANNOTATION: self._gpu_annotation(), **self._gpu_health_meta()}}
 
     async def _sync_node(self, current: dict[str, Any] | None = None) -> None:
         """Labels and GPU annotation when they changed, status when it changed or is due."""
         assert self.settings is not None
         self._gpus = await self._fingerprint()
         meta = self._wanted_meta()
+        patched = None
         if meta != self._last_meta:
-            await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
+            patched = await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
             self._last_meta = meta
         cached = current or (self._node_informer.get(self.name) if self._node_informer else None)
+        # The taint is written against the newest copy (a stale resourceVersion is refused).
+        newest = patched if isinstance(patched, dict) else cached
         existing = (cached or {}).get("status") or self._last_status or {}
         status = node.node_status(self.settings, self._gpus, existing, self.clock.now())
+        gpu_condition = self._gpu_health_condition(existing.get("conditions") or [], self.clock.now())
+        if gpu_condition is not None:
+            status["conditions"].append(gpu_condition)
         # Conditions other components own (NetworkUnavailable, ...) stay as they are.
         mine = {c["type"] for c in status["conditions"]}
         status["conditions"] += [c for c in existing.get("conditions") or [] if c.get("type") not in mine]
@@ -158,6 +184,7 @@ class RegistrationMixin:
                              if c.get("type") == "Ready"), None)
         changed = (self._last_status is None or node.comparable(status) != node.comparable(self._last_status)
                    or cached_ready not in (None, "True"))
+        await self._sync_gpu_taint(newest)
         if not (changed or due):
             return
         await self.client.patch("nodes", self.name, {"status": status}, subresource="status", raw=True)

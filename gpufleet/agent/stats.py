@@ -4,6 +4,7 @@ names for GPUs, so dashboards and adapters written for them work unchanged)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,7 +178,9 @@ class _SampleCollector(Collector):
         yield from (util, used, free, temp, power, healthy)
 
 
-def prometheus_text(sample: NodeSample) -> bytes:
+def prometheus_text(sample: NodeSample, extra: Sequence[Any] = ()) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_SampleCollector(sample))
+    for collector in extra:
+        registry.register(collector)
     return generate_latest(registry)

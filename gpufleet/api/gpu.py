@@ -105,6 +105,8 @@ def format_gpu_indices(indices: Iterable[int]) -> str:
 
 # -- GPU health ------------------------------------------------------------------------------
 
+# The reason a pod stopped because its GPU failed carries (status.reason and its
+# DisruptionTarget condition), and the reason of the node's GPUHealthy condition.
 GPU_UNHEALTHY_REASON = "GPUUnhealthy"
 DISRUPTION_TARGET = "DisruptionTarget"
 

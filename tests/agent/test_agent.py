@@ -92,6 +92,7 @@ class Harness:
             taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}], cpus=8, memory_bytes=32 << 30,
         )
         runtime = config.pop("runtime", None)
+        devices = config.pop("devices", None) or DeclaredDevices(gpus, "NVIDIA H100 80GB HBM3", 81920, node_name=name)
         if runtime is None:
             # The pods talk to the test through files in its tmp dir: the sandbox shows it
             # to them (read-write, for the unprivileged default user), and hides the agent's
@@ -100,9 +101,7 @@ class Harness:
             hidden = [self.tmp / "cp", *self.tmp.glob("state.db*")]
             runtime = ProcessRuntime(state, cgroup_root=None, shared_paths=[self.tmp], hidden_paths=hidden)
         settings.update(config)
-        agent = NodeAgent(client, runtime,
-                          DeclaredDevices(gpus, "NVIDIA H100 80GB HBM3", 81920, node_name=name),
-                          AgentConfig(**settings))
+        agent = NodeAgent(client, runtime, devices, AgentConfig(**settings))
         await agent.start()
         assert await agent.wait_registered(10), "the agent did not register"
         self.agents.append(agent)

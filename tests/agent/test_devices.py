@@ -227,11 +227,14 @@ def test_nvml_lost_gpu_is_unhealthy_and_keeps_its_identity(fake_nvml):
     assert 2 not in nv.stats()
 
 
-def test_nvml_critical_xid_marks_the_gpu_unhealthy(fake_nvml):
+def test_nvml_xids_are_health_signals_not_inventory(fake_nvml):
+    # What an XID means is the health policy's (tests/agent/test_gpu_health_units.py): the
+    # fingerprint stays as it is, the health poll reports each XID once.
     fake = fake_nvml(FakeNvml(hgx(4), events=[(0, 13), (1, 79)]))
-    gpus = NvmlDevices().fingerprint()
-    assert gpus[0].healthy  # XID 13 is the application's fault
-    assert (gpus[1].health, gpus[1].health_reason) == ("Unhealthy", "XID 79")
+    nv = NvmlDevices()
+    assert all(g.healthy for g in nv.fingerprint())
+    sigs = nv.health_signals()
+    assert [s.value for s in sigs[0]] == [13] and [s.value for s in sigs[1]] == [79]
     assert not fake.events
 
 

@@ -431,3 +431,12 @@ def test_an_init_container_failing_after_a_sidecar_stops_the_sidecar_then_fails_
     after = decide(pod(stopped, done("setup", 1, init=True), fresh("main", pod_has_init=True),
                        restart_policy="Never"), NOW, MONO)
     assert after.of(Finish) == [Finish("Failed")] and starts(after) == []
+
+
+def test_a_failed_gpu_stops_the_pod_and_fails_it():
+    p = pod(running("main"), gpu_failed=True)
+    out = podsync.decide(p, NOW, MONO)
+    assert [type(s).__name__ for s in out.steps] == ["KillAll", "Finish"]
+    assert out.steps[1].phase == "Failed"
+    # Once it finished, nothing more happens to it.
+    assert podsync.decide(replace(p, terminal="Failed", killed=True), NOW, MONO).of(podsync.KillAll) == []

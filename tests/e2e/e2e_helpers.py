@@ -396,6 +396,7 @@ class Fleet:
         labels: dict[str, str] | None = None,
         join: bool = True,
         extra: Sequence[str] = (),
+        gpu_inventory: Path | None = None,
     ) -> subprocess.Popen:
         """A `gpufleet agent` for node `name`. With `join` it joins as an agent on another
         machine would: the join token is traded for the node's own token and the server is
@@ -405,7 +406,8 @@ class Fleet:
                      "--certificate-authority", str(self.state / "pki" / "ca.crt")]
         else:
             reach = ["--kubeconfig", self.kubeconfig]
-        argv = [*GPUFLEET, "agent", *reach, "--name", name, "--gpus", str(gpus)]
+        argv = [*GPUFLEET, "agent", *reach, "--name", name]
+        argv += ["--gpu-inventory", str(gpu_inventory)] if gpu_inventory is not None else ["--gpus", str(gpus)]
         if gpu_model:
             argv += ["--gpu-model", gpu_model]
         argv += ["--state-dir", str(self.root / f"agent-{name}"), "--runtime", runtime]

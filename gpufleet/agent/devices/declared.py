@@ -4,6 +4,7 @@ schedules and reserves them exactly as a real one does, with stable UUIDs."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import uuid as uuidlib
 from collections.abc import Iterable, Mapping, Sequence
@@ -20,6 +21,16 @@ from gpufleet.agent.devices.plugin import (
     _reserve,
     normalize_model,
 )
+from gpufleet.api.gpuhealth import (
+    DECLARED_UNHEALTHY,
+    ECC_AGGREGATE,
+    ECC_VOLATILE,
+    NVLINK_ERRORS,
+    REMAPPED_ROWS_FAILED,
+    XID,
+    Signal,
+    throttle_signal,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +42,62 @@ class _Declared:
     model: str
     memory_mib: int
     group: str
+    # What the inventory says is wrong with it (health, xid, ecc, ... fields).
+    signals: tuple[Signal, ...] = ()
+
+
+def _count(value: Any, where: str, problems: list[str]) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int) and value >= 0:
+        return value
+    problems.append(f"{where} must be a non-negative integer (got {value!r})")
+    return 0
+
+
+def health_signals_of(e: Mapping[str, Any], where: str, problems: list[str]) -> tuple[Signal, ...]:
+    """The health fields of one inventory entry as signals: ``health`` (healthy/unhealthy),
+    ``xid`` (a number or a list), ``ecc`` ({volatile, aggregate} uncorrected counts, or one
+    number: volatile), ``remappedRowsFailed``, ``nvlinkErrors``, ``throttle`` (a reason, a list
+    of reasons, or true: thermal)."""
+    out: list[Signal] = []
+    health = e.get("health")
+    if health is not None:
+        if not isinstance(health, str) or health.lower() not in ("healthy", "unhealthy"):
+            problems.append(f"{where}.health must be healthy or unhealthy (got {health!r})")
+        elif health.lower() == "unhealthy":
+            out.append(Signal(DECLARED_UNHEALTHY, 1, str(e.get("reason") or "")))
+    xids = e.get("xid")
+    for x in xids if isinstance(xids, list) else ([] if xids is None else [xids]):
+        if isinstance(x, bool) or not isinstance(x, int) or x <= 0:
+            problems.append(f"{where}.xid must be a positive integer or a list of them (got {xids!r})")
+            break
+        out.append(Signal(XID, x))
+    ecc = e.get("ecc")
+    if ecc is not None:
+        if isinstance(ecc, Mapping):
+            vol = _count(ecc.get("volatile", 0), f"{where}.ecc.volatile", problems)
+            agg = _count(ecc.get("aggregate", 0), f"{where}.ecc.aggregate", problems)
+        else:
+            vol, agg = _count(ecc, f"{where}.ecc", problems), 0
+        if vol:
+            out.append(Signal(ECC_VOLATILE, vol))
+        if agg:
+            out.append(Signal(ECC_AGGREGATE, agg))
+    if e.get("remappedRowsFailed") is not None and _count(e["remappedRowsFailed"], f"{where}.remappedRowsFailed",
+                                                        problems):
+        out.append(Signal(REMAPPED_ROWS_FAILED, 1))
+    if e.get("nvlinkErrors") is not None:
+        n = _count(e["nvlinkErrors"], f"{where}.nvlinkErrors", problems)
+        if n:
+            out.append(Signal(NVLINK_ERRORS, n))
+    throttle = e.get("throttle")
+    if throttle:
+        reasons = ["thermal"] if throttle is True else throttle if isinstance(throttle, list) else [throttle]
+        s = throttle_signal(str(r) for r in reasons)
+        if s is not None:
+            out.append(s)
+    return tuple(out)
 
 
 def _memory_from_model(model: str) -> int | None:
@@ -86,6 +153,11 @@ class DeclaredDevices:
         self._entries = entries
         self._busy: dict[int, tuple[float, int | None]] = {}
         self._health: dict[int, str] = {}
+        # The inventory file this came from, and its mtime when last read (reload_if_changed).
+        self.inventory_path: Path | None = None
+        self._mtime: int | None = None
+        # Moves whenever what fingerprint() reports may have changed.
+        self.generation = 0
 
     @classmethod
     def from_entries(cls, entries: Sequence[Mapping[str, Any]], node_name: str = "") -> DeclaredDevices:
@@ -109,7 +181,8 @@ class DeclaredDevices:
                     f"gpus[{i}].memoryMiB must be a non-negative integer (got {e.get('memoryMiB')!r})"
                 )
                 continue
-            out.append(_Declared(label, mem, str(e.get("group") or f"pcie-{i}")))
+            signals = health_signals_of(e, f"gpus[{i}]", problems)
+            out.append(_Declared(label, mem, str(e.get("group") or f"pcie-{i}"), signals))
         if problems:
             raise ValueError("; ".join(problems))
         obj = cls.__new__(cls)
@@ -130,6 +203,13 @@ class DeclaredDevices:
             memoryMiB: 81920
             groupSize: 4
         """
+        obj = cls._parse_file(path, node_name)
+        obj.inventory_path = Path(path)
+        obj._mtime = _mtime(path)
+        return obj
+
+    @classmethod
+    def _parse_file(cls, path: str | Path, node_name: str) -> DeclaredDevices:
         import yaml
 
         doc = yaml.safe_load(Path(path).read_text()) or {}
@@ -182,6 +262,39 @@ class DeclaredDevices:
     def reserve(self, indices: Sequence[int]) -> dict[str, str]:
         return _reserve(self.fingerprint(), indices)
 
+    def reload_if_changed(self) -> bool:
+        """Read the inventory file again when its mtime moved; True when it did. A file that
+        cannot be read or parsed keeps what was read before (and says why in the log)."""
+        if self.inventory_path is None:
+            return False
+        mtime = _mtime(self.inventory_path)
+        if mtime is None or mtime == self._mtime:
+            return False
+        self._mtime = mtime
+        try:
+            fresh = self._parse_file(self.inventory_path, self.node_name)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("inventory %s: not reloaded: %s", self.inventory_path, exc)
+            return False
+        except Exception as exc:  # yaml errors
+            log.warning("inventory %s: not reloaded: %s", self.inventory_path, exc)
+            return False
+        self._entries = fresh._entries
+        self.generation += 1
+        return True
+
+    def health_signals(self) -> dict[int, list[Signal]]:
+        """What the inventory (and set_health) says is wrong with each GPU, re-reading the file
+        when it changed."""
+        self.reload_if_changed()
+        out: dict[int, list[Signal]] = {}
+        for i, e in enumerate(self._entries):
+            sigs = list(e.signals)
+            if i in self._health:
+                sigs.append(Signal(DECLARED_UNHEALTHY, 1, self._health[i]))
+            out[i] = sigs
+        return out
+
     def set_busy(self, indices: Iterable[int], pct: float, memory_used_mib: int | None = None) -> None:
         """What the simulated GPUs report as utilization (0 frees them again)."""
         for i in indices:
@@ -192,6 +305,7 @@ class DeclaredDevices:
                     self._busy[i] = (min(max(pct, 0.0), 100.0), memory_used_mib)
 
     def set_health(self, index: int, healthy: bool, reason: str = "") -> None:
+        self.generation += 1
         if healthy:
             self._health.pop(index, None)
         else:
@@ -215,3 +329,10 @@ class DeclaredDevices:
 
     def close(self) -> None:
         pass
+
+
+def _mtime(path: str | Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpufleet.agent.devices.plugin import (
-    _APPLICATION_XIDS,
     GPU,
     UNHEALTHY,
     GPUStats,
@@ -18,6 +17,7 @@ from gpufleet.agent.devices.plugin import (
     interconnect_groups,
     normalize_model,
 )
+from gpufleet.api.gpuhealth import Signal
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,9 @@ class NvmlDevices:
             raise NoGPUs(f"NVML is not usable: {e}") from e
         self._nv = nv
         self._known: dict[int, GPU] = {}
-        self._xid_unhealthy: dict[str, str] = {}
+        # XIDs read from the event set since the last health poll, by GPU UUID.
+        self._pending_xids: dict[str, list[int]] = {}
+        self._nvlink_baseline: dict[str, int] = {}
         self._events: Any = None
         try:
             self._count = nv.nvmlDeviceGetCount()
@@ -99,17 +101,24 @@ class NvmlDevices:
             except nv.NVMLError:
                 return  # Timeout: nothing pending (or events unsupported).
             xid = int(getattr(data, "eventData", 0))
-            if xid in _APPLICATION_XIDS:
-                continue
             try:
                 uuid = _text(nv.nvmlDeviceGetUUID(data.device))
             except nv.NVMLError:
                 continue
-            self._xid_unhealthy[uuid] = f"XID {xid}"
+            # What an XID means is the health policy's to say (api/gpuhealth.py).
+            self._pending_xids.setdefault(uuid, []).append(xid)
+
+    def health_signals(self) -> dict[int, list[Signal]]:
+        """One health poll (see nvmlhealth.py): XID events since the last one, ECC and row
+        remapping counters, NVLink errors, throttle reasons, lost GPUs."""
+        from gpufleet.agent.devices.nvmlhealth import poll_health
+
+        self._drain_xid_events()
+        pending, self._pending_xids = self._pending_xids, {}
+        return poll_health(self._nv, self._count, pending, self._nvlink_baseline)
 
     def fingerprint(self) -> list[GPU]:
         nv = self._nv
-        self._drain_xid_events()
         handles: dict[int, Any] = {}
         gpus: dict[int, GPU] = {}
         for i in range(self._count):
@@ -136,8 +145,6 @@ class NvmlDevices:
                     health_reason=f"NVML: {e}",
                 )
                 continue
-            if gpu.uuid in self._xid_unhealthy:
-                gpu.health, gpu.health_reason = UNHEALTHY, self._xid_unhealthy[gpu.uuid]
             handles[i] = h
             gpus[i] = gpu
 

@@ -26,9 +26,6 @@ UNHEALTHY = "Unhealthy"
 # give the same UUID, across agent restarts and machines.
 _DECLARED_NAMESPACE = uuidlib.UUID("8b7f4f3e-6a55-4c43-9d5e-0c1f6d2b9a71")
 
-# XIDs caused by the application (illegal address, page fault in user code...) say nothing
-# about the device; the Kubernetes NVIDIA device plugin ignores the same set.
-_APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 class NoGPUs(Exception):

@@ -60,6 +60,26 @@ def register(app: typer.Typer) -> None:
         shared_path: Annotated[list[str] | None, typer.Option(
             "--shared-path", help="A host path the process runtime's sandboxes show read-write at the same "
             "place (repeatable): a scratch or home filesystem every pod may use.")] = None,
+        gpu_health_interval: Annotated[float, typer.Option(
+            "--gpu-health-interval", help="Seconds between GPU health polls (NVML counters and events; "
+            "the --gpu-inventory file is re-read when it changed).")] = 1.0,
+        gpu_health_policy: Annotated[str | None, typer.Option(
+            "--gpu-health-policy", help="Overrides of the GPU health policy table, comma-separated: "
+            "xid:79=drain-node, xid:13=warn, throttle=ignore, xid:unknown=ignore, nvlink-threshold=50 "
+            "(actions: ignore, warn, drain-gpu, drain-node; see docs/gpu-health.md).")] = None,
+        gpu_validation_command: Annotated[str | None, typer.Option(
+            "--gpu-validation-command", help="Command a fenced GPU must pass (exit 0) to return to service, run "
+            "by the agent with only that GPU visible (default: a short CUDA check on real GPUs; on declared GPUs, "
+            "the inventory saying it is healthy).")] = None,
+        gpu_validation_timeout: Annotated[float, typer.Option(
+            "--gpu-validation-timeout", help="Seconds a validation may take before it counts as failed.")] = 120.0,
+        gpu_validation_backoff: Annotated[float, typer.Option(
+            "--gpu-validation-backoff", help="Seconds between a failed validation and the next.")] = 60.0,
+        gpu_failure_limit: Annotated[int, typer.Option(
+            "--gpu-failure-limit", help="Failures (fences and failed validations) within --gpu-failure-window "
+            "that hold a GPU out until `gpufleet uncordon --gpu NODE:INDEX`.")] = 3,
+        gpu_failure_window: Annotated[str, typer.Option(
+            "--gpu-failure-window", help="The window of --gpu-failure-limit, e.g. 1h, 30m.")] = "1h",
         cpus: Annotated[float | None, typer.Option("--cpus", help="CPUs to offer (default: all).")] = None,
         memory: Annotated[str | None, typer.Option("--memory", help="Memory to offer, e.g. 16Gi.")] = None,
         verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
@@ -81,12 +101,15 @@ def register(app: typer.Typer) -> None:
             memory_bytes = to_int_bytes(memory) if memory else None
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
+        health = _health_options(gpu_health_interval, gpu_health_policy, gpu_validation_command,
+                                 gpu_validation_timeout, gpu_validation_backoff, gpu_failure_limit, gpu_failure_window)
         node_name = name or hostname()
         # The node token kept there is this node's: two agents sharing a dir would take each
         # other's identity, so each node name gets its own by default.
         state_dir = state_dir if state_dir is not None else Path("~/.gpufleet/agents") / node_name
         config = AgentConfig(node_name=node_name, state_dir=state_dir.expanduser().resolve(), address=address,
-                             port=port, labels=node_labels, taints=node_taints, cpus=cpus, memory_bytes=memory_bytes)
+                             port=port, labels=node_labels, taints=node_taints, cpus=cpus, memory_bytes=memory_bytes,
+                             **health)
         if checkpoint_root:
             config.checkpoint_roots = tuple(str(Path(r).expanduser().resolve()) for r in checkpoint_root)
         if token is not None and token_file is not None:
@@ -104,6 +127,31 @@ def register(app: typer.Typer) -> None:
                                 str(certificate_authority.expanduser()) if certificate_authority else None,
                                 paths))
         raise typer.Exit(code)
+
+
+def _health_options(interval: float, policy: str | None, command: str | None, timeout: float, backoff: float,
+                    limit: int, window: str) -> dict:
+    import shlex
+
+    from gpufleet.api.gpuhealth import parse_policy
+    from gpufleet.cli.output import parse_duration
+
+    if interval <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--gpu-health-interval")
+    if limit < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--gpu-failure-limit")
+    try:
+        parsed = parse_policy(policy)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gpu-health-policy") from None
+    try:
+        seconds = parse_duration(window)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--gpu-failure-window") from None
+    argv = tuple(shlex.split(command)) if command else None
+    return dict(gpu_health_interval=interval, gpu_health_policy=parsed, gpu_validation_command=argv,
+                gpu_validation_timeout=timeout, gpu_validation_backoff=backoff, gpu_failure_limit=limit,
+                gpu_failure_window=seconds)
 
 
 async def _run(config, server: str | None, token: str | None, kubeconfig: Path | None, runtime_kind: str,

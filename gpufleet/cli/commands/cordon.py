@@ -49,21 +49,37 @@ _UNMANAGED_WARNING = "deleting Pods that declare no controller"
 def register(app: typer.Typer) -> None:
     @app.command()
     def cordon(
-        nodes: Annotated[list[str], typer.Argument(help="Nodes to mark unschedulable.", show_default=False)],
+        nodes: Annotated[list[str] | None, typer.Argument(help="Nodes to mark unschedulable.",
+                                                          show_default=False)] = None,
+        gpu: Annotated[list[str] | None, typer.Option(
+            "--gpu", help="Take one GPU out of service instead: NODE:INDEX (repeatable). Its pod keeps "
+            "running; no new pod gets it.")] = None,
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
     ) -> None:
         """Mark nodes unschedulable: running pods stay, new ones go elsewhere."""
-        run(lambda: _with_client(kubeconfig, context, lambda c: set_schedulable(c, nodes, False)))
+        targets = _targets(nodes, gpu)
+        if gpu:
+            run(lambda: _with_client(kubeconfig, context, lambda c: set_gpu_cordon(c, targets, True)))
+        else:
+            run(lambda: _with_client(kubeconfig, context, lambda c: set_schedulable(c, nodes or [], False)))
 
     @app.command()
     def uncordon(
-        nodes: Annotated[list[str], typer.Argument(help="Nodes to mark schedulable.", show_default=False)],
+        nodes: Annotated[list[str] | None, typer.Argument(help="Nodes to mark schedulable.",
+                                                          show_default=False)] = None,
+        gpu: Annotated[list[str] | None, typer.Option(
+            "--gpu", help="Return one GPU to service instead: NODE:INDEX (repeatable); also releases a GPU "
+            "the agent held out after repeated failures (it is validated again first).")] = None,
         kubeconfig: KubeconfigOpt = None,
         context: ContextOpt = None,
     ) -> None:
         """Mark nodes schedulable again."""
-        run(lambda: _with_client(kubeconfig, context, lambda c: set_schedulable(c, nodes, True)))
+        targets = _targets(nodes, gpu)
+        if gpu:
+            run(lambda: _with_client(kubeconfig, context, lambda c: set_gpu_cordon(c, targets, False)))
+        else:
+            run(lambda: _with_client(kubeconfig, context, lambda c: set_schedulable(c, nodes or [], True)))
 
     @app.command()
     def drain(
@@ -115,6 +131,60 @@ async def set_schedulable(client: Client, nodes: list[str], schedulable: bool,
             failed = True
             continue
         emit(f"node/{name} {verb}")
+    return 1 if failed else 0
+
+
+def _targets(nodes: list[str] | None, gpus: list[str] | None) -> list[tuple[str, int]]:
+    if nodes and gpus:
+        raise typer.BadParameter("give nodes or --gpu NODE:INDEX, not both", param_hint="--gpu")
+    if not nodes and not gpus:
+        raise typer.BadParameter("name at least one node (or --gpu NODE:INDEX)", param_hint="NODES")
+    out = []
+    for spec in gpus or []:
+        name, colon, index = spec.rpartition(":")
+        if not colon or not name or not index.isdigit():
+            raise typer.BadParameter(f"{spec!r} is not NODE:INDEX (e.g. gpu-node-1:3)", param_hint="--gpu")
+        out.append((name, int(index)))
+    return out
+
+
+async def set_gpu_cordon(client: Client, targets: list[tuple[str, int]], cordon: bool,
+                         emit: Callable[[str], None] = out) -> int:
+    """Add or remove GPU indices in the node's gpufleet.io/gpu-cordon annotation (the agent
+    fences a cordoned GPU, and returns it once it is uncordoned)."""
+    from gpufleet.api.gpu import GPUS_ANNOTATION, parse_gpus_annotation
+    from gpufleet.api.gpuhealth import GPU_CORDON_ANNOTATION, format_cordon, parse_cordon
+
+    verb = "cordoned" if cordon else "uncordoned"
+    failed = False
+    for name, index in targets:
+        for _attempt in range(5):
+            try:
+                node = await client.get("nodes", name, raw=True)
+                meta = node.get("metadata") or {}
+                ann = meta.get("annotations") or {}
+                devices = parse_gpus_annotation(ann.get(GPUS_ANNOTATION) or "[]") or ()
+                if index not in {d.index for d in devices}:
+                    err(f"error: node {name} has no GPU {index} (it has {len(devices)}: "
+                        f"{', '.join(str(d.index) for d in devices) or 'none'})")
+                    failed = True
+                    break
+                current = parse_cordon(ann.get(GPU_CORDON_ANNOTATION))
+                if (index in current) == cordon:
+                    emit(f"node/{name} gpu {index} already {verb}")
+                    break
+                wanted = current | {index} if cordon else current - {index}
+                value = format_cordon(wanted) or None
+                await client.patch("nodes", name, {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                                                                "annotations": {GPU_CORDON_ANNOTATION: value}}})
+            except ApiError as e:
+                if e.code == 409:
+                    continue  # the agent wrote the node meanwhile: read it again
+                err(api_error_message(e))
+                failed = True
+                break
+            emit(f"node/{name} gpu {index} {verb}")
+            break
     return 1 if failed else 0
 
 

@@ -105,6 +105,7 @@ async def _describe_node(session: Session, rt: ResourceType, node: dict[str, Any
     _resources_block(doc, 0, "Capacity", status.get("capacity"))
     _resources_block(doc, 0, "Allocatable", status.get("allocatable"))
     _gpus(doc, node)
+    _gpu_health(doc, node)
     info = status.get("nodeInfo") or {}
     if info:
         doc.title(0, "System Info:")
@@ -142,6 +143,33 @@ def _gpus(doc: Doc, node: dict[str, Any]) -> None:
         doc.title(1, f"{smart_label(key)}:")
         doc.table(2, [smart_label(c) for c in columns],
                   [[cell_text(d.get(c)) if c in d else "" for c in columns] for d in items])
+
+
+def _gpu_health(doc: Doc, node: dict[str, Any]) -> None:
+    """Each GPU's state and its recent history, from the agent's gpufleet.io/gpu-health
+    annotation (docs/gpu-health.md)."""
+    from gpufleet.api.gpuhealth import GPU_CORDON_ANNOTATION, GPU_HEALTH_ANNOTATION, parse_health_annotation
+
+    annotations = meta(node).get("annotations") or {}
+    record = parse_health_annotation(annotations.get(GPU_HEALTH_ANNOTATION))
+    if not record:
+        return
+    doc.title(0, "GPU Health:")
+    rows = []
+    for index in sorted(record, key=lambda k: int(k) if k.isdigit() else 1 << 30):
+        entry = record[index] if isinstance(record[index], dict) else {}
+        xids = ",".join(f"{k}x{v}" for k, v in (entry.get("xids") or {}).items())
+        rows.append([index, entry.get("uuid", ""), entry.get("state", ""), entry.get("reason") or "",
+                     xids or "<none>"])
+    doc.table(1, ["GPU", "UUID", "State", "Reason", "XIDs"], rows)
+    if annotations.get(GPU_CORDON_ANNOTATION):
+        doc.kv(1, "Cordoned", annotations[GPU_CORDON_ANNOTATION])
+    history = [(h.get("time", ""), index, h.get("event", ""), h.get("message", ""))
+               for index, entry in record.items() if isinstance(entry, dict)
+               for h in entry.get("history") or [] if isinstance(h, dict)]
+    if history:
+        doc.title(1, "History:")
+        doc.table(2, ["Time", "GPU", "Event", "Message"], [list(h) for h in sorted(history)])
 
 
 async def _node_pods(session: Session, doc: Doc, node: dict[str, Any]) -> None:
