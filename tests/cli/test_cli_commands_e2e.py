@@ -354,77 +354,20 @@ def test_connection_refused_is_one_clear_line(cluster, tmp_path):
     assert "http://127.0.0.1:9" in lines[0] and "gpufleet up" in lines[0]
 
 
-_KINDS = f"""\
-apiVersion: apps/v1
-kind: StatefulSet
-metadata: {{name: db, namespace: {NS}}}
-spec:
-  replicas: 2
-  serviceName: db
-  selector: {{matchLabels: {{app: db}}}}
-  updateStrategy: {{type: RollingUpdate, rollingUpdate: {{partition: 1}}}}
-  template:
-    metadata: {{labels: {{app: db}}}}
-    spec: {{containers: [{{name: main, image: "postgres:16"}}]}}
-  volumeClaimTemplates:
-  - metadata: {{name: data}}
-    spec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 1Gi}}}}}}
----
-apiVersion: apps/v1
-kind: DaemonSet
-metadata: {{name: exporter, namespace: {NS}}}
-spec:
-  selector: {{matchLabels: {{app: exporter}}}}
-  template:
-    metadata: {{labels: {{app: exporter}}}}
-    spec:
-      nodeSelector: {{gpu: "true"}}
-      containers: [{{name: main, image: "dcgm-exporter:3"}}]
----
-apiVersion: batch/v1
-kind: CronJob
-metadata: {{name: nightly, namespace: {NS}}}
-spec:
-  schedule: "0 3 * * *"
-  concurrencyPolicy: Forbid
-  suspend: true
-  jobTemplate:
-    spec:
-      template:
-        spec:
-          restartPolicy: Never
-          containers: [{{name: main, image: "eval:1"}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: web, namespace: {NS}}}
-spec:
-  selector: {{app: nobody}}
-  ports: [{{name: http, port: 80, targetPort: 8080}}]
----
-apiVersion: networking.k8s.io/v1
-kind: Ingress
-metadata: {{name: site, namespace: {NS}}}
-spec:
-  rules:
-  - host: shop.example.com
-    http:
-      paths:
-      - {{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}
----
+_CRD = """\
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {{name: widgets.example.com}}
+metadata: {name: widgets.example.com}
 spec:
   group: example.com
   scope: Namespaced
-  names: {{plural: widgets, singular: widget, kind: Widget}}
+  names: {plural: widgets, singular: widget, kind: Widget}
   versions:
   - name: v1
     served: true
     storage: true
     additionalPrinterColumns:
-    - {{name: Size, type: integer, jsonPath: .spec.size}}
+    - {name: Size, type: integer, jsonPath: .spec.size}
     schema:
       openAPIV3Schema:
         type: object
@@ -432,8 +375,8 @@ spec:
           spec:
             type: object
             properties:
-              size: {{type: integer}}
-              colors: {{type: array, items: {{type: string}}}}
+              size: {type: integer}
+              colors: {type: array, items: {type: string}}
 """
 
 
@@ -443,9 +386,10 @@ def _value(text: str, key: str) -> str:
     return m.group(1).strip()
 
 
-def test_describe_the_newer_kinds_and_custom_resources(cluster):
-    cluster.write("kinds/all.yaml", _KINDS)
-    cluster.run("apply", "-f", "kinds/all.yaml")
+def test_get_and_describe_a_custom_resource(cluster):
+    # The kind is not built in: the CLI finds it through the server's discovery.
+    cluster.write("kinds/crd.yaml", _CRD)
+    cluster.run("apply", "-f", "kinds/crd.yaml")
     cluster.write("kinds/widget.yaml", f"""\
         apiVersion: example.com/v1
         kind: Widget
@@ -453,32 +397,6 @@ def test_describe_the_newer_kinds_and_custom_resources(cluster):
         spec: {{size: 3, colors: [red, blue]}}
         """)
     cluster.run("apply", "-f", "kinds/widget.yaml")
-
-    sts = cluster.run("describe", "statefulset", "db", "-n", NS).stdout
-    assert _value(sts, "Replicas") == "2 desired | " + _value(sts, "Replicas").split("| ")[1]
-    assert _value(sts, "Selector") == "app=db" and _value(sts, "Update Strategy") == "RollingUpdate"
-    assert re.search(r"^\s+Partition:\s+1$", sts, re.M)
-    assert re.search(r"^Pods Status:\s+\d+ Running / \d+ Waiting / 0 Succeeded / 0 Failed$", sts, re.M)
-    claims = sts[sts.index("Volume Claims:"):]
-    assert re.search(r"^\s+Name:\s+data$", claims, re.M) and re.search(r"^\s+Capacity:\s+1Gi$", claims, re.M)
-    assert re.search(r"^\s+Access Modes:\s+\[ReadWriteOnce\]$", claims, re.M)
-    assert re.search(r"^Events:", sts, re.M)
-
-    ds = cluster.run("describe", "ds", "exporter", "-n", NS).stdout
-    assert _value(ds, "Node-Selector") == "gpu=true"
-    assert _value(ds, "Desired Number of Nodes Scheduled") == "0"
-    assert re.search(r"^\s+Image:\s+dcgm-exporter:3$", ds, re.M)
-
-    cj = cluster.run("describe", "cronjob", "nightly", "-n", NS).stdout
-    assert (_value(cj, "Schedule"), _value(cj, "Concurrency Policy"), _value(cj, "Suspend")) == (
-        "0 3 * * *", "Forbid", "True")
-    assert _value(cj, "Last Schedule Time") == "<unset>" and _value(cj, "Active Jobs") == "<none>"
-
-    ing = cluster.run("describe", "ingress", "site", "-n", NS).stdout
-    assert _value(ing, "Ingress Class") == "gpufleet"
-    rules = [line.split() for line in ing[ing.index("Rules:"):].splitlines()[1:5]]
-    assert rules[:2] == [["Host", "Path", "Backends"], ["----", "----", "--------"]]
-    assert rules[2] == ["shop.example.com"] and rules[3] == ["/", "web:80", "()"], ing
 
     listed = cluster.run("get", "widgets", "-n", NS).stdout.splitlines()
     # The CRD's printer columns (no AGE: a CRD that lists columns gets only those, as in Kubernetes).
