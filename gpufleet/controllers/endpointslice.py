@@ -245,8 +245,15 @@ class EndpointSliceController(ServicePodsController):
                 out.append(es)
         return out
 
-    def _zones(self) -> dict[str, str]:
-        return {objects.name_of(n): z for n in self.node_informer.list() if (z := objects.labels_of(n).get(ZONE_LABEL))}
+    def _zones(self, pods: list[Any]) -> dict[str, str]:
+        """Node name -> zone, for the nodes of ``pods`` that have one."""
+        out = {}
+        for node_name in {p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name}:
+            node = self.node_informer.get(node_name)
+            zone = objects.labels_of(node).get(ZONE_LABEL) if node is not None else None
+            if zone:
+                out[node_name] = zone
+        return out
 
     async def sync(self, key: str, svc: Any | None) -> Requeue | None:
         ns, _, name = key.partition("/")
@@ -257,8 +264,8 @@ class EndpointSliceController(ServicePodsController):
             if pending:
                 return Requeue(after=0.05)  # the cache has not shown what was created yet
             self.pending.pop(key, None)
-        actions = decide_endpoint_slices(key, svc, self.selected_pods(svc, ns), slices, self._zones(),
-                                         self.max_endpoints)
+        pods = self.selected_pods(svc, ns)
+        actions = decide_endpoint_slices(key, svc, pods, slices, self._zones(pods), self.max_endpoints)
         try:
             outcome = await self.act(key, None, actions)
         except ApiError as e:

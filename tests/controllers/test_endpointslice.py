@@ -9,8 +9,14 @@ from typing import Any
 from ctrl_helpers import NS, eventually, set_pod_status
 from test_endpoints import service, web_pod
 
+from gpufleet.api.k8s import EndpointSlice, Pod, Service
 from gpufleet.client.api import Client
-from gpufleet.controllers.endpointslice import CONTROLLER_NAME, MANAGED_BY_LABEL, SERVICE_NAME_LABEL
+from gpufleet.controllers.endpointslice import (
+    CONTROLLER_NAME,
+    MANAGED_BY_LABEL,
+    SERVICE_NAME_LABEL,
+    decide_endpoint_slices,
+)
 
 ENABLED = {"enabled": ("endpointslice", "garbagecollector")}
 
@@ -48,6 +54,10 @@ async def test_a_service_s_slice_follows_its_pods_and_goes_with_it(client: Clien
     assert es["ports"] == [{"name": "http", "port": 8080, "protocol": "TCP"}]
     a = next(ep for ep in es["endpoints"] if ep["targetRef"]["name"] == "a")
     assert a["addresses"] == ["10.0.0.1"] and a["nodeName"] == "n1"
+    # The slice as stored (defaults and all) is what the controller decides on: nothing to write.
+    stored = [EndpointSlice.from_dict(s) for s in await slices(client, "web")]
+    pods = [await client.get(Pod, n, NS) for n in ("a", "b")]
+    assert decide_endpoint_slices(f"{NS}/web", await client.get(Service, "web", NS), pods, stored).reason == "InSync"
 
     await set_pod_status(client, "b", phase="Running", ready=False)
     await eventually(lambda: _summary_is(client, "web", {"a": (True, True, False), "b": (False, False, False)}),
