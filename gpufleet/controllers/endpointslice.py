@@ -28,6 +28,9 @@ The decision is ``decide_endpoint_slices``; the controller waits until the slice
 show in its cache before deciding again for that Service (Kubernetes' slice tracker), so a
 stale cache does not create a slice twice.
 
+Unlike Kubernetes, a pod on a node the cache does not know (yet) is listed, without a zone,
+rather than left out until the node shows.
+
 Not done: IPv6 and dual-stack (addressType is IPv4 only), topology hints, trafficDistribution,
 and the endpoints.kubernetes.io/last-change-trigger-time annotation.
 """
