@@ -6,7 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from apiserver_helpers import TABLE_ACCEPT, Api, assert_status
+
+pytestmark = pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)
 
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices"
 
