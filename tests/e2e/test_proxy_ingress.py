@@ -7,8 +7,8 @@ serves two pods, and
   token is refused (services/proxy), a Service without endpoints is kube-apiserver's 503;
 - an Ingress applied with kubectl routes host and path through the gateway to the two
   Services (real HTTP), and kubectl shows its class and the gateway's address;
-- `kubectl describe ingress` (1.32 and 1.33, which read the backends' EndpointSlices) shows
-  each backend's pod address;
+- `kubectl describe ingress` and `describe service` (1.32 and 1.33; the first reads the
+  backends' EndpointSlices) show each backend's pod address;
 - a NetworkPolicy is accepted with kubectl's `Warning:` line that it is not enforced;
 - `kubectl events` and `kubectl get events.events.k8s.io` list what happened to the pods.
 """
@@ -16,6 +16,7 @@ serves two pods, and
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -182,6 +183,8 @@ def test_describe_ingress_shows_the_backends_endpoints(served: Plane, version: s
     rows = {line.split()[0]: line.split() for line in described.splitlines() if line.strip().startswith("/")}
     assert rows["/"][1:] == ["front:80", f"({address}:{port})"], described
     assert rows["/api"][1] == "api:http" and rows["/api"][2].startswith("("), described
+    service = kubectl("describe", "service", "front", "-n", NS).ok().stdout
+    assert re.search(rf"^Endpoints:\s+{re.escape(address)}:{port}$", service, re.M), service
 
 
 def _fetch_as(plane: Plane, host: str, path: str) -> str:
