@@ -82,6 +82,7 @@ ROOTS: dict[str, tuple[str, str]] = {
     "V1Ingress": ("networking.k8s.io/v1", "Ingress"),
     "V1IngressClass": ("networking.k8s.io/v1", "IngressClass"),
     "V1NetworkPolicy": ("networking.k8s.io/v1", "NetworkPolicy"),
+    "V1EndpointSlice": ("discovery.k8s.io/v1", "EndpointSlice"),
 }
 
 # Kinds that are sent or answered without a collection of their own.

@@ -2030,6 +2030,55 @@ class DeploymentList(K8sModel):
     metadata: ListMeta | None = None
 
 
+class DiscoveryV1EndpointPort(K8sModel):
+    """EndpointPort represents a Port used by an EndpointSlice"""
+
+    app_protocol: str | None = Field(default=None, alias="appProtocol")
+    name: str | None = None
+    port: int | None = None
+    protocol: str | None = None
+
+
+class EndpointConditions(K8sModel):
+    """EndpointConditions represents the current condition of an endpoint."""
+
+    ready: bool | None = None
+    serving: bool | None = None
+    terminating: bool | None = None
+
+
+class ForNode(K8sModel):
+    """ForNode provides information about which nodes should consume this endpoint."""
+
+    name: str
+
+
+class ForZone(K8sModel):
+    """ForZone provides information about which zones should consume this endpoint."""
+
+    name: str
+
+
+class EndpointHints(K8sModel):
+    """EndpointHints provides hints describing how an endpoint should be consumed."""
+
+    for_nodes: list[ForNode] | None = Field(default=None, alias="forNodes")
+    for_zones: list[ForZone] | None = Field(default=None, alias="forZones")
+
+
+class Endpoint(K8sModel):
+    """Endpoint represents a single logical "backend" implementing a service."""
+
+    addresses: list[str]
+    conditions: EndpointConditions | None = None
+    deprecated_topology: dict[str, str] | None = Field(default=None, alias="deprecatedTopology")
+    hints: EndpointHints | None = None
+    hostname: str | None = None
+    node_name: str | None = Field(default=None, alias="nodeName")
+    target_ref: ObjectReference | None = Field(default=None, alias="targetRef")
+    zone: str | None = None
+
+
 class EndpointAddress(K8sModel):
     """EndpointAddress is a tuple that describes single IP address."""
 
@@ -2046,6 +2095,32 @@ class EndpointPort(K8sModel):
     name: str | None = None
     port: int
     protocol: str | None = None
+
+
+class EndpointSlice(K8sModel):
+    """EndpointSlice represents a set of service endpoints."""
+
+    API_VERSION: ClassVar[str] = "discovery.k8s.io/v1"
+    KIND: ClassVar[str] = "EndpointSlice"
+
+    address_type: str = Field(alias="addressType")
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    endpoints: list[Endpoint] | None = None
+    kind: str | None = None
+    metadata: ObjectMeta | None = None
+    ports: list[DiscoveryV1EndpointPort] | None = None
+
+
+class EndpointSliceList(K8sModel):
+    """EndpointSliceList represents a list of endpoint slices"""
+
+    API_VERSION: ClassVar[str] = "discovery.k8s.io/v1"
+    KIND: ClassVar[str] = "EndpointSliceList"
+
+    api_version: str | None = Field(default=None, alias="apiVersion")
+    items: list[EndpointSlice]
+    kind: str | None = None
+    metadata: ListMeta | None = None
 
 
 class EndpointSubset(K8sModel):

@@ -184,6 +184,9 @@ _BUILTIN: list[ResourceType] = [
                  subresources=()),
     ResourceType("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True, f"{_K8S}:NetworkPolicy",
                  ("netpol",), subresources=()),
+    # discovery.k8s.io/v1 (written by the EndpointSlice controller for Services with a selector)
+    ResourceType("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", True, f"{_K8S}:EndpointSlice",
+                 subresources=()),
     # rbac.authorization.k8s.io/v1
     ResourceType("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False, f"{_RBAC}:ClusterRole",
                  subresources=()),

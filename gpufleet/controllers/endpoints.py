@@ -12,18 +12,13 @@ Addresses with the same resolved ports share a subset. A headless Service withou
 lists addresses with no ports. Services without a selector are left alone (their Endpoints
 are written by hand); the Endpoints of a deleted Service are deleted.
 
-Host ports (gpufleet-specific). With the process runtime, pods share the host's network, so
-a container's port may be bound on a different port of the host. The node agent then
-records the real one in the pod annotation ``gpufleet.io/host-ports``: JSON mapping the
-container port's name or number (as a string) to the host port, e.g.
-``{"http": 31080, "9090": 31090}``. When the pod's entry for the resolved port is there, the
-endpoint carries the host port instead of the container port (and the address is the pod's
-IP, which for such pods is the host's).
+The rules shared with the EndpointSlice controller (which pods, which ports, host ports)
+are in ``gpufleet.api.endpoints``.
 
 The decision is ``decide_endpoints`` (the Service, its pods and its Endpoints as stored in;
 the create, update or delete out), applied with ``actions.apply``.
 
-Not done: EndpointSlices, the 1000-address truncation, and the last-change-trigger-time
+Not done: the 1000-address truncation, and the last-change-trigger-time
 annotation.
 """
 
@@ -33,91 +28,38 @@ import json
 import logging
 from typing import Any
 
+from gpufleet.api.endpoints import (
+    HEADLESS_LABEL,
+    endpoint_ports,
+    hostname_for,
+    is_endpoint,
+    is_headless,
+    pod_ready,
+    service_selector,
+    target_ref,
+)
 from gpufleet.api.k8s import Endpoints, Pod, Service
-from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import AlreadyExists, ApiError
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
-from gpufleet.controllers._common import is_being_deleted, pod_is_ready, pod_is_terminal
 from gpufleet.controllers.actions import Actions, Create, Delete, Update
 from gpufleet.controllers.base import KeyedController
 
 log = logging.getLogger(__name__)
 
-HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"
-HEADLESS_LABEL = "service.kubernetes.io/headless"
-
-
-def _service_selector(svc: Any) -> LabelSelector | None:
-    spec = svc.spec
-    if spec is None or not spec.selector or spec.type == "ExternalName":
-        return None
-    return LabelSelector.from_set(spec.selector)
-
-
-def _host_ports(pod: Any) -> dict[str, int]:
-    raw = (objects.meta(pod, "annotations") or {}).get(HOST_PORTS_ANNOTATION)
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        log.warning("pod %s: %s is not JSON: %r", objects.object_key(pod), HOST_PORTS_ANNOTATION, raw)
-        return {}
-    out = {}
-    for k, v in (data.items() if isinstance(data, dict) else ()):
-        try:
-            out[str(k)] = int(v)
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def resolve_port(pod: Any, service_port: Any) -> int | None:
-    """The port of ``pod`` a Service port leads to (Kubernetes' FindPort), host-port
-    translated; None when the pod has no port of that name."""
-    target = service_port.target_port if service_port.target_port not in (None, "", 0) else service_port.port
-    protocol = service_port.protocol or "TCP"
-    containers = (pod.spec.containers if pod.spec is not None else None) or []
-    name: str | None = None
-    number: int | None = None
-    if isinstance(target, int) or (isinstance(target, str) and target.isdigit()):
-        number = int(target)
-        for c in containers:
-            for p in c.ports or []:
-                if p.container_port == number and (p.protocol or "TCP") == protocol and p.name:
-                    name = p.name
-    else:
-        for c in containers:
-            for p in c.ports or []:
-                if p.name == target and (p.protocol or "TCP") == protocol:
-                    name, number = p.name, p.container_port
-                    break
-            if number is not None:
-                break
-        if number is None:
-            return None
-    host = _host_ports(pod)
-    if name and name in host:
-        return host[name]
-    return host.get(str(number), number)
+__all__ = ["HEADLESS_LABEL", "EndpointsController", "decide_endpoints", "ServicePodsController", "endpoint_subsets"]
 
 
 def _address(pod: Any, svc: Any) -> dict[str, Any]:
     address: dict[str, Any] = {"ip": pod.status.pod_ip}
-    spec = pod.spec
-    if spec is not None and spec.hostname and spec.subdomain == objects.name_of(svc):
-        address["hostname"] = spec.hostname
-    if spec is not None and spec.node_name:
-        address["nodeName"] = spec.node_name
-    address["targetRef"] = {
-        "kind": "Pod",
-        "namespace": objects.namespace_of(pod),
-        "name": objects.name_of(pod),
-        "uid": objects.uid_of(pod),
-    }
+    hostname = hostname_for(pod, svc)
+    if hostname:
+        address["hostname"] = hostname
+    if pod.spec is not None and pod.spec.node_name:
+        address["nodeName"] = pod.spec.node_name
+    address["targetRef"] = target_ref(pod)
     return address
 
 
@@ -125,31 +67,18 @@ def endpoint_subsets(svc: Any, pods: list[Any]) -> list[dict[str, Any]]:
     """The subsets of a Service's Endpoints (pure: the Service and its selected pods)."""
     spec = svc.spec
     publish_not_ready = bool(spec.publish_not_ready_addresses)
-    headless = spec.cluster_ip == "None"
+    headless = is_headless(svc)
     service_ports = spec.ports or []
     # The pods' resolved ports (canonical JSON) -> ports, ready addresses, not-ready ones.
     groups: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]] = {}
     for pod in pods:
-        if pod.status is None or not pod.status.pod_ip or pod_is_terminal(pod):
+        if not is_endpoint(pod, include_terminating=publish_not_ready):
             continue
-        if is_being_deleted(pod) and not publish_not_ready:
-            continue
-        ports: list[dict[str, Any]] = []
-        for sp in service_ports:
-            number = resolve_port(pod, sp)
-            if number is None:
-                continue
-            port: dict[str, Any] = {"port": number, "protocol": sp.protocol or "TCP"}
-            if sp.name:
-                port["name"] = sp.name
-            if sp.app_protocol:
-                port["appProtocol"] = sp.app_protocol
-            ports.append(port)
+        ports = endpoint_ports(svc, pod)
         if not ports and (service_ports or not headless):
             continue
-        ports.sort(key=lambda p: (p.get("name", ""), p["port"], p["protocol"]))
         _, ready, not_ready = groups.setdefault(json.dumps(ports, sort_keys=True), (ports, [], []))
-        (ready if publish_not_ready or pod_is_ready(pod) else not_ready).append(_address(pod, svc))
+        (ready if publish_not_ready or pod_ready(pod) else not_ready).append(_address(pod, svc))
     subsets = []
     for key in sorted(groups):
         ports, ready, not_ready = groups[key]
@@ -177,11 +106,11 @@ def decide_endpoints(key: str, svc: Any | None, pods: list[Any], current: Any | 
         if current is None:
             return Actions(reason="Gone")
         return Actions(deletes=[Delete(Endpoints, name, ns)], reason="ServiceDeleted")
-    if _service_selector(svc) is None:
+    if service_selector(svc) is None:
         return Actions(reason="NoSelector")
     subsets = endpoint_subsets(svc, pods)
     labels = dict(objects.labels_of(svc))
-    if svc.spec.cluster_ip == "None":
+    if is_headless(svc):
         labels[HEADLESS_LABEL] = ""
     if current is None:
         body: dict[str, Any] = {
@@ -204,26 +133,23 @@ def decide_endpoints(key: str, svc: Any | None, pods: list[Any], current: Any | 
     return Actions(updates=[Update(data)], reason="Update")
 
 
-class EndpointsController(KeyedController):
-    """Keyed by Service: each Service's Endpoints list its Ready (and not-ready) pods."""
+class ServicePodsController(KeyedController):
+    """Keyed by Service, woken by the pods its selector matches (before or after a change):
+    what the Endpoints and the EndpointSlice controllers share."""
 
-    name = "endpoints"
     model = Service
 
     def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
         self.svc_informer = self.informer
         self.pod_informer = informers.informer(Pod)
-        self.ep_informer = informers.informer(Endpoints)
         self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_added)
-        self.ep_informer.add_event_handler(on_update=self._ep_changed, on_delete=self._ep_deleted)
-
 
     def _services_for(self, pod: Any) -> list[str]:
         labels = objects.labels_of(pod)
         out = []
         for svc in self.svc_informer.by_index(NAMESPACE_INDEX, objects.namespace_of(pod)):
-            selector = _service_selector(svc)
+            selector = service_selector(svc)
             if selector is not None and selector.matches(labels):
                 out.append(objects.object_key(svc))
         return out
@@ -238,6 +164,24 @@ class EndpointsController(KeyedController):
         for key in set(self._services_for(old)) | set(self._services_for(new)):
             self.queue.add(key)
 
+    def selected_pods(self, svc: Any | None, ns: str) -> list[Any]:
+        """The pods of namespace ``ns`` the Service selects (none without a selector)."""
+        selector = service_selector(svc) if svc is not None else None
+        if selector is None:
+            return []
+        return [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns) if selector.matches(objects.labels_of(p))]
+
+
+class EndpointsController(ServicePodsController):
+    """Keyed by Service: each Service's Endpoints list its Ready (and not-ready) pods."""
+
+    name = "endpoints"
+
+    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+        super().__init__(client, informers, **kwargs)
+        self.ep_informer = informers.informer(Endpoints)
+        self.ep_informer.add_event_handler(on_update=self._ep_changed, on_delete=self._ep_deleted)
+
     def _ep_changed(self, old: Any, new: Any) -> None:
         # Someone else edited (or a relist changed) an Endpoints we own: put it right.
         if self.svc_informer.get(objects.object_key(new)) is not None:
@@ -249,9 +193,7 @@ class EndpointsController(KeyedController):
 
     async def sync(self, key: str, svc: Any | None) -> Requeue | None:
         ns, _, _ = key.partition("/")
-        selector = _service_selector(svc) if svc is not None else None
-        pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns)
-                if selector is not None and selector.matches(objects.labels_of(p))]
+        pods = self.selected_pods(svc, ns)
         try:
             try:
                 await self.act(key, None, decide_endpoints(key, svc, pods, self.ep_informer.get(key)))

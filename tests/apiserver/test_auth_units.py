@@ -126,6 +126,11 @@ def test_default_roles_nest_view_in_edit_in_admin() -> None:
     rb = "/apis/rbac.authorization.k8s.io/v1/namespaces/a/rolebindings"
     assert not can("edit", "POST", rb) and can("admin", "POST", rb)
     assert can("cluster-admin", "DELETE", "/api/v1/nodes/n") and can("cluster-admin", "GET", "/metrics")
+    # EndpointSlices: read by all three (kubectl describe ingress lists them), written by none,
+    # as Kubernetes' roles have it.
+    slices = "/apis/discovery.k8s.io/v1/namespaces/a/endpointslices"
+    for role in ("view", "edit", "admin"):
+        assert can(role, "GET", slices) and can(role, "GET", f"{slices}/web-x") and not can(role, "POST", slices)
 
 
 def test_edit_and_admin_may_act_as_their_namespace_service_accounts() -> None:

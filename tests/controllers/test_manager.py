@@ -58,7 +58,7 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
     assert [type(c).__name__ for c in manager.controllers] == [
         "NamespaceController", "ServiceAccountsController", "RootCACertPublisher", "ReplicaSetController",
         "DeploymentController", "StatefulSetController", "DaemonSetController", "JobController", "CronJobController",
-        "NodeLifecycleController", "EndpointsController", "GarbageCollector", "ResourceQuotaController",
+        "NodeLifecycleController", "EndpointsController", "EndpointSliceController", "GarbageCollector", "ResourceQuotaController",
         "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController",
         "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner", "PodGroupController"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")

@@ -7,6 +7,8 @@ serves two pods, and
   token is refused (services/proxy), a Service without endpoints is kube-apiserver's 503;
 - an Ingress applied with kubectl routes host and path through the gateway to the two
   Services (real HTTP), and kubectl shows its class and the gateway's address;
+- `kubectl describe ingress` and `describe service` (1.32 and 1.33; the first reads the
+  backends' EndpointSlices) show each backend's pod address;
 - a NetworkPolicy is accepted with kubectl's `Warning:` line that it is not enforced;
 - `kubectl events` and `kubectl get events.events.k8s.io` list what happened to the pods.
 """
@@ -14,6 +16,7 @@ serves two pods, and
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -165,6 +168,23 @@ def test_ingress_routes_host_and_path_through_the_gateway(served: Plane, kubectl
         "tls": [{"hosts": ["made.example.com"], "secretName": "cert"}]}
     assert until("the made Ingress route", lambda: _quiet(
         lambda p: _fetch_as(served, "made.example.com", p), "/x/y") == "api GET /x/y", served)
+
+
+@pytest.mark.parametrize("version", ["1.32", "1.33"])
+def test_describe_ingress_shows_the_backends_endpoints(served: Plane, version: str) -> None:
+    kubectl = Kubectl(kubectl_binary(version), str(served.kubeconfig), tempfile.mkdtemp(prefix="kubectl-home-"))
+    slices = json.loads(kubectl("get", "endpointslices", "-n", NS, "-l", "kubernetes.io/service-name=front",
+                                "-o", "json").ok().stdout)["items"]
+    (front,) = slices
+    address = front["endpoints"][0]["addresses"][0]
+    port = front["ports"][0]["port"]
+    described = kubectl("describe", "ingress", "site", "-n", NS).ok().stdout
+    assert "error" not in described, described
+    rows = {line.split()[0]: line.split() for line in described.splitlines() if line.strip().startswith("/")}
+    assert rows["/"][1:] == ["front:80", f"({address}:{port})"], described
+    assert rows["/api"][1] == "api:http" and rows["/api"][2].startswith("("), described
+    service = kubectl("describe", "service", "front", "-n", NS).ok().stdout
+    assert re.search(rf"^Endpoints:\s+{re.escape(address)}:{port}$", service, re.M), service
 
 
 def _fetch_as(plane: Plane, host: str, path: str) -> str:

@@ -31,6 +31,7 @@ from gpufleet.api.validation.cluster import (
 )
 from gpufleet.api.validation.core import Errs, validate_object_meta, validate_object_meta_update
 from gpufleet.api.validation.cronjob import _validate_cron_job
+from gpufleet.api.validation.discovery import _validate_endpoint_slice, _validate_endpoint_slice_update
 from gpufleet.api.validation.errors import FieldError
 from gpufleet.api.validation.networking import (
     _validate_ingress,
@@ -79,6 +80,7 @@ _CREATE: dict[type, CreateFn] = {
     k8s.Node: _validate_node,
     k8s.Lease: _validate_lease,
     k8s.Endpoints: _validate_endpoints,
+    k8s.EndpointSlice: _validate_endpoint_slice,
     k8s.Event: _validate_event,
     k8s.ConfigMap: _validate_config_map,
     k8s.Secret: _validate_secret,
@@ -106,6 +108,7 @@ _UPDATE: dict[type, UpdateFn] = {
     k8s.PersistentVolumeClaim: _validate_pvc_update,
     k8s.StorageClass: _validate_storage_class_update,
     k8s.IngressClass: _validate_ingress_class_update,
+    k8s.EndpointSlice: _validate_endpoint_slice_update,
 }
 
 

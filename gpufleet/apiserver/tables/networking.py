@@ -1,5 +1,6 @@
-"""Printers for networking.k8s.io/v1: Ingress, IngressClass, NetworkPolicy (kube-apiserver's
-printIngress, printIngressClass, printNetworkPolicy)."""
+"""Printers for networking.k8s.io/v1: Ingress, IngressClass, NetworkPolicy, and for
+discovery.k8s.io/v1 EndpointSlice (kube-apiserver's printIngress, printIngressClass,
+printNetworkPolicy, printEndpointSlice)."""
 
 from __future__ import annotations
 
@@ -94,3 +95,39 @@ _NETWORK_POLICY_COLUMNS = (
 register_printer("Ingress", _INGRESS_COLUMNS, _ingress_row, group=GROUP)
 register_printer("IngressClass", _INGRESS_CLASS_COLUMNS, _ingress_class_row, group=GROUP)
 register_printer("NetworkPolicy", _NETWORK_POLICY_COLUMNS, _network_policy_row, group=GROUP)
+
+
+# discovery.k8s.io/v1 (kube-apiserver's printEndpointSlice)
+
+def _list_with_more(items: list[str], count: int, limit: int = 3) -> str:
+    """listWithMoreString: the first three, then " + N more..."; "<unset>" for none."""
+    if count > limit:
+        return ",".join(items[:limit]) + f" + {count - limit} more..."
+    return ",".join(items) or "<unset>"
+
+
+def discovery_ports(ports: list[dict[str, Any]] | None) -> str:
+    shown = [str(p["port"]) if p.get("port") is not None else (p.get("name") or "*") for p in ports or []]
+    return _list_with_more(shown, len(shown))
+
+
+def discovery_endpoints(endpoints: list[dict[str, Any]] | None) -> str:
+    addresses = [a for ep in endpoints or [] for a in ep.get("addresses") or []]
+    return _list_with_more(addresses, len(addresses))
+
+
+def _endpoint_slice_row(obj: Obj, now: float) -> list[Any]:
+    return [_name(obj), obj.get("addressType", ""), discovery_ports(obj.get("ports")),
+            discovery_endpoints(obj.get("endpoints")), age_cell(obj, now)]
+
+
+_ENDPOINT_SLICE_COLUMNS = (
+    NAME_COLUMN,
+    Column("AddressType", description="addressType specifies the type of address carried by this EndpointSlice."),
+    Column("Ports", description="ports specifies the list of network ports exposed by each endpoint in this "
+                                "slice."),
+    Column("Endpoints", description="endpoints is a list of unique endpoints in this slice."),
+    AGE_COLUMN,
+)
+
+register_printer("EndpointSlice", _ENDPOINT_SLICE_COLUMNS, _endpoint_slice_row, group="discovery.k8s.io")

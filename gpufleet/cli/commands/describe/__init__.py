@@ -2,7 +2,8 @@
 scheduler and controllers explain themselves (why a pod is Pending, why a job restarted).
 
 The command and the table of describers live here; the describers by kind family in
-workloads.py, cluster.py and storage.py, the pieces they share in _blocks.py."""
+workloads.py, apps.py, cluster.py, networking.py (with custom resources) and storage.py, the
+pieces they share in _blocks.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ import typer
 
 from gpufleet.api.registry import ResourceType
 from gpufleet.cli.commands.describe._blocks import _describe_generic, _events
+from gpufleet.cli.commands.describe.apps import (
+    _describe_cron_job,
+    _describe_daemon_set,
+    _describe_stateful_set,
+)
 from gpufleet.cli.commands.describe.cluster import (
     _describe_configmap,
     _describe_limitrange,
@@ -23,6 +29,12 @@ from gpufleet.cli.commands.describe.cluster import (
     _describe_quota,
     _describe_service,
     pod_resources,
+)
+from gpufleet.cli.commands.describe.networking import (
+    _describe_custom,
+    _describe_endpoint_slice,
+    _describe_ingress,
+    is_custom,
 )
 from gpufleet.cli.commands.describe.storage import _describe_pv, _describe_pvc, _describe_storage_class
 from gpufleet.cli.commands.describe.workloads import (
@@ -125,7 +137,7 @@ async def _find(session: Session, rt: ResourceType, ns: str | None, name: str) -
 
 
 async def describe_object(session: Session, rt: ResourceType, obj: dict[str, Any]) -> str:
-    describer = _DESCRIBERS.get((rt.group, rt.kind), _describe_generic)
+    describer = _DESCRIBERS.get((rt.group, rt.kind)) or (_describe_custom if is_custom(rt) else _describe_generic)
     doc = Doc()
     await describer(session, rt, obj, doc)
     await _events(session, rt, obj, doc)
@@ -140,6 +152,11 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("apps", "Deployment"): _describe_deployment,
     ("apps", "ReplicaSet"): _describe_replicaset,
     ("batch", "Job"): _describe_job,
+    ("apps", "StatefulSet"): _describe_stateful_set,
+    ("apps", "DaemonSet"): _describe_daemon_set,
+    ("batch", "CronJob"): _describe_cron_job,
+    ("networking.k8s.io", "Ingress"): _describe_ingress,
+    ("discovery.k8s.io", "EndpointSlice"): _describe_endpoint_slice,
     ("", "Service"): _describe_service,
     ("", "Node"): _describe_node,
     ("", "Namespace"): _describe_namespace,
