@@ -182,7 +182,7 @@ async def scenario(fleet: Fleet, client: Client, invs: dict[str, Path], t_start:
             return by
         return None
 
-    by = await fleet.wait_until(training, 120, "both jobs training past step 10")
+    by = await fleet.wait_until(training, 180, "both jobs training past step 10")
     t_training = time.monotonic()
     print(f"both jobs training {t_training - t_start:.1f} s after the fleet started")
 
@@ -234,7 +234,7 @@ async def scenario(fleet: Fleet, client: Client, invs: dict[str, Path], t_start:
         m = _RESUMED.search(await log(client, "fixed-master-0"))
         return int(m.group(1)) if m else None
 
-    resumed_at = await fleet.wait_until(fixed_resumed, 60, "the fixed gang resumed from its checkpoint")
+    resumed_at = await fleet.wait_until(fixed_resumed, 120, "the fixed gang resumed from its checkpoint")
     print(f"fixed gang resumed from step {resumed_at} {time.monotonic() - t0:.1f} s after the XID")
     assert resumed_at >= 5, f"the gang started over (resumed from step {resumed_at})"
     job = await client.get("pytorchjobs", "fixed", NS, raw=True)
@@ -247,7 +247,7 @@ async def scenario(fleet: Fleet, client: Client, invs: dict[str, Path], t_start:
         after = [int(s) for s, _ in _STEP.findall(await log(client, "fixed-master-0"))]
         return bool(after) and after[0] > resumed_at - 1 and after[-1] > resumed_at
 
-    await fleet.wait_until(fixed_goes_on, 30, "the fixed gang training on from its checkpoint")
+    await fleet.wait_until(fixed_goes_on, 60, "the fixed gang training on from its checkpoint")
 
     # The elastic job: only worker-1 replaced; worker-0 keeps its pod and torchrun, whose
     # worker resumes from the checkpoint in the re-formed group of 2.
@@ -262,7 +262,7 @@ async def scenario(fleet: Fleet, client: Client, invs: dict[str, Path], t_start:
         later = [int(s) for s, w in _STEP.findall(text.split("resumed from step")[-1]) if w == "2"]
         return later if len(later) >= 2 else None
 
-    again = await fleet.wait_until(elastic_again, 60, "elastic worker-1 replaced and training at 2 again")
+    again = await fleet.wait_until(elastic_again, 120, "elastic worker-1 replaced and training at 2 again")
     print(f"elastic member replaced, training again at step {again[0]} {time.monotonic() - t0:.1f} s after the XID")
     w0 = await client.get("Pod", "elastic-worker-0", NS, raw=True)
     assert w0["metadata"]["uid"] == survivor["metadata"]["uid"]
