@@ -291,7 +291,8 @@ async def scenario(fleet: Fleet, client: Client, invs: dict[str, Path], t_start:
     async def back() -> bool:
         for n in bad:
             node = await client.get("Node", n, raw=True)
-            if node["status"]["allocatable"]["nvidia.com/gpu"] != str(GPUS):
+            healthy = next(c for c in node["status"]["conditions"] if c["type"] == "GPUHealthy")
+            if node["status"]["allocatable"]["nvidia.com/gpu"] != str(GPUS) or healthy["status"] != "True":
                 return False
         return True
 
