@@ -97,6 +97,11 @@ class StatusReport:
         if init_statuses:
             status["initContainerStatuses"] = init_statuses
         status["containerStatuses"] = statuses
+        if self.terminal and pod_status.get("phase") == self.terminal:
+            # Finished as recorded (by this node, or reported by someone else): its reason stays.
+            for k in ("reason", "message"):
+                if k in pod_status:
+                    status[k] = pod_status[k]
         if self.deadline_exceeded:
             status["reason"] = "DeadlineExceeded"
             status["message"] = "Pod was active on the node longer than the specified deadline"
@@ -126,13 +131,24 @@ class StatusReport:
             self._finish(status["phase"])
             status = self.compute_status()
         current = self.pod.get("status") or {}
+        if current.get("phase") in ("Succeeded", "Failed") and status["phase"] not in ("Succeeded", "Failed"):
+            # Reported finished while this pass ran: never back to a running phase (the
+            # kubelet's "illegal phase transition"); the next pass stops the pod.
+            log.info("%s: the pod was reported %s; not writing %s over it", self.key, current["phase"],
+                     status["phase"])
+            self.wake()
+            return None
         if self.last_written is not None and _same_status(status, self.last_written):
             return None
         if self.last_written is None and _same_status(status, current):
             self.last_written = status
             return None
-        ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid},
-               {"op": "add", "path": "/status", "value": status}]
+        ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid}]
+        if status["phase"] not in ("Succeeded", "Failed") and current.get("phase"):
+            # Only over the phase this node last saw: a pod someone else reported finished
+            # meanwhile stays finished (the next pass reads it and stops the pod).
+            ops.append({"op": "test", "path": "/status/phase", "value": current.get("phase")})
+        ops.append({"op": "add", "path": "/status", "value": status})
         try:
             await self.ctx.client.patch("pods", self.name, ops, self.namespace, patch_type="json",
                                         subresource="status", raw=True)
@@ -144,12 +160,28 @@ class StatusReport:
                 self.removed = True
                 self.wake()
                 return None
+            if exc.code == 422 and "/status/phase" in (exc.message or ""):
+                return await self._reread()
             return self._write_failed(exc)
         except TransportError as exc:
             return self._write_failed(exc)
         self.last_written = status
         self.write_retry_at = None
         self.write_backoff = 0.5
+        return None
+
+    async def _reread(self) -> float | None:
+        """The phase on record is not the one this node last saw: read the pod again and
+        decide anew (the watch brings it too, maybe later)."""
+        try:
+            pod = await self.ctx.client.get("pods", self.name, self.namespace, raw=True)
+        except NotFound:
+            return None
+        except (ApiError, TransportError) as exc:
+            return self._write_failed(exc)
+        if (pod.get("metadata") or {}).get("uid") == self.uid:
+            self.pod = pod
+        self.wake()
         return None
 
     def _write_failed(self, exc: Exception) -> float:

@@ -190,6 +190,11 @@ class PodView:
     killed: bool = False
     # The node fenced a GPU this pod holds (gpuhealthloop.py).
     gpu_failed: bool = False
+    # The pod's phase on record is Succeeded or Failed though this node still runs it: someone
+    # else reported it finished (an operator, a controller, this node's own report before a
+    # restart). A finished pod does not run again: the kubelet refuses the "illegal phase
+    # transition" back and stops it.
+    reported_terminal: str | None = None
 
 
 # -- what it decides ---------------------------------------------------------------------------
@@ -453,6 +458,11 @@ def decide(pod: PodView, now: float, mono: float) -> PodActions:
     if pod.terminal:
         out.steps.append(Release())
         out.reason = "finished"
+        return out
+    if pod.reported_terminal:
+        out.steps += [KillAll(pod.grace, f"the pod was reported {pod.reported_terminal}"),
+                      Finish(pod.reported_terminal)]
+        out.reason = f"reported {pod.reported_terminal}"
         return out
     if pod.gpu_failed:
         # As the kubelet evicts: stop the containers, and the pod fails (its controller, not

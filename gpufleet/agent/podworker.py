@@ -369,7 +369,12 @@ class PodWorker(ContainerActs, PodSetup, StatusReport):
             grace=self._grace(), active_deadline_seconds=spec.get("activeDeadlineSeconds"),
             start_time=self.start_time, terminal=self.terminal, removed=self.removed,
             deleting=bool(meta.get("deletionTimestamp")), deleted=self.deleted, killed=self.killed,
-            gpu_failed=self.gpu_failure is not None)
+            gpu_failed=self.gpu_failure is not None, reported_terminal=self._reported_terminal())
+
+    def _reported_terminal(self) -> str | None:
+        """The finished phase someone else recorded for a pod this worker has not finished."""
+        phase = (self.pod.get("status") or {}).get("phase")
+        return phase if not self.terminal and phase in ("Succeeded", "Failed") else None
 
     async def _sync(self) -> float | None:
         clock = self.ctx.clock

@@ -440,3 +440,14 @@ def test_a_failed_gpu_stops_the_pod_and_fails_it():
     assert out.steps[1].phase == "Failed"
     # Once it finished, nothing more happens to it.
     assert podsync.decide(replace(p, terminal="Failed", killed=True), NOW, MONO).of(podsync.KillAll) == []
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_a_pod_reported_finished_elsewhere_is_stopped_and_keeps_that_phase(phase):
+    # A container that just exited would be restarted (restartPolicy Always), but the pod's
+    # phase on record is terminal: it is stopped and finishes in that phase, not Running.
+    p = pod(running("main"), ContainerView(name="side", ran=True, state=exited(1)), restart_policy="Always")
+    assert podsync.decide(p, NOW, MONO).of(Start)  # what happens to it otherwise
+    out = podsync.decide(replace(p, reported_terminal=phase), NOW, MONO)
+    assert [type(s).__name__ for s in out.steps] == ["KillAll", "Finish"]
+    assert out.steps[1].phase == phase and out.of(Start) == []

@@ -310,7 +310,49 @@ UPDATABLE_POD_SPEC_FIELDS = [
 ]
 
 
+def _terminated(cs: k8s.ContainerStatus) -> bool:
+    return cs.state is not None and cs.state.terminated is not None
+
+
+def validate_container_state_transition(new: list[k8s.ContainerStatus] | None,
+                                        old: list[k8s.ContainerStatus] | None, path: str,
+                                        restart_policy: str | None, errs: Errs,
+                                        restartable: frozenset[str] = frozenset()) -> None:
+    """A container that finished for good stays finished: a status update may not take a
+    terminated container back to waiting or running unless the pod would restart it
+    (ValidateContainerStateTransition / ValidateInitContainerStateTransition: restartPolicy
+    Always; OnFailure after a non-zero exit; an init container with restartPolicy Always)."""
+    if restart_policy == "Always":
+        return
+    for i, before in enumerate(old or []):
+        if not _terminated(before) or before.name in restartable:
+            continue
+        assert before.state is not None and before.state.terminated is not None
+        if before.state.terminated.exit_code != 0 and restart_policy == "OnFailure":
+            continue
+        if any(after.name == before.name and not _terminated(after) for after in new or []):
+            errs.append(forbidden(f"{path}[{i}].state", "may not be transitioned to non-terminated state"))
+
+
+def _validate_pod_status_update(new: k8s.Pod, old: k8s.Pod, errs: Errs) -> None:
+    """What ValidatePodStatusUpdate checks of the containers' states. (A main-resource update
+    keeps the stored status, so there these find nothing.)"""
+    if new.status is None or old.status is None or old.spec is None:
+        return
+    policy = old.spec.restart_policy or "Always"
+    validate_container_state_transition(new.status.container_statuses, old.status.container_statuses,
+                                        "status.containerStatuses", policy, errs)
+    sidecars = frozenset(c.name for c in old.spec.init_containers or [] if c.restart_policy == "Always")
+    validate_container_state_transition(new.status.init_container_statuses, old.status.init_container_statuses,
+                                        "status.initContainerStatuses", policy, errs, sidecars)
+    # Ephemeral containers are never restarted.
+    validate_container_state_transition(new.status.ephemeral_container_statuses,
+                                        old.status.ephemeral_container_statuses,
+                                        "status.ephemeralContainerStatuses", "Never", errs)
+
+
 def _validate_pod_update(new: k8s.Pod, old: k8s.Pod, errs: Errs) -> None:
+    _validate_pod_status_update(new, old, errs)
     if new.spec is None or old.spec is None:
         return
     for attr, alias in (("containers", "containers"), ("init_containers", "initContainers")):
