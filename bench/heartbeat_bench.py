@@ -157,6 +157,8 @@ class Load:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-heartbeat-"))
     c = Cluster(root)
+    if args.profile:
+        c.python_args = ("-m", "cProfile", "-o", str(args.profile.resolve()))
     try:
         c.start_server()
         client = c.client()
@@ -234,6 +236,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=10, help="seconds of load before the window")
     p.add_argument("--pod-rate", type=float, default=20, help="pod writes/s (half creates, half deletes)")
     p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--profile", type=Path,
+                   help="run the server under cProfile and write its profile here (slows it down)")
     return p.parse_args(argv)
 
 
