@@ -48,6 +48,7 @@ else:
 perf = time.perf_counter
 LEASE_PERIOD = 2.0
 STATUS_PERIOD = 30.0
+NODES_PER_CLIENT = 10
 
 
 _INFO = system_info("sim://1.0")
@@ -63,8 +64,11 @@ class _Gpu:
 
 
 class Load:
-    def __init__(self, client: Any, args: argparse.Namespace) -> None:
-        self.client = client
+    def __init__(self, clients: list[Any], args: argparse.Namespace) -> None:
+        # One client (one connection pool) per few nodes, as each agent keeps its own
+        # connection: a pool shared by hundreds of callers would reconnect (TLS) all the time.
+        self.clients = clients
+        self.client = clients[0]
         self.args = args
         self.measuring = False
         self.lat: dict[str, list[float]] = {"lease": [], "node-status": [], "pod-create": [], "pod-delete": []}
@@ -97,8 +101,9 @@ class Load:
         await self.client.create(new_lease(name, node["metadata"]["uid"], 40, now), raw=True)
         return node
 
-    async def heartbeat(self, node: dict[str, Any], stop: asyncio.Event) -> None:
+    async def heartbeat(self, node: dict[str, Any], stop: asyncio.Event, i: int) -> None:
         """As `gpufleet agent` writes them: merge patches of the Lease's spec and the status."""
+        client = self.clients[1 + i % (len(self.clients) - 1)]
         name = node["metadata"]["name"]
         settings = _settings(name)
         gpus = [_Gpu()] * 8
@@ -115,11 +120,11 @@ class Load:
             if loop.time() >= next_lease:
                 next_lease += LEASE_PERIOD
                 spec = {"spec": {"renewTime": rfc3339(time.time(), micro=True)}}
-                await self.timed("lease", self.client.patch("leases", name, spec, LEASE_NAMESPACE, raw=True))
+                await self.timed("lease", client.patch("leases", name, spec, LEASE_NAMESPACE, raw=True))
             if loop.time() >= next_status:
                 next_status += STATUS_PERIOD
                 status = node_status(settings, gpus, status, time.time())
-                await self.timed("node-status", self.client.patch("nodes", name, {"status": status},
+                await self.timed("node-status", client.patch("nodes", name, {"status": status},
                                                                   subresource="status", raw=True))
 
     async def pods(self, stop: asyncio.Event) -> None:
@@ -161,15 +166,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         c.python_args = ("-m", "cProfile", "-o", str(args.profile.resolve()))
     try:
         c.start_server()
-        client = c.client()
-        load = Load(client, args)
+        clients = [c.client() for _ in range(1 + (args.nodes + NODES_PER_CLIENT - 1) // NODES_PER_CLIENT)]
+        load = Load(clients, args)
         t0 = perf()
         registered: list[dict[str, Any]] = []
-        for start in range(0, args.nodes, 25):
-            registered += await asyncio.gather(*(load.register(i) for i in range(start, min(args.nodes, start + 25))))
+        for start in range(0, args.nodes, 20):
+            registered += await asyncio.gather(*(load.register(i) for i in range(start, min(args.nodes, start + 20))))
         register_s = perf() - t0
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(load.heartbeat(n, stop)) for n in registered]
+        tasks = [asyncio.create_task(load.heartbeat(n, stop, i)) for i, n in enumerate(registered)]
         tasks.append(asyncio.create_task(load.pods(stop)))
         await asyncio.sleep(args.warmup)
         assert c.server is not None
@@ -184,7 +189,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu1, mine1 = proc.cpu_times(), me.cpu_times()
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await client.close()
+        for client in clients:
+            await client.close()
         busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
         mutating = [x for v in load.lat.values() for x in v]
         out: dict[str, Any] = {
