@@ -114,6 +114,12 @@ class NodeIpamController(KeyedController):
         # Handed out but maybe not yet seen back through the informer.
         self._pending: dict[str, str] = {}
 
+    def update_matters(self, old: Any, new: Any) -> bool:
+        # As kube-controller-manager's range allocator: an update matters only to a node
+        # still without a pod CIDR (heartbeats of a fleet's nodes are most updates).
+        spec = new.spec
+        return spec is None or not (spec.pod_cidr or spec.pod_cidrs)
+
     async def sync(self, key: str, node: Any | None) -> Requeue | None:
         if node is None:
             self._pending.pop(key, None)

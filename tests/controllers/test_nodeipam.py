@@ -60,3 +60,16 @@ async def test_each_node_gets_its_own_cidr_and_keeps_it(client: Client, controll
     got = await eventually(lambda: _cidr(client, "n4"), 10, what="n4's pod CIDR")
     assert got == cidrs["n2"]
     assert await _cidr(client, "n1") == cidrs["n1"] and await _cidr(client, "n3") == cidrs["n3"]
+
+
+def test_only_updates_of_a_node_without_a_cidr_wake_the_allocator():
+    from gpufleet.api.k8s import Node
+    from gpufleet.controllers.nodeipam import NodeIpamController
+
+    bare = Node.model_validate({"metadata": {"name": "n1"}, "spec": {}})
+    assigned = Node.model_validate({"metadata": {"name": "n1"},
+                                    "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]}})
+    matters = NodeIpamController.update_matters
+    assert matters(None, bare, bare)  # type: ignore[arg-type]
+    assert not matters(None, bare, assigned)  # type: ignore[arg-type]
+    assert not matters(None, assigned, assigned)  # type: ignore[arg-type]
