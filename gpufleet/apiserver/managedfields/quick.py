@@ -21,7 +21,7 @@ from typing import Any
 
 from gpufleet.apiserver.managedfields.common import MAX_UPDATE_MANAGERS, UPDATE, FieldPath
 from gpufleet.apiserver.managedfields.entries import _strip
-from gpufleet.apiserver.managedfields.merge import _compare_objects
+from gpufleet.apiserver.managedfields.merge import _compare_objects, _Comparison
 
 
 def _bare(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,17 +56,21 @@ def _sort_key(raw: Mapping[str, Any]) -> tuple[str, ...]:
             raw.get("apiVersion") or "", raw.get("subresource") or "")
 
 
+def compare(old: Mapping[str, Any], new: Mapping[str, Any], kind: str) -> _Comparison:
+    """What the write ``old`` -> ``new`` adds, removes and changes, managedFields left out
+    (as the general path compares), without copying either object."""
+    return _compare_objects(_bare(old), _bare(new), kind)
+
+
 def unchanged_ownership(
     live: Any,
-    old: Mapping[str, Any],
-    new: Mapping[str, Any],
+    diff: _Comparison,
     *,
     identity: tuple[str, str, str, str],
-    kind: str,
     now: str,
     in_scope: Callable[[FieldPath], bool],
 ) -> list[dict[str, Any]] | None:
-    """The managedFields of the write ``old`` -> ``new`` by ``identity`` when ``live`` (the
+    """The managedFields of a write by ``identity`` that changes ``diff`` when ``live`` (the
     stored entries, which the write starts from) keep every field where it is; else None."""
     if not isinstance(live, list) or not live:
         return None
@@ -80,7 +84,6 @@ def unchanged_ownership(
             own = raw
     if updates > MAX_UPDATE_MANAGERS:
         return None
-    diff = _compare_objects(_bare(old), _bare(new), kind)
     if any(in_scope(p) for p in _strip(diff.removed)):
         return None
     changed = _strip(p for p in diff.added | diff.modified if in_scope(p))
