@@ -17,6 +17,11 @@ Three loops, as in Kueue:
 - queue status: pending, reserving and admitted counts, flavor usage, fair share, and how
   many pending workloads wait for what (``status.pendingReasons``, gpufleet's addition).
 
+The cycle wakes only for what can change a decision (see ``node_admission_view`` and
+``pod_usage_view``): never for a node's heartbeat, and not at all for nodes and pods while
+there is no ClusterQueue; without ClusterQueues and Workloads it runs no pass. ``pokes``
+counts what woke it, by kind, ``events_seen`` the events it looked at, ``passes`` the passes.
+
 The API server creates queued jobs suspended (``gpufleet.apiserver.admission.queues``); a job that
 is running without an admitted Workload is suspended here as well.
 
