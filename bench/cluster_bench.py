@@ -93,12 +93,14 @@ class Cluster:
 
     # Arguments a subclass adds to `gpufleet server` (gang_bench runs it without a gateway).
     server_args: tuple[str, ...] = ()
+    # Arguments to the server's Python before the module (heartbeat_bench profiles with cProfile).
+    python_args: tuple[str, ...] = ()
 
     def start_server(self, timeout: float = 60) -> None:
         state = self.root / "server"
         state.mkdir(parents=True)
         log_path = state / "server.log"
-        cmd = [sys.executable, "-m", "gpufleet.cli.main", "server", "--store",
+        cmd = [sys.executable, *self.python_args, "-m", "gpufleet.cli.main", "server", "--store",
                f"sqlite:///{state / 'state.db'}", "--port", "0", "--host", "127.0.0.1",
                "--state-dir", str(state), *self.server_args]
         with open(log_path, "wb") as log:

@@ -82,10 +82,12 @@ class Controller:
         enqueue_owner(self.queue, obj, kind=kind, api_version=api_version)
 
     def watch(
-        self, informer: Any, *, owner_kind: str | None = None, owner_api_version: str | None = None
+        self, informer: Any, *, owner_kind: str | None = None, owner_api_version: str | None = None,
+        update_matters: Callable[[Any, Any], bool] | None = None,
     ) -> None:
         """Enqueue from an informer's events: the object's own key, or with ``owner_kind``
-        the key of its controlling owner of that kind (a ReplicaSet controller watches Pods)."""
+        the key of its controlling owner of that kind (a ReplicaSet controller watches Pods).
+        ``update_matters(old, new)``: an update it says False to enqueues nothing."""
         if owner_kind is None:
             enqueue = self.enqueue_object
         else:
@@ -94,6 +96,8 @@ class Controller:
                 self.enqueue_owner(obj, owner_kind, owner_api_version)
 
         def on_update(old: Any, new: Any) -> None:
+            if update_matters is not None and old is not None and not update_matters(old, new):
+                return
             enqueue(new)
             # An object that changed owners must wake its old owner too.
             if owner_kind is not None and old is not None:

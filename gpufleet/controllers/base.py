@@ -102,7 +102,11 @@ class KeyedController(QueueController):
     def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
         self.informer: Informer = informers.informer(self.model, **self.informer_options)
-        self.controller.watch(self.informer)
+        self.controller.watch(self.informer, update_matters=self.update_matters)
+
+    def update_matters(self, old: Any, new: Any) -> bool:
+        """Whether an update of a watched object needs a sync (a subclass narrows it)."""
+        return True
 
     async def reconcile(self, key: Any) -> Requeue | None:
         return await self.sync(str(key), self.informer.get(str(key)))

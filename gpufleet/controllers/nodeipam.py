@@ -43,17 +43,30 @@ def allocated_cidrs(nodes: list[Any]) -> set[str]:
 
 
 def next_cidr(cluster_cidr: str, mask: int, taken: set[str]) -> str | None:
-    """The first node-sized subnet of the cluster CIDR that no node has (none: full)."""
+    """The first node-sized subnet of the cluster CIDR that no node has (none: full).
+
+    As kube-controller-manager's CIDR set, a map of the subnets in use rather than a test of
+    every subnet against every node's: registering a fleet node by node stays linear."""
     network = ipaddress.ip_network(cluster_cidr, strict=False)
-    used = []
+    if mask < network.prefixlen or mask > network.max_prefixlen:
+        raise ValueError(f"node mask /{mask} does not fit in the cluster CIDR {network}")
+    size = 1 << (network.max_prefixlen - mask)
+    base = int(network.network_address)
+    count = 1 << (mask - network.prefixlen)
+    end = base + count * size - 1
+    blocked: set[int] = set()
     for t in taken:
         try:
-            used.append(ipaddress.ip_network(t, strict=False))
+            used = ipaddress.ip_network(t, strict=False)
         except ValueError:
             continue
-    for subnet in network.subnets(new_prefix=mask):
-        if not any(subnet.overlaps(u) for u in used):
-            return str(subnet)
+        lo, hi = int(used.network_address), int(used.broadcast_address)
+        if used.version != network.version or hi < base or lo > end:
+            continue
+        blocked.update(range((max(lo, base) - base) // size, (min(hi, end) - base) // size + 1))
+    for i in range(count):
+        if i not in blocked:
+            return str(ipaddress.ip_network((base + i * size, mask)))
     return None
 
 
@@ -100,6 +113,12 @@ class NodeIpamController(KeyedController):
         self.node_mask = node_mask
         # Handed out but maybe not yet seen back through the informer.
         self._pending: dict[str, str] = {}
+
+    def update_matters(self, old: Any, new: Any) -> bool:
+        # As kube-controller-manager's range allocator: an update matters only to a node
+        # still without a pod CIDR (heartbeats of a fleet's nodes are most updates).
+        spec = new.spec
+        return spec is None or not (spec.pod_cidr or spec.pod_cidrs)
 
     async def sync(self, key: str, node: Any | None) -> Requeue | None:
         if node is None:

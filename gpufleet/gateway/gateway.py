@@ -50,6 +50,7 @@ import aiohttp
 from aiohttp import web
 
 from gpufleet.api.k8s import Endpoints, HorizontalPodAutoscaler, Ingress, IngressClass, Node, Service
+from gpufleet.api.nodeheartbeat import heartbeat_only
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.informer import SharedInformerFactory
@@ -119,8 +120,9 @@ class Gateway(ScaleFromZero, CustomMetrics, IngressRouting):
         self.authorize_metrics = authorize_metrics
         self._local_addresses: set[str] = set()
         self._agents: tuple[set[tuple[str, int]], set[int]] | None = None
-        self.node_informer.add_event_handler(self._nodes_changed, lambda _o, n: self._nodes_changed(n),
-                                             self._nodes_changed)
+        self.node_informer.add_event_handler(
+            self._nodes_changed, lambda o, n: None if heartbeat_only(o, n) else self._nodes_changed(n),
+            self._nodes_changed)
         self.routes: dict[str, Route] = {}
         self._node_ports: dict[int, str] = {}  # port -> service key
         self._node_sites: dict[int, web.TCPSite] = {}

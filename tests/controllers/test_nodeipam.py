@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
+
 from ctrl_helpers import eventually, node
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpufleet.client.api import Client
 from gpufleet.controllers.nodeipam import next_cidr
@@ -14,6 +18,23 @@ def test_next_cidr_takes_the_first_free_subnet():
     # A taken range that spans several node subnets blocks all of them.
     assert next_cidr("10.244.0.0/16", 24, {"10.244.0.0/23"}) == "10.244.2.0/24"
     assert next_cidr("10.244.0.0/30", 31, {"10.244.0.0/31", "10.244.0.2/31"}) is None
+    # Ranges around the cluster CIDR, of the other IP version, or not CIDRs at all.
+    assert next_cidr("10.244.0.0/16", 24, {"10.0.0.0/8"}) is None
+    assert next_cidr("10.244.0.0/16", 24, {"10.243.255.0/24", "fd00::/64", "junk"}) == "10.244.0.0/24"
+    assert next_cidr("10.244.0.0/16", 24, {f"10.244.{i}.0/24" for i in range(255)}) == "10.244.255.0/24"
+
+
+_TAKEN = st.sets(st.tuples(st.integers(0, 255), st.integers(22, 32)).map(
+    lambda t: str(ipaddress.ip_network((0x0AF40000 + (t[0] << 4), t[1]), strict=False))), max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(taken=_TAKEN)
+def test_next_cidr_is_the_first_subnet_overlapping_none(taken: set[str]) -> None:
+    used = [ipaddress.ip_network(t) for t in taken]
+    free = [s for s in ipaddress.ip_network("10.244.0.0/22").subnets(new_prefix=28)
+            if not any(s.overlaps(u) for u in used)]
+    assert next_cidr("10.244.0.0/22", 28, taken) == (str(free[0]) if free else None)
 
 
 async def _cidr(client: Client, name: str) -> str | None:
@@ -39,3 +60,16 @@ async def test_each_node_gets_its_own_cidr_and_keeps_it(client: Client, controll
     got = await eventually(lambda: _cidr(client, "n4"), 10, what="n4's pod CIDR")
     assert got == cidrs["n2"]
     assert await _cidr(client, "n1") == cidrs["n1"] and await _cidr(client, "n3") == cidrs["n3"]
+
+
+def test_only_updates_of_a_node_without_a_cidr_wake_the_allocator():
+    from gpufleet.api.k8s import Node
+    from gpufleet.controllers.nodeipam import NodeIpamController
+
+    bare = Node.model_validate({"metadata": {"name": "n1"}, "spec": {}})
+    assigned = Node.model_validate({"metadata": {"name": "n1"},
+                                    "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]}})
+    matters = NodeIpamController.update_matters
+    assert matters(None, bare, bare)  # type: ignore[arg-type]
+    assert not matters(None, bare, assigned)  # type: ignore[arg-type]
+    assert not matters(None, assigned, assigned)  # type: ignore[arg-type]

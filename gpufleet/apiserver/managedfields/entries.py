@@ -23,7 +23,7 @@ from gpufleet.apiserver.managedfields.fieldsets import (
     from_fields_v1,
     to_fields_v1,
 )
-from gpufleet.apiserver.managedfields.merge import _compare_objects
+from gpufleet.apiserver.managedfields.merge import _compare_objects, _Comparison
 from gpufleet.apiserver.patch.common import copy_json
 
 # The strategic-merge schema: the same merge keys decide how lists are owned.
@@ -235,8 +235,11 @@ def _track_update(
     api_version: str,
     now: str,
     in_scope: Callable[[FieldPath], bool],
+    diff: _Comparison | None = None,
 ) -> dict[_Identity, _Entry]:
-    diff = _compare_objects(old, new, kind)
+    """``diff``: ``_compare_objects(old, new, kind)`` when the caller already has it."""
+    if diff is None:
+        diff = _compare_objects(old, new, kind)
     removed = frozenset(filter(in_scope, diff.removed))
     changed = frozenset(filter(in_scope, diff.added | diff.modified)) - removed
     out: dict[_Identity, _Entry] = {}

@@ -44,6 +44,7 @@ from gpufleet.apiserver.managedfields.fieldsets import (
     path_string,
 )
 from gpufleet.apiserver.managedfields.merge import _compare_objects, _merge, _prune
+from gpufleet.apiserver.managedfields.quick import compare, unchanged_ownership
 from gpufleet.apiserver.patch.common import copy_json, json_equal
 
 # The strategic-merge schema: the same merge keys decide how lists are owned.
@@ -132,18 +133,34 @@ def record_update(
     meta = result.get("metadata")
     if not isinstance(meta, dict):
         return result
-    entries = _starting_entries(meta.pop("managedFields", None), old, subresource)
+    sent = meta.pop("managedFields", None)
+    identity = (manager, UPDATE, api_version, subresource)
+    in_scope = _scope(subresource, ignore_status)
+    diff = None
+    if old is not None:
+        live = (old.get("metadata") or {}).get("managedFields")
+        if live and (subresource or sent is None or sent == live):
+            # The write starts from the stored entries: a heartbeat keeps them as they are.
+            start = sent if sent is not None and sent == live else copy_json(live)
+            diff = compare(old, new, kind)
+            quick = unchanged_ownership(start, diff, identity=identity, now=now, in_scope=in_scope)
+            if quick is not None:
+                meta["managedFields"] = quick
+                return result
+    entries = _starting_entries(sent, old, subresource)
     if old is not None and not entries:
         return result
+    # The objects are only compared: with the comparison at hand, no copies are needed.
     tracked = _track_update(
         entries,
-        _without_managed_fields(old) if old is not None else None,
-        _without_managed_fields(result),
-        identity=(manager, UPDATE, api_version, subresource),
+        _without_managed_fields(old) if old is not None and diff is None else old,
+        _without_managed_fields(result) if diff is None else result,
+        identity=identity,
         kind=kind,
         api_version=api_version,
         now=now,
-        in_scope=_scope(subresource, ignore_status),
+        in_scope=in_scope,
+        diff=diff,
     )
     _store(result, tracked)
     return result

@@ -17,6 +17,11 @@ Three loops, as in Kueue:
 - queue status: pending, reserving and admitted counts, flavor usage, fair share, and how
   many pending workloads wait for what (``status.pendingReasons``, gpufleet's addition).
 
+The cycle wakes only for what can change a decision (see ``node_admission_view`` and
+``pod_usage_view``): never for a node's heartbeat, and not at all for nodes and pods while
+there is no ClusterQueue; without ClusterQueues and Workloads it runs no pass. ``pokes``
+counts what woke it, by kind, ``events_seen`` the events it looked at, ``passes`` the passes.
+
 The API server creates queued jobs suspended (``gpufleet.apiserver.admission.queues``); a job that
 is running without an admitted Workload is suspended here as well.
 
@@ -27,11 +32,15 @@ workloads); GPUs are what the queues are for.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from gpufleet.api import kueue as kq
+from gpufleet.api.gpu import GPU_INDICES_ANNOTATION, GPUS_ANNOTATION
 from gpufleet.api.k8s import Namespace, Node, Pod, PriorityClass
+from gpufleet.api.podresources import pod_gpu_request
+from gpufleet.api.taints import NO_EXECUTE, NO_SCHEDULE, taint_tuples
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller
@@ -41,9 +50,10 @@ from gpufleet.controllers._common import (
     controller_uid,
     index_by_controller,
     is_being_deleted,
+    pod_is_terminal,
 )
 from gpufleet.controllers.base import ControllerBase
-from gpufleet.controllers.kueue.cycle import AdmissionCycle
+from gpufleet.controllers.kueue.cycle import AdmissionCycle, _node_ready
 from gpufleet.controllers.kueue.jobs import JobSync
 from gpufleet.controllers.kueue.kinds import (
     BATCH_JOB,
@@ -56,6 +66,37 @@ from gpufleet.controllers.kueue.kinds import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _spec(obj: Any) -> Any:
+    return getattr(obj, "spec", None)
+
+
+def _priority(pc: Any) -> Any:
+    return (getattr(pc, "value", None), getattr(pc, "preemption_policy", None))
+
+
+def node_admission_view(node: Any) -> tuple[Any, ...]:
+    """What the admission cycle reads of a Node: readiness (the Ready condition's status, not
+    its heartbeat times), unschedulable, taints, labels, the GPU annotation and allocatable."""
+    spec, status = getattr(node, "spec", None), getattr(node, "status", None)
+    annotations = objects.meta(node, "annotations") or {}
+    return (
+        _node_ready(node),
+        bool(spec is not None and spec.unschedulable),
+        taint_tuples(spec.taints if spec is not None else None, (NO_SCHEDULE, NO_EXECUTE)),
+        objects.labels_of(node),
+        annotations.get(GPUS_ANNOTATION),
+        (status.allocatable if status is not None else None) or {},
+    )
+
+
+def pod_usage_view(pod: Any) -> tuple[Any, ...]:
+    """What the admission cycle reads of a pod: where it is bound, whether it still holds its
+    resources (not terminal), and which GPUs (the scheduler's indices annotation)."""
+    annotations = objects.meta(pod, "annotations") or {}
+    return (pod.spec.node_name, pod_is_terminal(pod), annotations.get(GPU_INDICES_ANNOTATION),
+            is_being_deleted(pod))
 
 
 # -- the controller -----------------------------------------------------------------------------------
@@ -98,9 +139,17 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         # One admission cycle at a time: it decides from the whole picture.
         self.cycle_queue = WorkQueue(f"{self.name}-cycle", clock=self.clock)
         self.cycles = Controller(f"{self.name}-cycle", self.run_cycle, self.cycle_queue, workers=1)
-        for informer in (self.cluster_queues, self.local_queues, self.flavors, self.nodes, self.namespaces,
-                         self.priority_classes):
-            informer.add_event_handler(self._poke, lambda old, new: self._poke(new), self._poke)
+        # Only what can change a decision wakes the cycle: the spec of queues and flavors (not
+        # the status the cycle writes), namespaces' labels, priority values, and of nodes what
+        # admission reads (never a heartbeat: a fleet's nodes write one every few seconds).
+        for informer, view in ((self.cluster_queues, _spec), (self.local_queues, _spec), (self.flavors, _spec),
+                               (self.namespaces, objects.labels_of), (self.priority_classes, _priority),
+                               (self.nodes, node_admission_view)):
+            informer.add_event_handler(self._poke, self._updated_by(view), self._poke)
+        # Events seen and admission passes run, by what woke them: how the cycle is observed.
+        self.events_seen: Counter[str] = Counter()
+        self.pokes: Counter[str] = Counter()
+        self.passes = 0
         # Writes not yet seen by the informer: key -> the object as written.
         self._written: dict[str, Any] = {}
         # Workload key -> wait kind last announced with an Event.
@@ -123,30 +172,51 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
 
         return enqueue, lambda old, new: enqueue(new), enqueue
 
-    def _poke(self, _obj: Any = None) -> None:
+    def _poke(self, obj: Any = None) -> None:
+        kind = type(obj).__name__ if obj is not None else "Workload"
+        self.events_seen[kind] += 1
+        if kind in ("Node", "Pod", "Namespace", "PriorityClass") and not self.cluster_queues.list():
+            # Without ClusterQueues nothing is admitted: capacity and usage change no decision.
+            return
+        self.pokes[kind] += 1
         self.cycle_queue.add(CYCLE)
 
+    def _updated_by(self, view: Callable[[Any], Any]) -> Callable[[Any, Any], None]:
+        def updated(old: Any, new: Any) -> None:
+            if view(old) != view(new) or is_being_deleted(old) != is_being_deleted(new):
+                self._poke(new)
+            else:
+                self.events_seen[type(new).__name__] += 1
+
+        return updated
+
     def _workload_event(self, wl: Any) -> None:
-        self._poke()
+        self._poke(wl)
         ref = objects.controller_ref(wl)
         if ref is not None and objects.field(ref, "kind") in self.kinds:
             ns = objects.namespace_of(wl)
             self.job_queue.add(f"{objects.field(ref, 'kind')}:{ns}/{objects.field(ref, 'name')}")
 
-    def _pod_event(self, pod: Any) -> None:
+    def _pod_event(self, pod: Any, *, usage_changed: bool = True) -> None:
         ref = objects.controller_ref(pod)
         if ref is None or objects.field(ref, "kind") not in self.kinds:
-            # Other pods matter only for the GPUs they hold.
-            if getattr(pod.spec, "node_name", None):
-                self._poke()
+            # Other pods matter only for the GPUs they hold on a node.
+            if usage_changed and getattr(pod.spec, "node_name", None) and pod_gpu_request(pod):
+                self._poke(pod)
+            else:
+                self.events_seen["Pod"] += 1
             return
-        self._poke()
+        if usage_changed:
+            self._poke(pod)
         self.job_queue.add(f"{objects.field(ref, 'kind')}:{objects.namespace_of(pod)}/{objects.field(ref, 'name')}")
 
     def _pod_updated(self, old: Any, new: Any) -> None:
+        # The job reconciler follows its pods' phases; the cycle only what they hold.
         if (old.spec.node_name, getattr(old.status, "phase", None), is_being_deleted(old)) != (
                 new.spec.node_name, getattr(new.status, "phase", None), is_being_deleted(new)):
-            self._pod_event(new)
+            self._pod_event(new, usage_changed=pod_usage_view(old) != pod_usage_view(new))
+        else:
+            self.events_seen["Pod"] += 1
 
     # -- reading through our own writes -------------------------------------------------------------
 

@@ -132,6 +132,9 @@ class AdmissionCycle:
     # -- the admission cycle ------------------------------------------------------------------------
 
     async def run_cycle(self, _key: str) -> Requeue | None:
+        if not self.cluster_queues.list() and not self.workloads.list():
+            return None  # nothing to admit, nothing waiting: no pass at all
+        self.passes += 1
         try:
             return await self._cycle()
         except (Conflict, NotFound):

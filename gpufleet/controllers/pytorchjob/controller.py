@@ -8,6 +8,7 @@ from typing import Any
 
 from gpufleet.api.k8s import Node, Pod
 from gpufleet.api.kubeflow import PyTorchJob
+from gpufleet.api.nodeheartbeat import heartbeat_only
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
@@ -46,8 +47,7 @@ class PyTorchJobController(OwnerController):
         self.node_informer = informers.informer(Node)
         index_by_controller(self.pod_informer)
         self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
-        self.node_informer.add_event_handler(self._node_changed, lambda old, new: self._node_changed(new),
-                                             self._node_changed)
+        self.node_informer.add_event_handler(self._node_changed, self._node_updated, self._node_changed)
 
     # -- events ---------------------------------------------------------------------------
 
@@ -71,6 +71,12 @@ class PyTorchJobController(OwnerController):
 
     def _node_changed(self, node: Any) -> None:
         self._enqueue_autoscaled()
+
+    def _node_updated(self, old: Any, new: Any) -> None:
+        # A heartbeat frees no GPU and moves no member: only a node's readiness, addresses or
+        # capacity matter here, and a heartbeat-only write leaves them as they were.
+        if not heartbeat_only(old, new):
+            self._enqueue_autoscaled()
 
     def _enqueue_autoscaled(self) -> None:
         # Free GPUs and waiting pods change with other workloads: elastic jobs look again.

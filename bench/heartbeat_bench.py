@@ -1,0 +1,260 @@
+"""Heartbeat benchmark: what a fleet of idle nodes costs the control plane.
+
+    .venv/bin/python bench/heartbeat_bench.py [--nodes 250] [--duration 45] [--pod-rate 20]
+
+A real `gpufleet server` (SQLite, scheduler and controllers on) and N simulated nodes,
+written over HTTP as `gpufleet agent` writes them: each node registers its Node (8 GPUs) and
+its Lease in kube-node-lease, then renews the Lease every 2 s (PUT, `spec.renewTime`) and
+writes its status every 30 s (PUT .../status, heartbeat times only), first writes spread over
+the period. Besides, pods are created at half --pod-rate and each deleted 5 s later (the other
+half): bare pods with a small CPU request that the scheduler binds to the simulated nodes.
+
+Printed after a warm-up of one status period's first renewals (--warmup): p50/p99/max of every
+mutating call the nodes and the pod writer made, per kind; Lease renewals served per second
+against those due (N / 2 s); and the server process's CPU% over the window (100% = one core)
+and its CPU time per mutating call served (everything the server did, controllers included,
+divided by the calls: the figure that holds up on a machine shared with other work, where a
+starved server shows long latencies at a low CPU%).
+The load generator runs on the same machine and takes CPU of its own: compare figures measured
+on one machine. Figures are printed, never asserted. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpufleet.agent.node import LEASE_NAMESPACE, NodeSettings, new_lease, new_node, node_status, system_info
+from gpufleet.client.errors import ApiError, TransportError
+from gpufleet.utils.clock import rfc3339
+
+if __package__:
+    from .cluster_bench import Cluster, pct
+else:
+    from cluster_bench import Cluster, pct
+
+perf = time.perf_counter
+LEASE_PERIOD = 2.0
+STATUS_PERIOD = 30.0
+NODES_PER_CLIENT = 10
+
+
+_INFO = system_info("sim://1.0")
+
+
+def _settings(name: str) -> NodeSettings:
+    return NodeSettings(name=name, address="127.0.0.1", port=10250, cpus=64, memory_bytes=512 << 30,
+                        runtime_version="sim://1.0", max_pods=110, ephemeral_storage_bytes=0, info=_INFO)
+
+
+class _Gpu:
+    health = "Healthy"
+
+
+class Load:
+    def __init__(self, clients: list[Any], args: argparse.Namespace) -> None:
+        # One client (one connection pool) per few nodes, as each agent keeps its own
+        # connection: a pool shared by hundreds of callers would reconnect (TLS) all the time.
+        self.clients = clients
+        self.client = clients[0]
+        self.args = args
+        self.measuring = False
+        self.lat: dict[str, list[float]] = {"lease": [], "node-status": [], "pod-create": [], "pod-delete": []}
+        self.renewals = 0
+        self.errors: dict[str, int] = {}
+
+    async def timed(self, kind: str, call: Any) -> Any:
+        t0 = perf()
+        try:
+            out = await call
+        except (ApiError, TransportError) as exc:
+            if self.measuring:
+                key = f"{kind}: {type(exc).__name__}"
+                self.errors[key] = self.errors.get(key, 0) + 1
+            return None
+        if self.measuring:
+            self.lat[kind].append(perf() - t0)
+            if kind == "lease":
+                self.renewals += 1
+        return out
+
+    async def register(self, i: int) -> dict[str, Any]:
+        name = f"sim-{i:04d}"
+        settings = _settings(name)
+        now = time.time()
+        body = new_node(settings, [_Gpu()] * 8, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}, "", now)
+        body["metadata"]["annotations"] = {}
+        node = await self.client.create(body, raw=True)
+        node = await self.client.patch("nodes", name, {"status": body["status"]}, subresource="status", raw=True)
+        await self.client.create(new_lease(name, node["metadata"]["uid"], 40, now), raw=True)
+        return node
+
+    async def heartbeat(self, node: dict[str, Any], stop: asyncio.Event, i: int) -> None:
+        """As `gpufleet agent` writes them: merge patches of the Lease's spec and the status."""
+        client = self.clients[1 + i % (len(self.clients) - 1)]
+        name = node["metadata"]["name"]
+        settings = _settings(name)
+        gpus = [_Gpu()] * 8
+        status = node["status"]
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        next_lease = start + random.uniform(0, LEASE_PERIOD)
+        next_status = start + random.uniform(0, STATUS_PERIOD)
+        while not stop.is_set():
+            due = min(next_lease, next_status)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, due - loop.time()))
+                return
+            if loop.time() >= next_lease:
+                next_lease += LEASE_PERIOD
+                spec = {"spec": {"renewTime": rfc3339(time.time(), micro=True)}}
+                await self.timed("lease", client.patch("leases", name, spec, LEASE_NAMESPACE, raw=True))
+            if loop.time() >= next_status:
+                next_status += STATUS_PERIOD
+                status = node_status(settings, gpus, status, time.time())
+                await self.timed("node-status", client.patch("nodes", name, {"status": status},
+                                                                  subresource="status", raw=True))
+
+    async def pods(self, stop: asyncio.Event) -> None:
+        rate = self.args.pod_rate / 2
+        if rate <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[Any]] = set()
+        n, t = 0, loop.time()
+
+        async def one(name: str) -> None:
+            body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": "bench"}},
+                    "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 0,
+                             "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "60"],
+                                             "resources": {"requests": {"cpu": "10m"}}}]}}
+            if await self.timed("pod-create", self.client.create(body, "default", raw=True)) is None:
+                return
+            await asyncio.sleep(5)
+            await self.timed("pod-delete", self.client.delete("Pod", name, "default", grace_period_seconds=0))
+
+        while not stop.is_set():
+            t += 1 / rate
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, t - loop.time()))
+                break
+            task = asyncio.create_task(one(f"bench-{n}"))
+            n += 1
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        for task in list(tasks):
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-heartbeat-"))
+    c = Cluster(root)
+    if args.profile:
+        c.python_args = ("-m", "cProfile", "-o", str(args.profile.resolve()))
+    try:
+        c.start_server()
+        clients = [c.client() for _ in range(1 + (args.nodes + NODES_PER_CLIENT - 1) // NODES_PER_CLIENT)]
+        load = Load(clients, args)
+        t0 = perf()
+        registered: list[dict[str, Any]] = []
+        for start in range(0, args.nodes, 20):
+            registered += await asyncio.gather(*(load.register(i) for i in range(start, min(args.nodes, start + 20))))
+        register_s = perf() - t0
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(load.heartbeat(n, stop, i)) for i, n in enumerate(registered)]
+        tasks.append(asyncio.create_task(load.pods(stop)))
+        await asyncio.sleep(args.warmup)
+        assert c.server is not None
+        proc = psutil.Process(c.server.pid)
+        me = psutil.Process()
+        cpu0, mine0 = proc.cpu_times(), me.cpu_times()
+        w0 = perf()
+        load.measuring = True
+        await asyncio.sleep(args.duration)
+        load.measuring = False
+        window = perf() - w0
+        cpu1, mine1 = proc.cpu_times(), me.cpu_times()
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for client in clients:
+            await client.close()
+        busy = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+        mutating = [x for v in load.lat.values() for x in v]
+        out: dict[str, Any] = {
+            "nodes": args.nodes, "pod_rate": args.pod_rate, "window_s": round(window, 1),
+            "register_s": round(register_s, 1),
+            "renewals_due_per_s": round(args.nodes / LEASE_PERIOD, 1),
+            "renewals_served_per_s": round(load.renewals / window, 1),
+            "server_cpu_pct": round(100 * busy / window, 1),
+            "server_cpu_ms_per_call": round(1000 * busy / max(1, len(mutating)), 2),
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+            "load_cpu_pct": round(100 * ((mine1.user - mine0.user) + (mine1.system - mine0.system)) / window, 1),
+            "mutating": {"n": len(mutating), "p50_ms": _ms(pct(mutating, 50)), "p99_ms": _ms(pct(mutating, 99)),
+                         "max_ms": _ms(max(mutating) if mutating else None)},
+            "per_kind": {k: {"n": len(v), "p50_ms": _ms(pct(v, 50)), "p99_ms": _ms(pct(v, 99))}
+                         for k, v in load.lat.items()},
+            "errors": load.errors,
+        }
+        return out
+    finally:
+        c.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v * 1000, 1)
+
+
+def render(r: dict[str, Any]) -> str:
+    m = r["mutating"]
+    lines = [
+        f"heartbeat bench: {r['nodes']} nodes (Lease every {LEASE_PERIOD:g} s, status every {STATUS_PERIOD:g} s), "
+        f"{r['pod_rate']} pod writes/s, {r['window_s']} s window (registration took {r['register_s']} s)",
+        f"  mutating calls: n={m['n']} p50={m['p50_ms']} ms p99={m['p99_ms']} ms max={m['max_ms']} ms",
+        f"  renewals served/s: {r['renewals_served_per_s']} of {r['renewals_due_per_s']} due",
+        f"  server CPU: {r['server_cpu_pct']}% of one core, {r['server_cpu_ms_per_call']} ms per mutating call "
+        f"(the load generator: {r['load_cpu_pct']}%; machine load average {r['loadavg_1m']})",
+    ]
+    for k, v in r["per_kind"].items():
+        lines.append(f"    {k:<12} n={v['n']:<6} p50={v['p50_ms']} ms p99={v['p99_ms']} ms")
+    if r["errors"]:
+        lines.append(f"  errors: {r['errors']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=250)
+    p.add_argument("--duration", type=float, default=45, help="measured window, seconds")
+    p.add_argument("--warmup", type=float, default=10, help="seconds of load before the window")
+    p.add_argument("--pod-rate", type=float, default=20, help="pod writes/s (half creates, half deletes)")
+    p.add_argument("--json", type=Path, help="also write the figures here")
+    p.add_argument("--profile", type=Path,
+                   help="run the server under cProfile and write its profile here (slows it down)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    r = asyncio.run(run(args))
+    print(render(r))
+    if args.json:
+        args.json.write_text(json.dumps(r, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""What wakes the queue controller's admission cycle: changes that can change a decision
+(a Node's allocatable, readiness, labels, taints; a pod's GPUs coming or going), never a
+node's heartbeat, and nothing at all while there is no ClusterQueue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ctrl_helpers import NS, eventually
+from test_kueue import cluster_queue, flavor, gpu_node
+
+from gpufleet.client.api import Client
+
+
+@pytest.fixture
+async def kueue(client: Client, controllers):
+    manager = await controllers(enabled=("kueue",))
+    return manager.controller("kueue")
+
+
+async def heartbeat(client: Client, name: str, stamp: str) -> None:
+    """What an agent writes every status period: the same conditions with new heartbeat times."""
+    node = await client.get("nodes", name, raw=True)
+    for c in node["status"]["conditions"]:
+        c["lastHeartbeatTime"] = stamp
+    await client.update_status(node)
+
+
+async def set_gpus(client: Client, name: str, gpus: int) -> None:
+    node = await client.get("nodes", name, raw=True)
+    node["status"]["allocatable"]["nvidia.com/gpu"] = str(gpus)
+    await client.update_status(node)
+
+
+async def node_events_handled(ctrl: Any, n: int) -> None:
+    await eventually(lambda: ctrl.events_seen["Node"] >= n, what=f"{n} Node events handled")
+
+
+async def test_heartbeats_wake_no_pass_but_allocatable_changes_do(client: Client, kueue):
+    await client.create(flavor("default"))
+    await client.create(cluster_queue("team-a", 8))
+    await gpu_node(client, "n1", 8)
+    await gpu_node(client, "n2", 8)
+    await eventually(lambda: kueue.passes >= 1, what="a first pass")
+    await node_events_handled(kueue, 4)  # two adds, two status writes
+    seen, pokes = kueue.events_seen["Node"], kueue.pokes["Node"]
+
+    await heartbeat(client, "n1", "2026-01-01T00:00:30Z")
+    await heartbeat(client, "n2", "2026-01-01T00:00:30Z")
+    await set_gpus(client, "n1", 4)
+    # One watch delivers a Node's events in order: both heartbeats were handled before this.
+    await node_events_handled(kueue, seen + 3)
+    assert kueue.pokes["Node"] == pokes + 1
+    # The pass that allocatable change woke sees 4 GPUs on n1.
+    await eventually(lambda: _queue_status(client), what="the queue's status written")
+
+
+async def _queue_status(client: Client) -> bool:
+    cq = await client.get("clusterqueues", "team-a", raw=True)
+    return "status" in cq
+
+
+async def test_readiness_taints_and_labels_wake_a_pass(client: Client, kueue):
+    await client.create(flavor("default"))
+    await client.create(cluster_queue("team-a", 8))
+    await gpu_node(client, "n1", 8)
+    await node_events_handled(kueue, 2)
+    seen, pokes = kueue.events_seen["Node"], kueue.pokes["Node"]
+
+    node = await client.get("nodes", "n1", raw=True)
+    node["status"]["conditions"][0]["status"] = "False"
+    await client.update_status(node)
+    node = await client.get("nodes", "n1", raw=True)
+    node["metadata"].setdefault("labels", {})["zone"] = "b"
+    node = await client.update(node, raw=True)
+    node["spec"]["taints"] = [{"key": "maintenance", "effect": "NoSchedule"}]
+    await client.update(node)
+    await node_events_handled(kueue, seen + 3)
+    assert kueue.pokes["Node"] == pokes + 3
+
+
+async def test_without_cluster_queues_nothing_runs(client: Client, kueue):
+    await gpu_node(client, "n1", 8)
+    await set_gpus(client, "n1", 4)
+    await client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": NS},
+                         "spec": {"nodeName": "n1", "containers": [{
+                             "name": "c", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})
+    await node_events_handled(kueue, 3)
+    await eventually(lambda: kueue.events_seen["Pod"] >= 1, what="the pod's event handled")
+    assert kueue.passes == 0
+    assert kueue.pokes["Node"] == 0 and kueue.pokes["Pod"] == 0
+
+    await client.create(cluster_queue("team-a", 8))
+    await eventually(lambda: kueue.passes == 1, what="a pass once a ClusterQueue exists")
