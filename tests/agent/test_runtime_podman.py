@@ -267,12 +267,17 @@ async def test_a_missing_executable_cannot_run(rt, tmp_path):
     assert st.reason == "ContainerCannotRun", st
 
 
-async def test_memory_limit_is_oomkilled(rt, tmp_path):
+async def test_memory_limit_is_oomkilled(rt, tmp_path, monkeypatch):
+    # The agent's own working directory: conmon's "oom" marker must not land there.
+    cwd = tmp_path / "agent-cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     # busybox tail keeps a line with no end in memory: /dev/zero has no newline.
     spec = spec_for(tmp_path, ["tail", "/dev/zero"], memory_limit_bytes=32 << 20)
     h = await rt.start(spec)
     st = await asyncio.wait_for(rt.wait(h), 60)
     assert (st.exit_code, st.reason) == (137, "OOMKilled"), st
+    assert list(cwd.iterdir()) == []
 
 
 async def test_bad_image_cannot_start(rt, tmp_path):

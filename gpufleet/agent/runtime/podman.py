@@ -140,9 +140,13 @@ class PodmanRuntime(SandboxMixin, ImagesMixin, PodmanStreamsMixin):
         return shutil.which(self.podman) is not None
 
     async def _run(self, *args: str, merge_stderr: bool = False) -> tuple[int, str, str]:
+        # In the state directory: conmon, started by podman, leaves files such as "oom" (a
+        # container was OOM-killed) in its working directory, which must not be the agent's.
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         p = await asyncio.create_subprocess_exec(
             self.podman,
             *args,
+            cwd=self.state_dir,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT if merge_stderr else asyncio.subprocess.PIPE,
