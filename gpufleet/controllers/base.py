@@ -32,7 +32,7 @@ from gpufleet.client.errors import ApiError, NotFound
 from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, Informer, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
-from gpufleet.controllers._common import Expectations, resolve_controller
+from gpufleet.controllers._common import Expectations, is_being_deleted, pod_is_ready, resolve_controller
 from gpufleet.controllers.actions import Actions, Instant, Outcome, apply
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
 
@@ -175,6 +175,40 @@ class OwnerController(KeyedController):
         for owner in self.owners.by_index(NAMESPACE_INDEX, objects.namespace_of(child)):
             if selector_of(owner).matches(labels):
                 self.queue.add(objects.object_key(owner))
+
+    def child_added(self, child: Any, selector_of: Callable[[Any], LabelSelector]) -> None:
+        """A child created: a deleted one is a deletion; one with a controller reference has its
+        creation observed and its owner synced; an orphan goes to the owners that may adopt it."""
+        if is_being_deleted(child):
+            self.child_deleted(child)
+            return
+        if objects.controller_ref(child) is not None:
+            key = self.owner_key(child)
+            if key:
+                self.expectations.creation_observed(key)
+                self.queue.add(key)
+            return
+        self.enqueue_matching(child, selector_of)
+
+    def child_updated(self, old: Any, new: Any, selector_of: Callable[[Any], LabelSelector]) -> None:
+        """A child pod updated (StatefulSet and DaemonSet): deletion started, owner changed, or
+        an owned pod's change (a newly Ready one wakes its owner again after minReadySeconds,
+        when it counts as available); an orphan whose labels changed may be adopted."""
+        if objects.resource_version_of(old) == objects.resource_version_of(new):
+            return
+        if is_being_deleted(new) and not is_being_deleted(old):
+            self.child_deleted(new)
+            return
+        self.enqueue_old_owner(old, new)
+        if objects.controller_ref(new) is not None:
+            key = self.enqueue_owner(new)
+            owner = self.owners.get(key) if key else None
+            min_ready = (owner.spec.min_ready_seconds or 0) if owner is not None else 0
+            if key and min_ready and not pod_is_ready(old) and pod_is_ready(new):
+                self.queue.add_after(key, min_ready + 0.001)
+            return
+        if objects.labels_of(old) != objects.labels_of(new):
+            self.enqueue_matching(new, selector_of)
 
     # -- sync --------------------------------------------------------------------------------
 

@@ -173,16 +173,7 @@ class ReplicaSetController(OwnerController):
         self.enqueue_matching(pod, lambda rs: selector_from(rs.spec.selector))
 
     def _pod_added(self, pod: Any) -> None:
-        if is_being_deleted(pod):
-            self.child_deleted(pod)
-            return
-        if objects.controller_ref(pod) is not None:
-            key = self.owner_key(pod)
-            if key:
-                self.expectations.creation_observed(key)
-                self.queue.add(key)
-            return
-        self._enqueue_matching(pod)
+        self.child_added(pod, lambda rs: selector_from(rs.spec.selector))
 
     def _pod_updated(self, old: Any, new: Any) -> None:
         if objects.resource_version_of(old) == objects.resource_version_of(new):

@@ -16,8 +16,6 @@ from gpufleet.controllers._common import (
     RefManager,
     error_text,
     index_by_controller,
-    is_being_deleted,
-    pod_is_ready,
     pod_is_terminal,
     selector_from,
 )
@@ -71,33 +69,10 @@ class DaemonSetController(OwnerController):
             self.enqueue_owner(revision)
 
     def _pod_added(self, pod: Any) -> None:
-        if is_being_deleted(pod):
-            self.child_deleted(pod)
-            return
-        if objects.controller_ref(pod) is not None:
-            key = self.owner_key(pod)
-            if key:
-                self.expectations.creation_observed(key)
-                self.queue.add(key)
-            return
-        self.enqueue_matching(pod, lambda ds: selector_from(ds.spec.selector))
+        self.child_added(pod, lambda ds: selector_from(ds.spec.selector))
 
     def _pod_updated(self, old: Any, new: Any) -> None:
-        if objects.resource_version_of(old) == objects.resource_version_of(new):
-            return
-        if is_being_deleted(new) and not is_being_deleted(old):
-            self.child_deleted(new)
-            return
-        self.enqueue_old_owner(old, new)
-        if objects.controller_ref(new) is not None:
-            key = self.enqueue_owner(new)
-            ds = self.owners.get(key) if key else None
-            min_ready = (ds.spec.min_ready_seconds or 0) if ds is not None else 0
-            if key and min_ready and not pod_is_ready(old) and pod_is_ready(new):
-                self.queue.add_after(key, min_ready + 0.001)
-            return
-        if objects.labels_of(old) != objects.labels_of(new):
-            self.enqueue_matching(new, lambda ds: selector_from(ds.spec.selector))
+        self.child_updated(old, new, lambda ds: selector_from(ds.spec.selector))
 
     # -- sync -----------------------------------------------------------------------------
 

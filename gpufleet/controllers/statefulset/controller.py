@@ -16,8 +16,6 @@ from gpufleet.controllers._common import (
     RefManager,
     error_text,
     index_by_controller,
-    is_being_deleted,
-    pod_is_ready,
     pod_is_terminal,
     selector_from,
 )
@@ -48,37 +46,11 @@ class StatefulSetController(OwnerController):
 
     # -- events ---------------------------------------------------------------------------
 
-    def _enqueue_matching(self, obj: Any) -> None:
-        self.enqueue_matching(obj, lambda sts: selector_from(sts.spec.selector))
-
     def _pod_added(self, pod: Any) -> None:
-        if is_being_deleted(pod):
-            self.child_deleted(pod)
-            return
-        if objects.controller_ref(pod) is not None:
-            key = self.owner_key(pod)
-            if key:
-                self.expectations.creation_observed(key)
-                self.queue.add(key)
-            return
-        self._enqueue_matching(pod)
+        self.child_added(pod, lambda sts: selector_from(sts.spec.selector))
 
     def _pod_updated(self, old: Any, new: Any) -> None:
-        if objects.resource_version_of(old) == objects.resource_version_of(new):
-            return
-        if is_being_deleted(new) and not is_being_deleted(old):
-            self.child_deleted(new)
-            return
-        self.enqueue_old_owner(old, new)
-        if objects.controller_ref(new) is not None:
-            key = self.enqueue_owner(new)
-            sts = self.owners.get(key) if key else None
-            min_ready = (sts.spec.min_ready_seconds or 0) if sts is not None else 0
-            if key and min_ready and not pod_is_ready(old) and pod_is_ready(new):
-                self.queue.add_after(key, min_ready + 0.001)
-            return
-        if objects.labels_of(old) != objects.labels_of(new):
-            self._enqueue_matching(new)
+        self.child_updated(old, new, lambda sts: selector_from(sts.spec.selector))
 
     def _revision_changed(self, revision: Any) -> None:
         if objects.controller_ref(revision) is not None:
