@@ -13,9 +13,8 @@ answer streamed back as it comes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gpufleet.agent.resources import port_requests
+from gpufleet.utils.http import relay_body
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +121,7 @@ class PodRelay:
                 await upstream.aclose()
             response = Response(content, status_code=upstream.status_code)
         else:
-            response = StreamingResponse(_relay(upstream), status_code=upstream.status_code)
+            response = StreamingResponse(relay_body(upstream, log, "pod proxy: the answer stopped"), status_code=upstream.status_code)
         response.raw_headers = [*(h for h in response.raw_headers if h[0] == b"content-length"),
                                 *((k.encode("latin-1"), v.encode("latin-1")) for k, v in answer)]
         return response
-
-
-async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in resp.aiter_raw():
-            if chunk:
-                yield chunk
-    except httpx.HTTPError as exc:
-        log.info("pod proxy: the answer stopped: %s", exc)
-    finally:
-        with contextlib.suppress(Exception):
-            await resp.aclose()

@@ -18,11 +18,10 @@ server name ``<node>.nodes.gpufleet.internal``), as kube-apiserver checks the ku
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -33,7 +32,7 @@ from gpufleet.apiserver.errors import ApiException, bad_request, method_not_allo
 from gpufleet.apiserver.requestinfo import RequestInfo
 from gpufleet.store import base as store_base
 from gpufleet.utils.clock import REAL_CLOCK, Clock, rfc3339
-from gpufleet.utils.http import RawRequest, RawResponse
+from gpufleet.utils.http import RawRequest, RawResponse, relay_body
 from gpufleet.utils.nodeauth import serving_name
 
 log = logging.getLogger(__name__)
@@ -215,7 +214,7 @@ class NodeProxy:
             await resp.aclose()
             return self._agent_error(resp.status_code, body)
         return RawResponse(200, {"content-type": "text/plain", "transfer-encoding": "chunked"},
-                           stream=_relay(resp))
+                           stream=relay_body(resp, log, "a stream from the agent ended"))
 
     @staticmethod
     def _agent_error(code: int, body: bytes) -> RawResponse:
@@ -289,7 +288,7 @@ class NodeProxy:
             finally:
                 await resp.aclose()
             return RawResponse(resp.status_code, out, body)
-        return RawResponse(resp.status_code, {**out, "transfer-encoding": "chunked"}, stream=_relay(resp))
+        return RawResponse(resp.status_code, {**out, "transfer-encoding": "chunked"}, stream=relay_body(resp, log, "a stream from the agent ended"))
 
     # -- metrics.k8s.io -----------------------------------------------------------------
 
@@ -441,15 +440,3 @@ class NodeProxy:
             out_meta["annotations"] = {GPU_METRICS_ANNOTATION: json.dumps(pod_gpus, separators=(",", ":"))}
         return {"metadata": out_meta, "timestamp": stamp or rfc3339(self.clock.now()), "window": "10s",
                 "containers": containers}
-
-
-async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in resp.aiter_raw():
-            if chunk:
-                yield chunk
-    except httpx.HTTPError as exc:
-        log.info("a stream from the agent ended: %s", exc)
-    finally:
-        with contextlib.suppress(Exception):
-            await resp.aclose()

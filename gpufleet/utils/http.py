@@ -7,9 +7,13 @@ tell whether it runs in the same process as the server or across the network.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import httpx
 
 
 class BodyTooLarge(Exception):
@@ -109,3 +113,17 @@ class MessageChannel(Protocol):
 
 class Handler(Protocol):
     async def handle(self, request: RawRequest) -> RawResponse: ...
+
+
+async def relay_body(resp: httpx.Response, log: logging.Logger, what: str) -> AsyncIterator[bytes]:
+    """The raw body of a streamed httpx answer, chunk by chunk, for an answer relayed on; a
+    stream that breaks off ends the relay (logged as ``what``) and the answer is closed."""
+    try:
+        async for chunk in resp.aiter_raw():
+            if chunk:
+                yield chunk
+    except httpx.HTTPError as exc:
+        log.info("%s: %s", what, exc)
+    finally:
+        with contextlib.suppress(Exception):
+            await resp.aclose()
