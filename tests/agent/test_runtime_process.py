@@ -144,9 +144,10 @@ async def test_exit_codes_and_state_after_exit(rt, tmp_path):
 
 async def test_state_right_after_the_process_died(rt, tmp_path):
     h = await rt.start(make_spec(tmp_path, ["sh", "-c", "exit 7"]))
+    # No pid: the process was already gone when the runtime looked.
     for _ in range(500):
         try:
-            if not psutil.pid_exists(h.pid) or psutil.Process(h.pid).status() == psutil.STATUS_ZOMBIE:
+            if h.pid is None or not psutil.pid_exists(h.pid) or psutil.Process(h.pid).status() == psutil.STATUS_ZOMBIE:
                 break
         except (psutil.NoSuchProcess, FileNotFoundError):  # gone between the two looks
             break
