@@ -171,8 +171,14 @@ class PodSetup:
                     return self._blocked("GPUsUnavailable", f"GPU {missing[0]} does not exist on node {ctx.node_name}")
                 fenced = [i for i in indices if getattr(known[i], "health", "Healthy") != "Healthy"]
                 if fenced:
-                    return self._blocked("GPUsUnavailable", f"GPU {fenced[0]} on node {ctx.node_name} is unhealthy "
-                                         "(fenced)")
+                    # Bound to a GPU fenced after the scheduler chose it: the pod can never run
+                    # here, so it fails (as the kubelet rejects a pod whose devices it cannot
+                    # allocate) and its controller makes another, placed on a healthy GPU.
+                    bad = known[fenced[0]]
+                    why = getattr(bad, "health_reason", "") or "unhealthy"
+                    self.fail_for_gpu(f"GPU {bad.index} ({bad.uuid}) on node {ctx.node_name}, assigned to the pod, "
+                                      f"is fenced: {why}")
+                    return False
                 if len(indices) < need:
                     return self._blocked("GPUsUnavailable", f"the pod requests {need} GPUs but its "
                                          f"{GPU_INDICES_ANNOTATION} annotation names {len(indices)}")

@@ -146,12 +146,14 @@ async def test_xid_fences_the_gpu_stops_its_pod_and_validation_returns_it(h):
     await h.wait_pod("third", lambda p: (p["status"].get("containerStatuses") or [{}])[0].get("state", {})
                      .get("waiting", {}).get("reason") == "GPUsUnavailable", what="third waiting for a GPU")
     await h.api.delete("pods", "third", "default", grace_period_seconds=0)
-    # Nor does a pod that comes with the failed GPU named (a scheduler that read a stale node).
+    # Nor does a pod that comes with the failed GPU named (a scheduler that read a stale node):
+    # it can never run here, so it fails, and its controller makes another.
     await h.pod("stale", command=HOLD, container={"resources": {"limits": {"nvidia.com/gpu": 1}}},
                 annotations={GPU_INDICES_ANNOTATION: str(bad)})
-    p = await h.wait_pod("stale", lambda p: "unhealthy" in (p["status"].get("containerStatuses") or [{}])[0]
-                         .get("state", {}).get("waiting", {}).get("message", ""), what="stale waiting")
-    assert p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "GPUsUnavailable"
+    p = await h.wait_pod("stale", lambda p: p["status"].get("phase") == "Failed", FENCE_LIMIT_S, "stale failed")
+    assert p["status"]["reason"] == GPU_UNHEALTHY_REASON and f"GPU {bad} ({uuid})" in p["status"]["message"]
+    assert "fenced" in p["status"]["message"] and "XID 79" in p["status"]["message"]
+    assert not any("running" in cs.get("state", {}) for cs in p["status"].get("containerStatuses") or [])
     await h.api.delete("pods", "stale", "default", grace_period_seconds=0)
 
     # Both GPUs fail: the node is tainted.
