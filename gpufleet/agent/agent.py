@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import psutil
 
-from gpufleet.agent import node
+from gpufleet.agent import gpuvalidation, node
 from gpufleet.agent import stats as stats_mod
 from gpufleet.agent.agentlogs import LogsAndStatsMixin
 from gpufleet.agent.agentstreams import StreamsMixin
@@ -105,6 +105,7 @@ class AgentConfig:
     gpu_health_interval: float = 1.0
     gpu_health_policy: Policy = DEFAULT_POLICY
     gpu_validation_command: tuple[str, ...] | None = None
+    gpu_validation_image: str | None = None
     gpu_validation_timeout: float = 120.0
     gpu_validation_backoff: float = 60.0
     gpu_failure_limit: int = 3
@@ -130,6 +131,10 @@ class NodeAgent(RegistrationMixin, GPUHealthMixin, LogsAndStatsMixin, StreamsMix
         self._node_dirty = asyncio.Event()
         self._devices_generation: int | None = None
         self._health_restored = False
+        # Validation pods this run made: name -> (GPU index, the attempt's token), and what
+        # wakes the validation waiting on each.
+        self._validations: dict[str, tuple[int, str]] = {}
+        self._validation_changed: dict[str, asyncio.Event] = {}
         self.port_table = PortTable(config.address)
         self.workers: dict[str, PodWorker] = {}
         self._uid_by_key: dict[str, str] = {}
@@ -236,6 +241,7 @@ class NodeAgent(RegistrationMixin, GPUHealthMixin, LogsAndStatsMixin, StreamsMix
             network_ready=self.network_ready.is_set,
             checkpoint_roots=tuple(self.config.checkpoint_roots),
             sandbox_root=self.state_dir / "sandboxes",
+            validation_gpu=self._validation_gpu,
         )
         informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True}
         self._node_informer = Informer(self.client, "nodes", field_selector=f"metadata.name={self.name}",
@@ -462,6 +468,9 @@ class NodeAgent(RegistrationMixin, GPUHealthMixin, LogsAndStatsMixin, StreamsMix
         if (pod.get("spec") or {}).get("nodeName") != self.name:
             self._on_pod_deleted(pod)
             return
+        if gpuvalidation.is_validation_pod(pod) and meta.get("namespace") == gpuvalidation.NAMESPACE:
+            if not self._validation_pod_seen(pod):
+                return
         previous = self._uid_by_key.get(key)
         if previous and previous != uid:
             old = self.workers.get(previous)

@@ -3,12 +3,9 @@ policy drains (out of allocatable and of the allocator, the pod on it stopped), 
 Node (condition, Events, taint, history annotation) and bring a GPU back once a validation on
 it passes. The state machine is gpuhealth.py; docs/gpu-health.md is the user's page.
 
-Validation runs on the agent itself, as a process of its own given exactly that GPU (the
-environment ``reserve`` makes for a container: CUDA_VISIBLE_DEVICES / NVIDIA_VISIBLE_DEVICES
-naming its UUID), not as a pod: a fenced GPU is, by design, one no pod can be given, and the
-check must not wait for a scheduler or compete with the queue. On declared GPUs the default
-check is that the inventory says the GPU is healthy again (its drain-level signals are gone,
-which every validation requires first); a configured command runs on top of it.
+A fenced GPU is validated by a pod the agent makes for it (gpuvalidation.py): bound to this
+node, given that GPU alone, outside the scheduler's accounting since the GPU is outside
+allocatable. It runs only once the GPU's drain-level signals are gone.
 """
 
 from __future__ import annotations
@@ -16,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import sys
+import secrets
 from typing import Any
 
+from gpufleet.agent import gpuvalidation
 from gpufleet.agent.gpuhealth import Change, HealthTracker
 from gpufleet.api.gpuhealth import (
     GPU_CORDON_ANNOTATION,
@@ -30,7 +27,7 @@ from gpufleet.api.gpuhealth import (
     parse_cordon,
     with_unhealthy_taint,
 )
-from gpufleet.client import ApiError, Conflict, TransportError
+from gpufleet.client import ApiError, Conflict, NotFound, TransportError
 from gpufleet.utils.clock import rfc3339
 
 log = logging.getLogger(__name__)
@@ -38,11 +35,6 @@ log = logging.getLogger(__name__)
 NORMAL, WARNING = "Normal", "Warning"
 _EVENTS = {"fence": (WARNING, "GPUUnhealthy"), "warn": (WARNING, "GPUHealthWarning"), "held": (WARNING, "GPUHeld"),
            "validation-failed": (WARNING, "GPUValidationFailed"), "returned": (NORMAL, "GPUHealthy")}
-
-
-def default_validation_command() -> list[str]:
-    """On real GPUs: a short CUDA check (gpucheck.py: torch when it is installed, else nvidia-smi)."""
-    return [sys.executable, "-m", "gpufleet.agent.gpucheck"]
 
 
 class GPUHealthMixin:
@@ -158,32 +150,97 @@ class GPUHealthMixin:
         await self._apply_health(self.gpu_health.validated(index, ok, detail, self.clock.now()))
 
     async def _run_validation(self, index: int) -> tuple[bool, str]:
-        command = list(self.config.gpu_validation_command or [])
-        if not command:
-            if self.devices.name == "declared":
-                return True, "the inventory reports it healthy"
-            command = default_validation_command()
-        env = dict(os.environ)
-        env.update(await self._reserve([index]))
-        env.update({"GPUFLEET_GPU_INDEX": str(index), "GPUFLEET_GPU_UUID": self.gpu_health.state(index).uuid})
-        proc = await asyncio.create_subprocess_exec(*command, env=env, stdout=asyncio.subprocess.PIPE,
-                                                    stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        """Run the validation pod for GPU ``index`` (gpuvalidation.py) and read how it ended."""
+        name = gpuvalidation.pod_name(self.name, index)
+        await self._delete_validation_pod(name, wait=True)
+        image, command = gpuvalidation.default_check(self.devices.name, self.runtime.name)
+        if self.config.gpu_validation_image:
+            image = self.config.gpu_validation_image
+        if self.config.gpu_validation_command:
+            command = list(self.config.gpu_validation_command)
+        raw = {g.index: g for g in await self._fingerprint_raw()}
+        seen = raw.get(index)
+        health = getattr(seen, "health", "Healthy") if seen is not None else "Missing"
+        token = secrets.token_hex(8)
+        body = gpuvalidation.validation_pod(
+            node=self.name, node_uid=self._node_uid or "", index=index, uuid=self.gpu_health.state(index).uuid,
+            health=health, image=image, command=command, timeout=self.config.gpu_validation_timeout, token=token)
+        changed = self._validation_changed[name] = asyncio.Event()
+        self._validations[name] = (index, token)
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), self.config.gpu_validation_timeout)
-        except asyncio.CancelledError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            raise
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            return False, f"{command[0]} did not finish within {self.config.gpu_validation_timeout:.0f}s"
-        tail = (out or b"").decode(errors="replace").strip().splitlines()[-3:]
-        words = " / ".join(tail)[:300]
-        if proc.returncode == 0:
-            return True, words or f"{os.path.basename(command[0])} passed"
-        return False, f"exit code {proc.returncode}" + (f": {words}" if words else "")
+            await self.client.create(body, raw=True)
+            # The pod's own activeDeadlineSeconds ends a check that hangs; this bounds the rest
+            # (an image that never comes, an agent that cannot start it).
+            deadline = self.clock.monotonic() + self.config.gpu_validation_timeout + 30.0
+            while True:
+                pod = self._pods.get(f"{gpuvalidation.NAMESPACE}/{name}") if self._pods is not None else None
+                if pod is not None and (pod.get("metadata") or {}).get("annotations", {}).get(
+                        gpuvalidation.TOKEN_ANNOTATION) == token and \
+                        (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                    break
+                left = deadline - self.clock.monotonic()
+                if left <= 0:
+                    await self._delete_validation_pod(name)
+                    return False, f"the validation pod did not finish within {self.config.gpu_validation_timeout:.0f}s"
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, 1.0))
+        finally:
+            self._validation_changed.pop(name, None)
+        ok, detail = gpuvalidation.result(pod)
+        answer = await self.container_logs(gpuvalidation.NAMESPACE, name, gpuvalidation.CONTAINER,
+                                           {"tailLines": "3"})
+        tail = " / ".join((answer.body or b"").decode(errors="replace").strip().splitlines())[:300] \
+            if answer.code == 200 else ""
+        detail = f"{detail}: {tail}" if tail and not ok else (tail or detail)
+        if ok:
+            # Kept when it failed, for `kubectl logs -n kube-system`; replaced at the next attempt.
+            await self._delete_validation_pod(name)
+        return ok, f"pod {gpuvalidation.NAMESPACE}/{name}: {detail}"
+
+    def _validation_gpu(self, pod: dict[str, Any]) -> int | None:
+        """The GPU a pod validates, if it is the validation pod this run made for it."""
+        meta = pod.get("metadata") or {}
+        if meta.get("namespace") != gpuvalidation.NAMESPACE or not gpuvalidation.is_validation_pod(pod):
+            return None
+        expected = self._validations.get(meta.get("name", ""))
+        ann = meta.get("annotations") or {}
+        if expected is None or ann.get(gpuvalidation.TOKEN_ANNOTATION) != expected[1]:
+            return None
+        index = expected[0]
+        return index if ann.get(gpuvalidation.VALIDATION_ANNOTATION) == str(index) else None
+
+    def _validation_pod_seen(self, pod: dict[str, Any]) -> bool:
+        """A validation pod on this node changed: wake its validation; False (and it goes)
+        for one this run did not make."""
+        name = (pod.get("metadata") or {}).get("name", "")
+        if self._validation_gpu(pod) is None:
+            if name not in self._validations:
+                # Left by an earlier run of the agent (or not the agent's at all): never run.
+                task = asyncio.ensure_future(self._delete_validation_pod(name))
+                self._health_tasks.add(task)
+                task.add_done_callback(self._health_tasks.discard)
+            return False
+        event = self._validation_changed.get(name)
+        if event is not None:
+            event.set()
+        return True
+
+    async def _delete_validation_pod(self, name: str, wait: bool = False) -> None:
+        try:
+            await self.client.delete("pods", name, gpuvalidation.NAMESPACE, grace_period_seconds=0)
+        except NotFound:
+            return
+        except (TransportError, ApiError) as exc:
+            log.info("agent %s: deleting the validation pod %s failed (%s)", self.name, name, exc)
+            return
+        deadline = self.clock.monotonic() + 30.0
+        while wait and self.clock.monotonic() < deadline:
+            try:
+                await self.client.get("pods", name, gpuvalidation.NAMESPACE, raw=True)
+            except NotFound:
+                return
+            await self.clock.sleep(0.2)
 
     # -- the Node ------------------------------------------------------------------------------
 

@@ -64,6 +64,8 @@ class WorkerContext:
     sandbox_root: Path | None = None
     # Where training checkpoint directories may be mounted from (see podspec.checkpoint_dir).
     checkpoint_roots: tuple[str, ...] = ("/var/tmp/gpufleet/checkpoints",)
+    # -> the GPU index a pod is the agent's own validation pod for (gpuvalidation.py), else None.
+    validation_gpu: Callable[[dict[str, Any]], int | None] = lambda pod: None
     # False while the node's pod network is being made: sandboxes wait for it.
     network_ready: Callable[[], bool] = lambda: True
 

@@ -164,7 +164,13 @@ class PodSetup:
         known = {g.index: g for g in gpus}
         if self.gpu_indices is None:
             text = (ann.get(GPU_INDICES_ANNOTATION) or "").strip()
-            if text:
+            # The agent's own validation pod for a fenced GPU: given that GPU, and only it.
+            validating = ctx.validation_gpu(self.pod)
+            if validating is not None:
+                if validating not in known:
+                    return self._blocked("GPUsUnavailable", f"GPU {validating} does not exist on node {ctx.node_name}")
+                indices = [validating]
+            elif text:
                 indices = list(parse_gpu_indices(text))
                 missing = [i for i in indices if i not in known]
                 if missing:
@@ -198,7 +204,8 @@ class PodSetup:
                 return self._blocked("GPUsUnavailable", f"GPU {index} is in use by pod {ctx.describe_uid(holder)}")
             ctx.gpu_table.acquire(self.uid, indices)
             self.gpu_indices = indices
-            per_container = split_gpus(self.pod, indices)
+            per_container = split_gpus(self.pod, indices) if validating is None else \
+                {rec.name: list(indices) for rec in self.records}
             for rec in self.records:
                 rec.gpus = per_container.get(rec.name, [])
                 if rec.gpus:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.api.gpu import GPU_INDICES_ANNOTATION, GPU_UNHEALTHY_REASON, parse_gpu_indices
 from gpufleet.api.gpuhealth import GPU_CORDON_ANNOTATION, GPU_HEALTH_ANNOTATION, GPU_UNHEALTHY_TAINT
 from gpufleet.cli.main import app
+from gpufleet.client import NotFound
 
 # Each pod says which GPU it was handed (the agent's environment for it), then waits.
 HOLD = ["sh", "-c", 'echo "gpu=$NVIDIA_VISIBLE_DEVICES"; exec sleep 600']
@@ -46,8 +49,9 @@ class Inventory:
 
 
 @pytest.fixture
-async def h(tmp_path):
+async def h(tmp_path, answers):
     harness = Harness(tmp_path)
+    harness.answers = answers
     await harness.start_control_plane()
     try:
         yield harness
@@ -55,9 +59,20 @@ async def h(tmp_path):
         await harness.close()
 
 
+@pytest.fixture
+def answers():
+    """Where the validation pod's command reads its exit code: outside /tmp, since a pod's
+    /tmp is its own."""
+    path = Path(tempfile.mkdtemp(prefix="gpufleet-validation-", dir="/var/tmp"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 async def gpu_agent(h: Harness, inv: Inventory, rc_value: str = "0", **config: Any):
-    rc = h.tmp / "validation-rc"
+    rc = h.answers / "validation-rc"
     rc.write_text(rc_value)
+    rc.chmod(0o644)
     settings = dict(gpu_health_interval=0.2, gpu_validation_backoff=0.3,
                     gpu_validation_command=("sh", "-c", f'exit "$(cat {rc})"'))
     settings.update(config)
@@ -110,7 +125,9 @@ async def cli(h: Harness, *args: str) -> Any:
 
 async def test_xid_fences_the_gpu_stops_its_pod_and_validation_returns_it(h):
     inv = Inventory(h.tmp / "gpus.yaml", 2)
-    agent, _ = await gpu_agent(h, inv)
+    # The default validation of declared GPUs: a pod given exactly that GPU checks it is the
+    # one it got and that the inventory reports it healthy.
+    agent, _ = await gpu_agent(h, inv, gpu_validation_command=None)
     assert allocatable(await node(h)) == "2" and condition(await node(h))["status"] == "True"
     first = await gpu_pod(h, "trainer")
     bad = index_of(first)
@@ -169,6 +186,14 @@ async def test_xid_fences_the_gpu_stops_its_pod_and_validation_returns_it(h):
     assert [e["event"] for e in health(n, bad)["history"]] == ["Unhealthy", "Healthy"]
     reasons = [e["reason"] for e in await node_events(h)]
     assert "GPUValidating" in reasons and "GPUHealthy" in reasons
+    # Each GPU came back through its validation pod, which said what it checked.
+    returned = " ".join(e["message"] for e in await node_events(h) if e["reason"] == "GPUHealthy")
+    for i in (0, 1):
+        assert f"pod kube-system/gpu-validation-{NODE}-{i}: GPU {i} ({agent.gpus[i].uuid}): given to this pod " \
+            "alone; the inventory reports it healthy" in returned
+    # A validation that passed leaves no pod behind.
+    left = await h.api.list("pods", "kube-system", raw=True)
+    assert not [p for p in left if p["metadata"]["name"].startswith("gpu-validation-")]
     # The agent's /metrics, read as Prometheus does through the API server.
     metrics = (await h.api.raw_request("GET", f"/api/v1/nodes/{NODE}/proxy/metrics")).body.decode()
     assert f'DCGM_FI_DEV_XID_ERRORS{{Hostname="{NODE}",UUID="{uuid}",gpu="{bad}",modelName="H100-80GB-HBM3"}} 79.0' \
@@ -202,6 +227,14 @@ async def test_repeated_failures_hold_the_gpu_until_uncordoned_and_cordon_gpu(h)
     assert n["metadata"]["annotations"][GPU_CORDON_ANNOTATION] == "1"
     assert condition(n)["reason"] == "RepeatedFailures" and allocatable(n) == "1"
     assert [e["event"] for e in health(n, 1)["history"]].count("ValidationFailed") == 2
+    # The failed validation pod stays for the operator: Failed, bound here, what it ran.
+    vp = await h.api.get("pods", f"gpu-validation-{NODE}-1", "kube-system", raw=True)
+    assert vp["status"]["phase"] == "Failed" and vp["spec"]["nodeName"] == NODE
+    assert vp["metadata"]["ownerReferences"][0]["kind"] == "Node"
+    assert vp["status"]["containerStatuses"][0]["state"]["terminated"]["exitCode"] == 1
+    assert "nvidia.com/gpu" not in str(vp["spec"]["containers"][0]["resources"])  # outside allocatable
+    failed = [e["message"] for e in await node_events(h) if e["reason"] == "GPUValidationFailed"]
+    assert any(f"pod kube-system/gpu-validation-{NODE}-1: exit code 1" in m for m in failed), failed
     # A passing check alone does not bring it back...
     rc.write_text("0")
     validations = sum(e["reason"] == "GPUValidating" for e in await node_events(h))
@@ -238,6 +271,25 @@ async def test_a_fence_outlives_an_agent_restart(h):
     agent, _ = await gpu_agent(h, inv)
     inv.write({0: "xid: 119"})
     await eventually(lambda: _node_if(h, lambda n: allocatable(n) == "1"), FENCE_LIMIT_S, "GPU 0 fenced")
+    # A pod that only looks like a validation pod (here an admin's) is never run nor given the
+    # fenced GPU: the agent removes it.
+    forged = {"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "forged", "namespace": "kube-system",
+        "annotations": {"kubernetes.io/config.mirror": "x", "gpufleet.io/gpu-validation": "0",
+                        "gpufleet.io/gpu-validation-token": "guess"}},
+        "spec": {"nodeName": NODE, "restartPolicy": "Never",
+                 "containers": [{"name": "check", "image": "host", "command": HOLD}]}}
+    await h.api.create(forged, raw=True)
+
+    async def forged_gone():
+        try:
+            p = await h.api.get("pods", "forged", "kube-system", raw=True)
+        except NotFound:
+            return True
+        assert not any("running" in cs.get("state", {}) for cs in p["status"].get("containerStatuses") or [])
+        return False
+    await eventually(forged_gone, 10, "the forged validation pod removed")
+    assert agent.gpu_table.owner.get(0) is None
     await agent.stop()
     await agent.client.close()
     h.agents.remove(agent)

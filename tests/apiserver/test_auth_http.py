@@ -174,6 +174,14 @@ def pod_on(name: str, node: str) -> dict[str, Any]:
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "python:3.12"}]}}
 
 
+def mirror_on(name: str, node: str, owners: list[dict[str, Any]]) -> dict[str, Any]:
+    body = pod_on(name, node)
+    body["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "x"}
+    if owners:
+        body["metadata"]["ownerReferences"] = owners
+    return body
+
+
 MERGE = "application/merge-patch+json"
 
 
@@ -228,6 +236,25 @@ async def test_node_token_writes_only_its_own_node(cp: ControlPlane, tmp_path: P
         resp = await send(agent, "DELETE", "/api/v1/nodes/n2")
         assert json.loads(resp.body)["message"] == \
             'nodes "n2" is forbidden: node "n1" is not allowed to modify node "n2"'
+        # Pods: mirror pods of itself only (its GPU validation pods), owned by nothing but its Node.
+        pods = "/api/v1/namespaces/default/pods"
+        resp = await send(agent, "POST", pods, pod_on("plain", "n1"))
+        assert resp.status == 403 and 'node "n1" can only create mirror pods' in json.loads(resp.body)["message"]
+        n1_uid = (await admin.get("nodes", "n1", raw=True))["metadata"]["uid"]
+        mine_ref = {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": n1_uid}
+        for body, why in [
+            (mirror_on("m2", "n2", []), "can only create pods with spec.nodeName set to itself"),
+            (mirror_on("m3", "n1", [{**mine_ref, "name": "n2"}]), "owner reference set to itself"),
+            (mirror_on("m4", "n1", [mine_ref, {**mine_ref, "name": "n2"}]), "a single owner reference"),
+            ({**mirror_on("m5", "n1", [mine_ref]), "spec": {**mirror_on("m5", "n1", [])["spec"],
+                                                           "serviceAccountName": "default"}},
+             "a mirror pod may not reference service accounts"),
+        ]:
+            resp = await send(agent, "POST", pods, body)
+            assert resp.status == 403 and why in json.loads(resp.body)["message"], resp.body
+        resp = await send(agent, "POST", pods, mirror_on("m1", "n1", [mine_ref]))
+        assert resp.status == 201, resp.body
+        assert (await send(agent, "DELETE", f"{pods}/m1", params={"gracePeriodSeconds": "0"})).status == 200
         assert (await admin.get("pods", "theirs", "default", raw=True))["metadata"].get("labels") is None
         assert (await send(agent, "DELETE", "/api/v1/namespaces/default/pods/mine",
                            params={"gracePeriodSeconds": "0"})).status == 200

@@ -3,7 +3,8 @@
 RBAC (the ``system:node`` role) lets every member of ``system:nodes`` write nodes, leases
 and pods; this admission plugin narrows that to the agent's own Node (and its status), its
 own Lease in kube-node-lease, and the pods bound to it (status, the annotations the agent
-records, and the final delete). It cannot create pods. A service account token it asks for
+records, and the final delete). It creates only mirror pods bound to itself (its GPU
+validation pods). A service account token it asks for
 (which the Node authorizer allows only for the service accounts of its pods) must be bound
 to one of its pods, named with its uid. The Node authorizer lets it update the
 PersistentVolumes that live on it; here such an update may only take finalizers away (the
@@ -16,6 +17,7 @@ from typing import Any
 
 from gpufleet.api import storage
 from gpufleet.apiserver.admission import AdmissionContext
+from gpufleet.apiserver.admission.serviceaccount import MIRROR_POD_ANNOTATION
 from gpufleet.apiserver.auth.tokens import node_name_of
 from gpufleet.apiserver.errors import ApiException, not_found, qualified
 from gpufleet.store import base as store_base
@@ -64,7 +66,8 @@ class NodeRestriction:
             await self._token_request(ctx, node, obj)
         elif kind == "Pod":
             if ctx.operation == "CREATE":
-                self._deny(ctx, target, f'node "{node}" can not create pods')
+                self._mirror_pod(ctx, node, target, obj)
+                return
             bound = _node_of(old if old is not None else obj)
             if bound != node or (ctx.operation == "UPDATE" and _node_of(obj) != node):
                 verb = "delete" if ctx.operation == "DELETE" else "update"
@@ -74,6 +77,24 @@ class NodeRestriction:
                 self._deny(ctx, target, f'node "{node}" can only update persistentvolumes that live on it')
             elif not _only_finalizers_removed(old, obj):
                 self._deny(ctx, target, f'node "{node}" may only remove finalizers of persistentvolumes')
+
+    def _mirror_pod(self, ctx: AdmissionContext, node: str, target: str, obj: dict[str, Any]) -> None:
+        """As Kubernetes' admitPodCreate: only mirror pods (the agent's own validation pods),
+        bound to the node itself, owned by nothing but its Node. What a mirror pod may not
+        reference (service accounts, secrets, config maps, claims) the ServiceAccount
+        admission refuses."""
+        meta = obj.get("metadata") or {}
+        if MIRROR_POD_ANNOTATION not in (meta.get("annotations") or {}):
+            self._deny(ctx, target, "pod does not have \"kubernetes.io/config.mirror\" annotation, "
+                                    f'node "{node}" can only create mirror pods')
+        if _node_of(obj) != node:
+            self._deny(ctx, target, f'node "{node}" can only create pods with spec.nodeName set to itself')
+        owners = meta.get("ownerReferences") or []
+        if len(owners) > 1:
+            self._deny(ctx, target, f'node "{node}" can only create pods with a single owner reference set to itself')
+        for ref in owners:
+            if ref.get("apiVersion") != "v1" or ref.get("kind") != "Node" or ref.get("name") != node:
+                self._deny(ctx, target, f'node "{node}" can only create pods with an owner reference set to itself')
 
     async def _token_request(self, ctx: AdmissionContext, node: str, obj: dict[str, Any]) -> None:
         """As Kubernetes' admitServiceAccount: the token must be bound to a pod on this node."""

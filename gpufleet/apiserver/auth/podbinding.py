@@ -7,7 +7,8 @@ binding is what the scheduler does, the requester must be allowed to ``create``
 ``pods/binding`` in the pod's namespace (RBAC, as for ``POST .../pods/<name>/binding``).
 ``system:masters`` and the control plane's own components may; the default ``edit`` and
 ``admin`` roles may not. Refused with 403 naming the field and what to do instead
-(leave spec.nodeName empty; choose nodes with nodeSelector or affinity).
+(leave spec.nodeName empty; choose nodes with nodeSelector or affinity). A node agent's
+mirror pods of itself (its GPU validation pods, see NodeRestriction) are the exception.
 
 The same holds for the annotation ``gpufleet.io/rendezvous-port``, with which the PyTorchJob
 controller pins its leader's port on the node (a hostPort by another name): only the
@@ -22,7 +23,9 @@ from typing import Any
 
 from gpufleet.api.kubeflow import RENDEZVOUS_PORT_ANNOTATION
 from gpufleet.apiserver.admission import AdmissionContext, UserInfo
+from gpufleet.apiserver.admission.serviceaccount import MIRROR_POD_ANNOTATION
 from gpufleet.apiserver.auth.rbac import Attributes, Decision
+from gpufleet.apiserver.auth.tokens import node_name_of
 from gpufleet.apiserver.errors import ApiException
 
 Decide = Callable[[UserInfo, Attributes], Awaitable[Decision]]
@@ -41,6 +44,9 @@ class PodNodeNameRestriction:
         pinned = RENDEZVOUS_PORT_ANNOTATION in ((obj.get("metadata") or {}).get("annotations") or {})
         if not node and not pinned:
             return
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
+        if node and not pinned and node_name_of(ctx.user) == node and MIRROR_POD_ANNOTATION in annotations:
+            return  # a node's mirror pod of itself (NodeRestriction allows nothing else)
         attrs = Attributes(verb="create", group="", resource="pods", subresource="binding",
                            namespace=ctx.namespace, name=ctx.name)
         if (await self.decide(ctx.user, attrs)).allowed:

@@ -360,7 +360,8 @@ _DISCOVERY_URLS = ["/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "
 _NODE_RULES = [
     _rule([""], ["nodes"], [*_READ, "create", "update", "patch", "delete"]),
     _rule([""], ["nodes/status"], ["get", "update", "patch"]),
-    _rule([""], ["pods"], ["get", "update", "patch", "delete"]),
+    # create: mirror pods only (NodeRestriction), the agent's GPU validation pods.
+    _rule([""], ["pods"], ["get", "create", "update", "patch", "delete"]),
     _rule([""], ["pods/status"], ["get", "update", "patch"]),
     _rule(["", "events.k8s.io"], ["events"], ["create", "update", "patch"]),
     _rule([""], ["services", "endpoints", "namespaces"], _READ),

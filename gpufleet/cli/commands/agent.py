@@ -68,9 +68,12 @@ def register(app: typer.Typer) -> None:
             "xid:79=drain-node, xid:13=warn, throttle=ignore, xid:unknown=ignore, nvlink-threshold=50 "
             "(actions: ignore, warn, drain-gpu, drain-node; see docs/gpu-health.md).")] = None,
         gpu_validation_command: Annotated[str | None, typer.Option(
-            "--gpu-validation-command", help="Command a fenced GPU must pass (exit 0) to return to service, run "
-            "by the agent with only that GPU visible (default: a short CUDA check on real GPUs; on declared GPUs, "
-            "the inventory saying it is healthy).")] = None,
+            "--gpu-validation-command", help="Command of the validation pod a fenced GPU must pass (exit 0) to "
+            "return to service; the pod is given only that GPU (default: a short CUDA check on real GPUs; on "
+            "declared GPUs, a check that the inventory reports it healthy). See docs/gpu-health.md.")] = None,
+        gpu_validation_image: Annotated[str | None, typer.Option(
+            "--gpu-validation-image", help="Image of the validation pod (default: the node's programs with the "
+            "process runtime; with podman, a CUDA base image on real GPUs, busybox on declared ones).")] = None,
         gpu_validation_timeout: Annotated[float, typer.Option(
             "--gpu-validation-timeout", help="Seconds a validation may take before it counts as failed.")] = 120.0,
         gpu_validation_backoff: Annotated[float, typer.Option(
@@ -103,6 +106,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(exc)) from None
         health = _health_options(gpu_health_interval, gpu_health_policy, gpu_validation_command,
                                  gpu_validation_timeout, gpu_validation_backoff, gpu_failure_limit, gpu_failure_window)
+        health["gpu_validation_image"] = gpu_validation_image
         node_name = name or hostname()
         # The node token kept there is this node's: two agents sharing a dir would take each
         # other's identity, so each node name gets its own by default.
