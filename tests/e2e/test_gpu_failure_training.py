@@ -297,5 +297,13 @@ async def scenario(fleet: Fleet, client: Client, invs: dict[str, Path], t_start:
         return True
 
     await fleet.wait_until(back, 15, "the GPUs back in allocatable", interval=0.1)
+    # Each came back through its node's validation pod, given that GPU alone.
+    events = await client.list("Event", "default", raw=True)
+    for n, idx in bad.items():
+        for i in idx:
+            said = [e["message"] for e in events if e["reason"] == "GPUHealthy" and e["involvedObject"]["name"] == n
+                    and f"pod kube-system/gpu-validation-{n}-{i}: GPU {i} ({uuids[n][i]}): given to this pod "
+                        "alone" in e["message"]]
+            assert said, f"no validation pod returned GPU {i} of {n}"
     print(f"healthy again: back in allocatable after {time.monotonic() - t1:.2f} s; "
           f"whole test {time.monotonic() - t_start:.1f} s")
