@@ -98,7 +98,7 @@ class Cluster:
 
     def start_server(self, timeout: float = 60) -> None:
         state = self.root / "server"
-        state.mkdir(parents=True)
+        state.mkdir(parents=True, exist_ok=True)  # list_bench fills its store first
         log_path = state / "server.log"
         cmd = [sys.executable, *self.python_args, "-m", "gpufleet.cli.main", "server", "--store",
                f"sqlite:///{state / 'state.db'}", "--port", "0", "--host", "127.0.0.1",

@@ -416,6 +416,8 @@ class GenericRegistry:
             if obj is not None or ns or not rt.namespaced:
                 items = [obj] if obj is not None and matches(obj, label_sel, field_sel) else []
                 return items, await self.store.revision(), None
+        # An agent's list of its own pods (fieldSelector spec.nodeName=X) reads the store's index.
+        node = field_sel.requires_exact_match("spec.nodeName") if field_sel is not None and rt.key == "pods" else None
         items: list[dict[str, Any]] = []
         if continue_token and list_rev is not None and list_rev < await self.store.revision():
             # Later pages show the world as of the first page, as Kubernetes' do.
@@ -428,7 +430,7 @@ class GenericRegistry:
             if pages is not None:
                 result = pages.pop()
             else:
-                result = await self.store.list(rt.key, ns or None, limit=page, after=after)
+                result = await self.store.list(rt.key, ns or None, limit=page, after=after, node=node or None)
             if list_rev is None:
                 list_rev = result.revision
             for obj in result.items:

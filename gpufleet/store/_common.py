@@ -420,7 +420,8 @@ class StoreBase(HousekeepingMixin):
         raise NotImplementedError
 
     async def _list_rows(
-        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None,
+        node: str | None = None,
     ) -> tuple[int, list[Any]]:  # pragma: no cover - provided by the backend
         """The revision read at and the rows (namespace, name, revision, value) of
         objects_query, in one snapshot."""
@@ -433,8 +434,11 @@ class StoreBase(HousekeepingMixin):
         *,
         limit: int | None = None,
         after: tuple[str, str] | None = None,
+        node: str | None = None,
     ) -> ListResult:
-        rev, rows = await self._list_rows(resource, namespace, after, limit)
+        if node and self._codec.may_encrypt(resource):
+            node = None  # encrypted values hide spec.nodeName from the index: the caller filters
+        rev, rows = await self._list_rows(resource, namespace, after, limit, node or None)
         return list_page(self._codec, resource, rows, rev, limit)
 
     def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:

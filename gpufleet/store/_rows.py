@@ -41,6 +41,8 @@ class Codec(Protocol):
 
     def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool: ...
 
+    def may_encrypt(self, resource: str) -> bool: ...
+
 
 def event_from_row(
     revision: int,
@@ -96,13 +98,27 @@ def conflict(codec: Codec, resource: str, namespace: str, name: str, revision: i
     )
 
 
+# Pods by spec.nodeName: an expression index of each backend (what an agent's list and watch
+# of its own pods, and the Node authorizer's lookups, ask for), so such a list costs what it
+# returns. Only pods are indexed (other values need not even be JSON: encrypted secrets).
+NODE_INDEXED = "pods"
+
+
 def objects_query(ph: str, resource: str, namespace: str | None, after: tuple[str, str] | None,
-                  limit: int | None) -> tuple[str, list[Any]]:
+                  limit: int | None, node: str | None = None, node_expr: str = "",
+                  node_table: str = "objects") -> tuple[str, list[Any]]:
     """The SELECT of a list page (``ph`` is the driver's placeholder): (namespace, name,
     revision, value) in key order after ``after``, one row more than ``limit`` to tell
-    whether more remain."""
+    whether more remain. ``node``: only pods bound to that node (``node_expr`` is how the
+    backend's index reads spec.nodeName, ``node_table`` the FROM that reaches it)."""
     sql = f"SELECT namespace, name, revision, value FROM objects WHERE resource = {ph}"
     args: list[Any] = [resource]
+    if node is not None and resource == NODE_INDEXED:
+        # The resource as a literal: a partial index is only used where the query's own text
+        # implies its condition (SQLite decides that before parameters are bound).
+        sql = f"SELECT namespace, name, revision, value FROM {node_table} WHERE resource = '{NODE_INDEXED}'" \
+              f" AND {node_expr} = {ph}"
+        args = [node]
     if namespace is not None:
         sql += f" AND namespace = {ph}"
         args.append(namespace)

@@ -133,9 +133,12 @@ class Store(Protocol):
         *,
         limit: int | None = None,
         after: tuple[str, str] | None = None,
+        node: str | None = None,
     ) -> ListResult:
         """Objects of a resource (in one namespace, or all when None), sorted by (namespace, name),
-        starting after the key ``after``, at most ``limit``."""
+        starting after the key ``after``, at most ``limit``. ``node``: for pods, only those
+        with that spec.nodeName, read through an index; ignored for other resources and where
+        pods are stored encrypted (callers filter what comes back in either case)."""
 
     async def watch(
         self, resource: str | None, namespace: str | None, from_revision: int

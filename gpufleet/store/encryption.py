@@ -178,6 +178,11 @@ class ValueCodec:
             self._by_resource[resource] = found
         return found
 
+    def may_encrypt(self, resource: str) -> bool:
+        """Whether values of ``resource`` may be stored encrypted (a provider with a key names
+        it), so that the store cannot read their fields (its node index)."""
+        return any(not isinstance(p, _Identity) for p in self._providers(resource))
+
     def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
         """Whether the object at ``revision`` was stored with another key than writes use."""
         return self._stale.get((resource, namespace, name)) == revision

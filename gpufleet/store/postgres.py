@@ -64,6 +64,9 @@ def _after_without_nul(after: tuple[str, str]) -> tuple[str, str]:
     return ns, name.split("\x00", 1)[0]
 
 
+# As in the index objects_pod_node, so the planner uses it.
+_NODE_EXPR = "value #>> '{spec,nodeName}'"
+
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS meta (
         id integer PRIMARY KEY CHECK (id = 0),
@@ -82,6 +85,7 @@ _SCHEMA = [
         PRIMARY KEY (resource, namespace, name)
     )""",
     "CREATE INDEX IF NOT EXISTS objects_expires_at ON objects (expires_at) WHERE expires_at IS NOT NULL",
+    f"CREATE INDEX IF NOT EXISTS objects_pod_node ON objects (({_NODE_EXPR}), namespace, name) WHERE resource = 'pods'",
     """CREATE TABLE IF NOT EXISTS events (
         revision bigint PRIMARY KEY,
         type text NOT NULL,
@@ -325,13 +329,16 @@ class PostgresStore(StoreBase):
         return self._codec.decode(resource, namespace, name, row[1], row[0])
 
     async def _list_rows(
-        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None,
+        node: str | None = None,
     ) -> tuple[int, list[Any]]:
         if _has_nul(resource, namespace or ""):
             return await self.revision(), []
         if after is not None and _has_nul(*after):
             after = _after_without_nul(after)
-        inner, args = objects_query("%s", resource, namespace, after, limit)
+        if node is not None and _has_nul(node):
+            return await self.revision(), []
+        inner, args = objects_query("%s", resource, namespace, after, limit, node, _NODE_EXPR)
         # One statement, one snapshot: the revision matches the rows (and comes back even when
         # there are none).
         rows = await self._fetchall(

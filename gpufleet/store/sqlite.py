@@ -62,6 +62,8 @@ CREATE TABLE IF NOT EXISTS objects (
     PRIMARY KEY (resource, namespace, name)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS objects_expires_at ON objects (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS objects_pod_node ON objects (json_extract(value, '$.spec.nodeName'), namespace, name)
+    WHERE resource = 'pods';
 CREATE TABLE IF NOT EXISTS events (
     revision INTEGER PRIMARY KEY,
     type TEXT NOT NULL,
@@ -74,6 +76,9 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
+# As in the index objects_pod_node (named in the query: without statistics SQLite's planner
+# prefers the primary key's resource prefix, which reads every pod).
+_NODE_EXPR = "json_extract(value, '$.spec.nodeName')"
 _EVENT_COLUMNS = "revision, type, resource, namespace, name, value, prev_revision, prev_value"
 _SWEEP_BATCH = 1000
 
@@ -253,9 +258,11 @@ class SQLiteStore(StoreBase):
         return self._codec.decode(resource, namespace, name, row[1], row[0])
 
     async def _list_rows(
-        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None
+        self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None,
+        node: str | None = None,
     ) -> tuple[int, list[Any]]:
-        sql, args = objects_query("?", resource, namespace, after, limit)
+        sql, args = objects_query("?", resource, namespace, after, limit, node, _NODE_EXPR,
+                                  "objects INDEXED BY objects_pod_node")
 
         def read(db: sqlite3.Connection) -> tuple[int, list[Any]]:
             rev = db.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]

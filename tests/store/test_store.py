@@ -211,6 +211,43 @@ async def test_list_sorted_and_paginated(store: Store) -> None:
     assert (await store.list("pods", "a", limit=4)).next_key is None
 
 
+async def test_list_of_the_pods_bound_to_a_node(store: Store) -> None:
+    """node=X (an agent's fieldSelector spec.nodeName=X) through the index: only that node's
+    pods, in key order, paged, following rebinding and deletion; other resources ignore it."""
+    want = []
+    for i in range(40):
+        ns, name = f"ns{i % 3}", f"p{i:02d}"
+        body = pod(name, ns)
+        body["spec"] = {"nodeName": f"n{i % 4}"} if i % 5 else {}
+        await store.create("pods", ns, name, body)
+        if i % 5 and i % 4 == 1:
+            want.append((ns, name))
+    await store.create("secrets", "ns0", "s", {"data": {"k": "dg=="}})
+    keys = [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in (await store.list("pods", node="n1")).items]
+    assert keys == sorted(want)
+    assert [o["metadata"]["name"] for o in (await store.list("pods", "ns1", node="n1")).items] == \
+        [n for ns, n in sorted(want) if ns == "ns1"]
+    pages, after = [], None
+    while True:
+        page = await store.list("pods", node="n1", limit=3, after=after)
+        pages += [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in page.items]
+        if page.next_key is None:
+            break
+        after = page.next_key
+    assert pages == sorted(want)
+    # Rebound, unbound, deleted: the index follows.
+    ns, name = sorted(want)[0]
+    moved = await store.get("pods", ns, name)
+    moved["spec"]["nodeName"] = "n9"
+    await store.update("pods", ns, name, moved)
+    await store.delete("pods", *sorted(want)[1])
+    keys = [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in (await store.list("pods", node="n1")).items]
+    assert keys == sorted(want)[2:]
+    assert [o["metadata"]["name"] for o in (await store.list("pods", node="n9")).items] == [name]
+    assert (await store.list("pods", node="nobody")).items == []
+    assert len((await store.list("secrets", node="n1")).items) == 1
+
+
 # -- watch
 
 
