@@ -22,6 +22,7 @@ from gpufleet.client import objects
 from gpufleet.client.errors import ApiError, Conflict, TransportError, error_from_response, error_from_status
 from gpufleet.client.transport import Params, Transport
 from gpufleet.utils.clock import REAL_CLOCK, Clock
+from gpufleet.utils.gcpause import gc_paused
 from gpufleet.utils.http import RawResponse
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,8 @@ PATCH_CONTENT_TYPES: dict[str, str] = {
 KindLike = type | ResourceType | str
 
 _MODELS_MODULE = "gpufleet.api.k8s"
+# Answers at least this long (a list of thousands) are decoded with the cyclic GC paused.
+_LARGE_BODY = 1 << 20
 
 T = TypeVar("T")
 
@@ -241,7 +244,10 @@ class Client:
         if not resp.body:
             return {}
         try:
-            return jsonlib.loads(resp.body)
+            if len(resp.body) < _LARGE_BODY:
+                return jsonlib.loads(resp.body)
+            with gc_paused():  # a large list: see utils/gcpause.py
+                return jsonlib.loads(resp.body)
         except ValueError as exc:
             raise ApiError(resp.status, "BadResponse", f"{method} {path}: the answer is not JSON") from exc
 

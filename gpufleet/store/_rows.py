@@ -9,6 +9,7 @@ from typing import Any, Protocol
 import orjson
 
 from gpufleet.store.base import AlreadyExists, Conflict, ListResult, NotFound, TransformError, WatchEvent
+from gpufleet.utils.gcpause import gc_paused
 
 Events = list[WatchEvent]
 
@@ -156,5 +157,6 @@ def list_page(codec: Codec, resource: str, rows: list[Any], revision: int, limit
     if limit and len(rows) > limit:
         rows = rows[:limit]
         next_key = (rows[-1][0], rows[-1][1])
-    items = [codec.decode(resource, r[0], r[1], r[3], r[2]) for r in rows]
+    with gc_paused():
+        items = [codec.decode(resource, r[0], r[1], r[3], r[2]) for r in rows]
     return ListResult(items=items, revision=revision, next_key=next_key)
