@@ -449,6 +449,23 @@ class GenericRegistry:
                 return items, list_rev, None
             after = result.next_key
 
+    async def list_json(self, rt: ResourceType, ns: str, limit: int | None = None
+                        ) -> tuple[list[str], int, str | None] | None:
+        """A list without selectors as the stored JSON texts (``Store.list_json``): (texts, the
+        list's revision, the continue token); None where it must be decoded (a custom resource,
+        a kind served from another version's storage, encrypted values, a store without it)."""
+        if type(rt) is not ResourceType or rt.storage_version or rt.storage_group is not None:
+            return None
+        list_json = getattr(self.store, "list_json", None)
+        got = await list_json(rt.key, ns or None, limit=limit) if list_json is not None else None
+        if got is None:
+            return None
+        rev, texts, next_key = got
+        token = None
+        if next_key is not None:
+            token = base64.urlsafe_b64encode(orjson.dumps({"rv": rev, "ns": next_key[0], "name": next_key[1]})).decode()
+        return texts, rev, token
+
     async def _list_at(self, rt: ResourceType, ns: str, revision: int) -> list[dict[str, Any]]:
         """The objects as they were at ``revision``: today's list with later history undone."""
         current = await self.store.list(rt.key, ns or None)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpufleet.store._rows import Codec, Events, list_page
+from gpufleet.store._rows import Codec, Events, list_page, stamped_json
 from gpufleet.store.base import Expired, ListResult, WatchEvent
 from gpufleet.utils.clock import Clock
 from gpufleet.utils.tasks import cancel_and_wait
@@ -440,6 +440,22 @@ class StoreBase(HousekeepingMixin):
             node = None  # encrypted values hide spec.nodeName from the index: the caller filters
         rev, rows = await self._list_rows(resource, namespace, after, limit, node or None)
         return list_page(self._codec, resource, rows, rev, limit)
+
+    async def list_json(
+        self, resource: str, namespace: str | None = None, *, limit: int | None = None,
+    ) -> tuple[int, list[str], tuple[str, str] | None] | None:
+        """A list as the objects' JSON texts, resourceVersion stamped in, never decoded (what a
+        full list of thousands of pods costs is mostly decoding and encoding them again):
+        (revision, texts, the key to continue after). None where values may be encrypted:
+        those need the codec, so the caller lists as usual."""
+        if self._codec.may_encrypt(resource):
+            return None
+        rev, rows = await self._list_rows(resource, namespace, None, limit)
+        next_key = None
+        if limit and len(rows) > limit:
+            rows = rows[:limit]
+            next_key = (rows[-1][0], rows[-1][1])
+        return rev, [stamped_json(r[3] if isinstance(r[3], str) else r[3].decode(), r[2]) for r in rows], next_key
 
     def is_stale(self, resource: str, namespace: str, name: str, revision: int) -> bool:
         """Whether the object at ``revision`` was stored with another encryption key than
