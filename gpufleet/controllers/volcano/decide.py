@@ -224,7 +224,11 @@ class _Sync:
         return self.done("Sync")
 
     def task_short(self) -> bool:
-        """A task with fewer Succeeded pods than its minAvailable, once all pods ended."""
+        """A task with fewer Succeeded pods than its minAvailable, once all pods ended (as
+        Volcano checks it: only when the job's minAvailable covers every task's)."""
+        tasks_min = sum(t.min_available or 0 for t in vc.tasks_of(self.job))
+        if vc.job_min_available(self.job) < tasks_min:
+            return False
         counted = task_status_count([p for p in self.o.pods if pod_version(p) == version_of(self.job)])
         for t in vc.tasks_of(self.job):
             if t.min_available is not None and t.min_available > 0:
