@@ -26,7 +26,10 @@ from ctrl_helpers import NS, eventually
 from gpufleet.agent.agent import AgentConfig, NodeAgent
 from gpufleet.agent.devices import DeclaredDevices
 from gpufleet.agent.runtime.simulated import DURATION, EXIT_CODE, SimulatedRuntime
+from gpufleet.api.registry import REGISTRY
+from gpufleet.cli.commands.describe import describe_object
 from gpufleet.cli.controlplane import ControlPlane
+from gpufleet.cli.output import Session
 from gpufleet.client.api import Client
 from gpufleet.scheduler import Scheduler
 
@@ -209,6 +212,12 @@ async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, c
     assert "queue resource quota insufficient: queue research capability nvidia.com/gpu 3" in message
     assert await phase(client, "second") == "Pending"
     assert await pods(client, "second") == []
+    session = Session(client=client, namespace=NS, namespace_explicit=False, server="")
+    text = await describe_object(session, REGISTRY.by_key("jobs.batch.volcano.sh"), await job(client, "second"))
+    assert "Gang:" in text and "queue resource quota insufficient" in text
+    events = [e for e in await client.list("events", NS) if e.involved_object.name == "second"
+              and e.reason == "PodGroupPending"]
+    assert events and "queue resource quota insufficient" in events[-1].message
 
     # Whole or none: 1 GPU is free, a job of 3 one-GPU pods in the default queue gets no pod bound.
     code, _, err = await kubectl(cp, "apply", "-f", "-", stdin=job_manifest("toobig", queue="default"))
