@@ -155,7 +155,8 @@ def notes_for(obj: dict[str, Any]) -> list[str]:
                      "resolve through hostAliases only where every pod shares one address")
     if kind == "Queue" and group == "scheduling.volcano.sh":
         notes.append("Volcano there also reclaims over-used resources across queues (reclaimable) and gives "
-                     "each queue its weighted share; gpufleet honours capability and state only")
+                     "each queue its weighted share; gpufleet honours capability and state, and weight only as the "
+                     "order in which queues are served")
     if kind == "HorizontalPodAutoscaler":
         metrics = spec.get("metrics") or []
         custom = sorted({((m.get(m.get("type", "").lower() or "") or {}).get("metric") or {}).get("name", "")

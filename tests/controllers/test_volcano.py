@@ -232,6 +232,12 @@ async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, c
     assert code == 0, err
     assert await eventually(lambda: _eq(phase(client, "second"), "Running"), timeout=30, what="second Running")
 
+    # A pod deleted from under the job is PodEvicted: its policy restarts the whole job.
+    code, _, err = await kubectl(cp, "delete", "pod", "second-worker-1", "--wait=false")
+    assert code == 0, err
+    status = await eventually(lambda: _retried(client, "second"), timeout=20, what="second restarted")
+    assert status["state"]["reason"] == "PodEvicted" and status["version"] == 1
+
 
 @pytest.mark.skipif(not os.access(KUBECTL, os.X_OK), reason="the real kubectl is not installed")
 async def test_a_failed_pod_restarts_the_whole_job_until_max_retry(fleet: Client, cp: ControlPlane) -> None:
@@ -277,6 +283,11 @@ async def _field(obj: Any, *path: str) -> Any:
     for p in path:
         value = (value or {}).get(p)
     return value
+
+
+async def _retried(client: Client, name: str) -> Any:
+    status = (await job(client, name)).get("status") or {}
+    return status if status.get("retryCount") == 1 else None
 
 
 async def _conditioned(pg: Any) -> Any:
