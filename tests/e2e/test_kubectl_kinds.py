@@ -279,7 +279,9 @@ def test_apply_a_kueue_setup_and_read_its_tables(kubectl: Kubectl, kueue: str, t
     assert row(kubectl("get", "cq", "-o", "wide").ok().stdout, "research")["STRATEGY"] == "BestEffortFIFO"
     rf = kubectl("get", "rf").ok().stdout
     assert row(rf, "h100")["NODE LABELS"] == "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
-    queues = kubectl("get", "queues", "-A").ok().stdout
+    # `queues` is Volcano's Queue for kubectl (an exact resource name beats LocalQueue's short
+    # name, as on a cluster with both installed): LocalQueues go by `lq` or `localqueues`.
+    queues = kubectl("get", "lq", "-A").ok().stdout
     assert header(queues)[:3] == ["NAMESPACE", "NAME", "CLUSTERQUEUE"]
     assert row(queues, "main")["CLUSTERQUEUE"] == "research"
 

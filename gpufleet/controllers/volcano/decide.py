@@ -336,11 +336,11 @@ class _Sync:
                                          memo=(("secret", self.ns, ssh_secret_name(self.job)), uid)))
 
     def report_pending(self, pg: vc.VolcanoPodGroup | None) -> None:
-        """Volcano's PodGroupPending Event, once per distinct reason."""
-        reason = "PodGroup is not created yet" if pg is None else next(
+        """Volcano's PodGroupPending Event, once per distinct reason its Queue gave."""
+        reason = None if pg is None else next(
             (c.message for c in (pg.status.conditions if pg.status is not None else None) or []
-             if c.type == vc.PG_UNSCHEDULABLE and c.status == "True" and c.message), "waiting for its queue")
-        if reason != self.o.memory.pending_reason:
+             if c.type == vc.PG_UNSCHEDULABLE and c.status == "True" and c.message), None)
+        if reason is not None and reason != self.o.memory.pending_reason:
             self.a.memo["pending_reason"] = reason
             self.a.event(NORMAL, "PodGroupPending",
                          f"PodGroup {self.ns}:{podgroup_name(self.job)} unschedule,reason: {reason}")
