@@ -22,13 +22,13 @@ from gpufleet.client import objects
 from gpufleet.client.events import NORMAL, WARNING
 from gpufleet.controllers._common import is_being_deleted, pod_phase, status_dict, timestamp
 from gpufleet.controllers.actions import Actions, Create, Delete, Instant, Patch
+from gpufleet.controllers.pytorchjob.model import exit_code
 from gpufleet.controllers.volcano.model import (
     ENV_PLUGIN,
     KIND_REF,
     SSH_PLUGIN,
     SVC_PLUGIN,
     counts,
-    exit_code,
     is_active,
     matching_policy,
     phase_of,

@@ -78,15 +78,6 @@ def retry_count(job: Any) -> int:
     return int(status_dict(job).get("retryCount") or 0)
 
 
-def exit_code(pod: Any) -> int | None:
-    status = getattr(pod, "status", None)
-    for cs in (status.container_statuses if status is not None else None) or []:
-        term = cs.state.terminated if cs.state is not None else None
-        if term is not None and term.exit_code:
-            return term.exit_code
-    return None
-
-
 def is_active(pod: Any) -> bool:
     return not is_being_deleted(pod) and pod_phase(pod) in ACTIVE_PHASES
 

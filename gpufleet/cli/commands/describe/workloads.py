@@ -273,6 +273,10 @@ async def _describe_podgroup(session: Session, rt: ResourceType, group: dict[str
         doc.mapping(0, "Min Resources", spec["minResources"])
     members = await _gang_members(session, group)
     _gang_status(doc, 0, group, members)
+    _member_pods(doc, members)
+
+
+def _member_pods(doc: Doc, members: list[dict]) -> None:
     if members:
         doc.title(0, "Member Pods:")
         doc.table(1, ["Name", "Phase", "Node"], [
@@ -335,11 +339,7 @@ async def _describe_volcano_podgroup(session: Session, rt: ResourceType, group: 
     _controlled_by(doc, group)
     members = await _volcano_members(session, group)
     _volcano_gang(doc, 0, group, members)
-    if members:
-        doc.title(0, "Member Pods:")
-        doc.table(1, ["Name", "Phase", "Node"], [
-            [meta(p).get("name", ""), (p.get("status") or {}).get("phase") or "Pending",
-             (p.get("spec") or {}).get("nodeName") or "<none>"] for p in members])
+    _member_pods(doc, members)
 
 
 async def _describe_volcano_job(session: Session, rt: ResourceType, job: dict[str, Any], doc: Doc) -> None:
