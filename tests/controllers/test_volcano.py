@@ -7,8 +7,11 @@ the simulated runtime, and the real kubectl applying a manifest as Volcano's doc
 - a second such Job in the same Queue (capability 3 GPUs) stays Pending: its PodGroup is not
   admitted (the Unschedulable condition says why) and none of its pods exists;
 - a Job whose 3 pods cannot all fit (1 GPU free) has no pod bound at all (whole or none);
+- a pod deleted from under a job is PodEvicted -> RestartJob;
 - a worker that fails triggers PodFailed -> RestartJob: every pod is deleted, the job goes
-  Restarting with retryCount 1 and comes back as version 1; at maxRetry it is Failed.
+  Restarting with retryCount 1 and comes back as version 1; at maxRetry it is Failed;
+- plain pods (schedulerName volcano, the group annotation) of a Volcano PodGroup without a
+  Job are placed together, or wait whole while a member is missing.
 """
 
 from __future__ import annotations
@@ -311,3 +314,45 @@ async def _all_version(client: Client, name: str, version: str) -> bool:
 async def _none_active(client: Client, name: str) -> bool:
     mine = await pods(client, name)
     return all(p.status and p.status.phase in ("Succeeded", "Failed") for p in mine)
+
+
+async def test_plain_pods_with_a_volcano_podgroup_are_placed_together(fleet: Client) -> None:
+    client = fleet
+
+    async def group(name: str, min_member: int, members: int) -> None:
+        await client.create({"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+                             "metadata": {"name": name, "namespace": NS}, "spec": {"minMember": min_member}})
+        for i in range(members):
+            await client.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": f"{name}-{i}", "namespace": NS, "annotations": {
+                    "scheduling.k8s.io/group-name": name, DURATION: "600"}},
+                "spec": {"schedulerName": "volcano", "containers": [{"name": "c", "image": "x", "resources": {
+                    "limits": {"nvidia.com/gpu": "1"}}}]}})
+
+    await group("pair", 2, 2)
+    await group("short", 3, 2)  # a member missing: nothing of it is placed
+    bound = await eventually(lambda: _bound(client, ["pair-0", "pair-1"]), timeout=15, what="the pair bound")
+    assert len(bound) == 2
+    pg = await eventually(lambda: _phase_is(client, "pair", "Running"), timeout=10, what="pair Running")
+    assert pg["status"]["running"] == 2
+    waiting = await eventually(lambda: _n_reasons(client, ["short-0", "short-1"]), timeout=10, what="short waits")
+    assert all(not p.spec.node_name for p in waiting)
+    assert "2 of minMember 3 members exist" in next(
+        c.message for c in waiting[0].status.conditions if c.type == "PodScheduled")
+
+
+async def _bound(client: Client, names: list[str]) -> list[Any] | None:
+    got = [await client.get("pods", n, NS) for n in names]
+    return got if all(p.spec.node_name for p in got) else None
+
+
+async def _phase_is(client: Client, name: str, want: str) -> Any:
+    body = await client.get("podgroups.scheduling.volcano.sh", name, NS, raw=True)
+    return body if (body.get("status") or {}).get("phase") == want else None
+
+
+async def _n_reasons(client: Client, names: list[str]) -> list[Any] | None:
+    got = [await client.get("pods", n, NS) for n in names]
+    ok = all(any(c.type == "PodScheduled" and c.status == "False" and c.message
+                 for c in (p.status.conditions if p.status else None) or []) for p in got)
+    return got if ok else None
