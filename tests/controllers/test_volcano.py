@@ -201,6 +201,9 @@ async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, c
     header, line = out.splitlines()[:2]
     assert header.split() == ["NAME", "STATUS", "MINAVAILABLE", "RUNNINGS", "AGE", "QUEUE"]
     assert line.split()[:4] == ["mnist", "Running", "3", "3"] and line.split()[-1] == "research"
+    # The Queue's status follows its PodGroups' in the same pass, written after them.
+    await eventually(lambda: _eq(_field(client.get("queues.scheduling.volcano.sh", "research", raw=True),
+                                        "status", "running"), 1), timeout=10, what="queue running 1")
     code, out, err = await kubectl(cp, "get", "queue.scheduling.volcano.sh", "research", "-o", "yaml")
     assert code == 0, err
     status = yaml.safe_load(out)["status"]
@@ -218,9 +221,8 @@ async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, c
     session = Session(client=client, namespace=NS, namespace_explicit=False, server="")
     text = await describe_object(session, REGISTRY.by_key("jobs.batch.volcano.sh"), await job(client, "second"))
     assert "Gang:" in text and "queue resource quota insufficient" in text
-    events = [e for e in await client.list("events", NS) if e.involved_object.name == "second"
-              and e.reason == "PodGroupPending"]
-    assert events and "queue resource quota insufficient" in events[-1].message
+    events = await eventually(lambda: _events(client, "second", "PodGroupPending"), what="PodGroupPending")
+    assert "queue resource quota insufficient" in events[-1].message
 
     # Whole or none: 1 GPU is free, a job of 3 one-GPU pods in the default queue gets no pod bound.
     code, _, err = await kubectl(cp, "apply", "-f", "-", stdin=job_manifest("toobig", queue="default"))
@@ -269,10 +271,10 @@ async def test_a_failed_pod_restarts_the_whole_job_until_max_retry(fleet: Client
     status = await eventually(failed, timeout=30, interval=0.02, what="Failed at maxRetry")
     assert status["retryCount"] == 2
     assert "Restarting" in seen
-    assert [c["status"] for c in status["conditions"]][:3] == ["Pending", "Running", "Restarting"]
-    events = [e for e in await client.list("events", NS) if e.involved_object.name == "flaky"
-              and e.reason == "ExecuteAction"]
-    assert events and "RestartJob" in events[0].message and "PodFailed" in events[0].message
+    phases = [c["status"] for c in status["conditions"]]
+    assert phases[0] == "Pending" and phases[-1] == "Failed" and phases.count("Restarting") == 2
+    events = await _events(client, "flaky", "ExecuteAction")
+    assert any("RestartJob" in e.message and "(PodFailed)" in e.message for e in events)
     # The last restart took every pod and nothing was made again.
     await eventually(lambda: _none_active(client, "flaky"), timeout=20, what="no active pod")
 
@@ -286,6 +288,10 @@ async def _field(obj: Any, *path: str) -> Any:
     for p in path:
         value = (value or {}).get(p)
     return value
+
+
+async def _events(client: Client, name: str, reason: str) -> list[Any]:
+    return [e for e in await client.list("events", NS) if e.involved_object.name == name and e.reason == reason]
 
 
 async def _retried(client: Client, name: str) -> Any:
@@ -333,12 +339,13 @@ async def test_plain_pods_with_a_volcano_podgroup_are_placed_together(fleet: Cli
     await group("short", 3, 2)  # a member missing: nothing of it is placed
     bound = await eventually(lambda: _bound(client, ["pair-0", "pair-1"]), timeout=15, what="the pair bound")
     assert len(bound) == 2
-    pg = await eventually(lambda: _phase_is(client, "pair", "Running"), timeout=10, what="pair Running")
-    assert pg["status"]["running"] == 2
-    waiting = await eventually(lambda: _n_reasons(client, ["short-0", "short-1"]), timeout=10, what="short waits")
+    # Running once minMember are placed (bound), as Volcano's; then both members run.
+    await eventually(lambda: _phase_is(client, "pair", "Running"), timeout=10, what="pair Running")
+    await eventually(lambda: _eq(_field(client.get("podgroups.scheduling.volcano.sh", "pair", NS, raw=True),
+                                        "status", "running"), 2), timeout=10, what="2 running")
+    waiting = await eventually(lambda: _n_reasons(client, ["short-0", "short-1"], "2 of minMember 3 members exist"),
+                               timeout=10, what="short waits")
     assert all(not p.spec.node_name for p in waiting)
-    assert "2 of minMember 3 members exist" in next(
-        c.message for c in waiting[0].status.conditions if c.type == "PodScheduled")
 
 
 async def _bound(client: Client, names: list[str]) -> list[Any] | None:
@@ -351,8 +358,8 @@ async def _phase_is(client: Client, name: str, want: str) -> Any:
     return body if (body.get("status") or {}).get("phase") == want else None
 
 
-async def _n_reasons(client: Client, names: list[str]) -> list[Any] | None:
+async def _n_reasons(client: Client, names: list[str], says: str) -> list[Any] | None:
     got = [await client.get("pods", n, NS) for n in names]
-    ok = all(any(c.type == "PodScheduled" and c.status == "False" and c.message
+    ok = all(any(c.type == "PodScheduled" and c.status == "False" and says in (c.message or "")
                  for c in (p.status.conditions if p.status else None) or []) for p in got)
     return got if ok else None
