@@ -174,3 +174,14 @@ def test_closed_or_missing_queues_admit_nothing_and_weight_orders_the_rest() -> 
     phases = _phases(a)
     assert phases["heavy-next"] == "Inqueue"
     assert "light-next" not in phases or phases["light-next"] == "Pending"  # light is at its capability
+
+
+def test_an_ended_group_stays_completed_while_its_pods_go_and_holds_nothing() -> None:
+    going = pod("w", "worker", 0)
+    going = going.model_copy(update={"metadata": going.metadata.model_copy(
+        update={"deletion_timestamp": "2027-01-15T08:00:00Z"})})
+    groups = [podgroup("Completed", name="done"), podgroup(None, name="next")]
+    a = decide_queues([queue("research", gpus="3")], groups, {"default/done": [going]}, NOW.text)
+    phases = _phases(a)
+    assert phases.get("done", "Completed") == "Completed"  # not reopened by the pod on its way out
+    assert phases["next"] == "Inqueue"  # and the capability it held is free

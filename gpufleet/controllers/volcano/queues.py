@@ -37,7 +37,7 @@ from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError
 from gpufleet.client.informer import SharedInformerFactory
-from gpufleet.controllers._common import pod_phase, status_dict, timestamp
+from gpufleet.controllers._common import is_being_deleted, pod_phase, status_dict, timestamp
 from gpufleet.controllers.actions import Actions, Patch
 from gpufleet.controllers.base import QueueController
 from gpufleet.controllers.pytorchjob.model import gang_wait_reason
@@ -70,7 +70,8 @@ def group_phase(pg: vc.VolcanoPodGroup, members: Sequence[k8s.Pod]) -> str:
     """The phase the group's members give it, before the Queue admits anything."""
     previous = (pg.status.phase if pg.status is not None else None) or vc.PG_PENDING
     min_member = max(1, (pg.spec.min_member if pg.spec is not None else None) or 1)
-    active = [p for p in members if pod_phase(p) in ("Pending", "Running")]
+    # Members on their way out (the job ended and stops them) do not reopen an ended group.
+    active = [p for p in members if pod_phase(p) in ("Pending", "Running") and not is_being_deleted(p)]
     if previous == vc.PG_COMPLETED and not active:
         return vc.PG_COMPLETED
     placed = [p for p in members if _placed(p)]
