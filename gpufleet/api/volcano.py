@@ -81,7 +81,9 @@ RESUME_JOB = "ResumeJob"
 SYNC_JOB = "SyncJob"
 ACTIONS = (ABORT_JOB, RESTART_JOB, RESTART_TASK, RESTART_POD, TERMINATE_JOB, COMPLETE_JOB, RESUME_JOB, SYNC_JOB)
 
-PLUGINS = ("env", "svc", "ssh")  # the ones gpufleet sets up; others are refused by name
+PLUGINS = ("env", "svc", "ssh", "pytorch")  # the ones gpufleet sets up; others are refused by name
+# Plugins that need svc's host names; Volcano's webhook adds svc to a job that has one of them.
+NEEDS_SVC = ("pytorch", "mpi", "tensorflow")
 
 # PodGroup phases and condition types.
 PG_PENDING = "Pending"
@@ -151,7 +153,8 @@ class JobSpec(K8sModel):
     policies: list[LifecyclePolicy] | None = Field(default=None, description="Lifecycle policies of the job.")
     plugins: dict[str, list[str]] | None = Field(
         default=None, description="Plugins that set the pods up: env (task index), svc (headless Service and "
-                                  "host lists), ssh (a key pair shared by the pods).")
+                                  "host lists), ssh (a key pair shared by the pods), pytorch (MASTER_ADDR, "
+                                  "MASTER_PORT, WORLD_SIZE, RANK).")
     running_estimate: str | None = Field(default=None, alias="runningEstimate")
     queue: str | None = Field(default=None, description="The Queue the job's PodGroup is admitted by (default).")
     max_retry: int | None = Field(default=None, alias="maxRetry",
@@ -401,6 +404,8 @@ def _default_job(job: VolcanoJob) -> None:
             task.min_available = task.replicas
     if spec.min_available is None:
         spec.min_available = sum(t.min_available or 0 for t in spec.tasks or [])
+    if spec.plugins is not None and any(p in spec.plugins for p in NEEDS_SVC) and "svc" not in spec.plugins:
+        spec.plugins["svc"] = []
 
 
 def _default_queue(queue: Queue) -> None:

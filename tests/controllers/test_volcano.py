@@ -53,8 +53,9 @@ spec:
 
 def job_manifest(name: str, queue: str = "research", *, worker_fails: bool = False, max_retry: int = 3,
                  master_gpus: int = 1) -> str:
-    """A PyTorch-style Volcano Job as Volcano's docs write it: master and worker tasks, the
-    env and svc plugins, PodEvicted/PodFailed -> RestartJob, TaskCompleted -> CompleteJob."""
+    """A PyTorch Volcano Job as Volcano's docs write it: master and worker tasks, the pytorch
+    plugin (which brings svc) and env, PodEvicted/PodFailed -> RestartJob, TaskCompleted ->
+    CompleteJob."""
     worker_annotations = {DURATION: "0.5", EXIT_CODE: "1"} if worker_fails else {DURATION: "600"}
     return f"""apiVersion: batch.volcano.sh/v1alpha1
 kind: Job
@@ -67,8 +68,8 @@ spec:
   queue: {queue}
   maxRetry: {max_retry}
   plugins:
+    pytorch: ["--master=master", "--worker=worker", "--port=23456"]
     env: []
-    svc: []
   policies:
   - event: PodEvicted
     action: RestartJob
@@ -171,7 +172,6 @@ async def pods(client: Client, name: str) -> list[Any]:
             if p.metadata.deletion_timestamp is None]
 
 
-@pytest.mark.skipif(not os.access(KUBECTL, os.X_OK), reason="the real kubectl is not installed")
 async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, cp: ControlPlane) -> None:
     client = fleet
     code, _, err = await kubectl(cp, "apply", "-f", "-", stdin=QUEUE + "---\n" + job_manifest("mnist"))
@@ -188,6 +188,8 @@ async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, c
     env = {e.name: e.value for e in next(p for p in members if p.metadata.name == "mnist-worker-1")
            .spec.containers[0].env}
     assert env["VC_TASK_INDEX"] == "1"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == (
+        "mnist-master-0.mnist", "23456", "3", "2")
     assert env["VC_WORKER_HOSTS"] == "mnist-worker-0.mnist,mnist-worker-1.mnist"
     assert await eventually(lambda: _eq(_field(podgroup(client, "mnist"), "status", "phase"), "Running"), timeout=10)
     svc = await client.get("services", "mnist", NS)
@@ -244,7 +246,6 @@ async def test_volcano_job_runs_gang_scheduled_within_its_queue(fleet: Client, c
     assert status["state"]["reason"] == "PodEvicted" and status["version"] == 1
 
 
-@pytest.mark.skipif(not os.access(KUBECTL, os.X_OK), reason="the real kubectl is not installed")
 async def test_a_failed_pod_restarts_the_whole_job_until_max_retry(fleet: Client, cp: ControlPlane) -> None:
     client = fleet
     code, _, err = await kubectl(cp, "apply", "-f", "-",

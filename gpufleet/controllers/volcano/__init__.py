@@ -20,7 +20,7 @@ What it does, as Volcano's job controller and scheduler do (docs/volcano.md):
   ``<job>-svc`` with ``<task>.host``/``<task>.num`` mounted at /etc/volcano,
   VC_<TASK>_HOSTS/_NUM, hostname and subdomain; host names resolve through hostAliases where
   every pod shares one address, as there is no cluster DNS), ssh (Secret ``<job>-ssh`` with a
-  key pair, mounted at /root/.ssh).
+  key pair, mounted at /root/.ssh), pytorch (MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK).
 """
 
 from gpufleet.controllers.volcano.controller import VolcanoJobController

@@ -24,7 +24,6 @@ from gpufleet.controllers._common import is_being_deleted, pod_phase, status_dic
 from gpufleet.controllers.actions import Actions, Create, Delete, Instant, Patch
 from gpufleet.controllers.pytorchjob.model import exit_code
 from gpufleet.controllers.volcano.model import (
-    ENV_PLUGIN,
     KIND_REF,
     SSH_PLUGIN,
     SVC_PLUGIN,
@@ -144,7 +143,7 @@ class _Sync:
         self.status.update(counts(pods))
         self.status["taskStatusCount"] = task_status_count(pods)
         self.status["minAvailable"] = vc.job_min_available(self.job)
-        controlled = {f"plugin-{p}": p for p in vc.plugins_of(self.job) if p in (ENV_PLUGIN, SVC_PLUGIN, SSH_PLUGIN)}
+        controlled = {f"plugin-{p}": p for p in vc.plugins_of(self.job) if p in vc.PLUGINS}
         if controlled:
             self.status["controlledResources"] = controlled
         status = {k: v for k, v in self.status.items() if v not in (None, {}, [])}

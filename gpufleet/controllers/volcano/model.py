@@ -26,6 +26,7 @@ TEMPLATE_UID_KEY = "volcano.sh/template-uid"
 ENV_PLUGIN = "env"
 SVC_PLUGIN = "svc"
 SSH_PLUGIN = "ssh"
+PYTORCH_PLUGIN = "pytorch"
 
 ACTIVE_PHASES = ("Pending", "Running")
 

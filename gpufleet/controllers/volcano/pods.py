@@ -21,6 +21,7 @@ from gpufleet.controllers.volcano.model import (
     JOB_RETRY_COUNT_KEY,
     JOB_VERSION_KEY,
     KIND,
+    PYTORCH_PLUGIN,
     QUEUE_NAME_KEY,
     SSH_PLUGIN,
     SVC_PLUGIN,
@@ -35,6 +36,7 @@ from gpufleet.controllers.volcano.model import (
 __all__ = ["fleet_address", "min_resources", "pod_body", "podgroup_body", "service_body", "svc_configmap_body"]
 
 SVC_MOUNT_PATH = "/etc/volcano"
+DEFAULT_PYTORCH_PORT = 23456
 SSH_MOUNT_PATH = "/root/.ssh"
 
 
@@ -91,6 +93,8 @@ def pod_body(job: vc.VolcanoJob, task: vc.TaskSpec, index: int, *, version: int,
             names += [h.split(".", 1)[0] for h in names]
             aliases = [a for a in spec.get("hostAliases") or [] if a.get("ip") != shared_address]
             spec["hostAliases"] = [*aliases, {"ip": shared_address, "hostnames": names}]
+    if PYTORCH_PLUGIN in plugins:
+        env += pytorch_env(job, task_name, index, plugins[PYTORCH_PLUGIN], spec)
     if SSH_PLUGIN in plugins:
         volume = f"{name}-ssh"
         spec["volumes"] = [*(spec.get("volumes") or []), {"name": volume, "secret": {
@@ -102,6 +106,39 @@ def pod_body(job: vc.VolcanoJob, task: vc.TaskSpec, index: int, *, version: int,
         if mounts:
             c["volumeMounts"] = [*(c.get("volumeMounts") or []), *mounts]
     return body
+
+
+def _plugin_args(args: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in args:
+        key, _, value = a.lstrip("-").partition("=")
+        out[key] = value
+    return out
+
+
+def pytorch_env(job: vc.VolcanoJob, task: str, index: int, args: list[str], spec: dict[str, Any]
+                ) -> list[dict[str, Any]]:
+    """Volcano's pytorch plugin (``--master=<task>``, ``--worker=<task>``, ``--port=<n>``):
+    MASTER_ADDR (the master's host name), MASTER_PORT, WORLD_SIZE (master and workers) and
+    RANK (0 for the master, 1 + index for a worker); the master's containers get the port."""
+    opts = _plugin_args(args)
+    master, worker = opts.get("master") or "master", opts.get("worker") or "worker"
+    port = opts.get("port") or str(DEFAULT_PYTORCH_PORT)
+    if task not in (master, worker):
+        return []
+    tasks = {t.name: t for t in vc.tasks_of(job)}
+    world = sum(vc.task_replicas(tasks[t]) for t in (master, worker) if t in tasks)
+    rank = index if task == master else index + (vc.task_replicas(tasks[master]) if master in tasks else 0)
+    if task == master and port.isdigit():
+        for c in spec.get("containers") or []:
+            ports = c.get("ports") or []
+            if not any(p.get("containerPort") == int(port) for p in ports):
+                c["ports"] = [*ports, {"name": "pytorchjob-port", "containerPort": int(port), "protocol": "TCP"}]
+    name = objects.name_of(job)
+    return [{"name": "MASTER_ADDR", "value": f"{pod_name(name, master, 0)}.{name}"},
+            {"name": "MASTER_PORT", "value": port},
+            {"name": "WORLD_SIZE", "value": str(world)},
+            {"name": "RANK", "value": str(rank)}]
 
 
 def min_resources(job: vc.VolcanoJob) -> dict[str, str]:
