@@ -104,11 +104,29 @@ def schedule_timeout(pg: PodGroup) -> int:
     return value if value and value > 0 else DEFAULT_SCHEDULE_TIMEOUT_SECONDS
 
 
+# Volcano's: the annotation that makes a pod a member of a scheduling.volcano.sh PodGroup
+# (api/volcano.py), placed by the same gang cycle.
+VOLCANO_GROUP_ANNOTATIONS = ("scheduling.k8s.io/group-name", "scheduling.volcano.sh/group-name")
+
+
+def group_name(labels: dict[str, str] | None, annotations: dict[str, str] | None) -> str | None:
+    """The name of the gang a pod's labels or annotations make it a member of: the
+    ``scheduling.x-k8s.io/pod-group`` label, else Volcano's ``scheduling.k8s.io/group-name``
+    annotation; None for neither."""
+    name = (labels or {}).get(POD_GROUP_LABEL)
+    if name:
+        return name
+    for key in VOLCANO_GROUP_ANNOTATIONS:
+        if (annotations or {}).get(key):
+            return (annotations or {})[key]
+    return None
+
+
 def group_of(pod: Any) -> str | None:
-    """The PodGroup a pod (a typed model) is a member of, as 'namespace/name'; None when
-    it carries no ``scheduling.x-k8s.io/pod-group`` label."""
+    """The gang a pod (a typed model) is a member of, as 'namespace/name' (``group_name``);
+    None when it is a member of none."""
     meta = pod.metadata if pod.metadata is not None else ObjectMeta()
-    name = (meta.labels or {}).get(POD_GROUP_LABEL)
+    name = group_name(meta.labels, meta.annotations)
     return f"{meta.namespace or ''}/{name}" if name else None
 
 

@@ -213,6 +213,14 @@ _BUILTIN: list[ResourceType] = [
                  extra={"scale": {"specReplicasPath": "spec.pytorchReplicaSpecs.Worker.replicas",
                                   "statusReplicasPath": "status.replicaStatuses.Worker.active",
                                   "labelSelectorPath": "status.replicaStatuses.Worker.selector"}}),
+    # batch.volcano.sh/v1alpha1 and scheduling.volcano.sh/v1beta1: Volcano's Job, Queue and
+    # PodGroup (Volcano's short names, less its "pg", which names scheduling.x-k8s.io's here)
+    ResourceType("batch.volcano.sh", "v1alpha1", "Job", "jobs", True, "gpufleet.api.volcano:VolcanoJob",
+                 ("vcjob", "vj")),
+    ResourceType("scheduling.volcano.sh", "v1beta1", "Queue", "queues", False, "gpufleet.api.volcano:Queue",
+                 ("q", "queue-v1beta1")),
+    ResourceType("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", True,
+                 "gpufleet.api.volcano:VolcanoPodGroup", ("podgroup-v1beta1",)),
     # apiextensions.k8s.io/v1: the kinds declared at run time (apiserver/customresources)
     ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
                  "gpufleet.api.apiextensions:CustomResourceDefinition", ("crd", "crds"), ("api-extensions",)),

@@ -28,7 +28,7 @@ from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Controller, Requeue
-from gpufleet.client.errors import ApiError, NotFound
+from gpufleet.client.errors import ApiError, Conflict, NotFound
 from gpufleet.client.events import EventRecorder
 from gpufleet.client.informer import NAMESPACE_INDEX, Informer, SharedInformerFactory
 from gpufleet.client.workqueue import WorkQueue
@@ -231,6 +231,23 @@ class OwnerController(KeyedController):
 
     def forget(self, key: str) -> None:
         """Drop what the controller remembers about the owner ``key``, which is gone."""
+
+    async def apply_decision(self, key: str, owner: Any, actions: Actions,
+                             remember: Callable[[Actions, Outcome], None]) -> Requeue | None:
+        """Apply a sync's decision, hand ``remember`` what was done (also when a write failed
+        after others went through), and answer what the work queue does next: again at once
+        after a Conflict, later after another refusal (``retry_later``), else as the decision
+        asked."""
+        try:
+            outcome = await self.act(key, owner, actions, raise_errors=False)
+            remember(actions, outcome)
+            if outcome.error is not None:
+                raise outcome.error
+        except Conflict:
+            return Requeue()
+        except ApiError as e:
+            return self.retry_later(key, e)
+        return self.requeue(actions)
 
     async def act(self, key: str, owner: Any, actions: Actions, *, raise_errors: bool = True) -> Outcome:
         return await apply(self.client, actions, owner=owner, recorder=self.recorder,

@@ -40,6 +40,8 @@ _CLASSES = {
     "persistentvolume": "gpufleet.controllers.persistentvolume:PersistentVolumeController",
     "localpath": "gpufleet.controllers.localpath:LocalPathProvisioner",
     "podgroup": "gpufleet.controllers.podgroup:PodGroupController",
+    "volcanojob": "gpufleet.controllers.volcano:VolcanoJobController",
+    "volcanoqueue": "gpufleet.controllers.volcano:VolcanoQueueController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -161,6 +163,8 @@ class ControllerManager:
                            "checkpoint_root": opts.pytorchjob_checkpoint_root,
                            "elastic_resize_interval": opts.pytorchjob_resize_interval},
             "podgroup": common,
+            "volcanojob": {**common, "recorder": recorder("vc-controller-manager")},
+            "volcanoqueue": {**common, "recorder": recorder("vc-scheduler")},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},

@@ -29,7 +29,7 @@ ORDER = [
     "Namespace", "PriorityClass", "ServiceAccount", "Secret", "ConfigMap", "ResourceQuota", "LimitRange",
     "StorageClass", "PersistentVolume", "PersistentVolumeClaim",
     "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-    "ResourceFlavor", "ClusterQueue", "LocalQueue",
+    "ResourceFlavor", "ClusterQueue", "LocalQueue", "Queue",
     "PodDisruptionBudget", "Service", "PodGroup", "Deployment", "StatefulSet", "DaemonSet",
     "HorizontalPodAutoscaler",
     "Job", "PyTorchJob", "Pod",
@@ -43,6 +43,12 @@ REQUIREMENTS = {
                     "\"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.8.1\"",
     "scheduling.x-k8s.io": "scheduler-plugins with the Coscheduling plugin (scheduling.x-k8s.io/v1alpha1 "
                            "PodGroup): https://github.com/kubernetes-sigs/scheduler-plugins",
+    "batch.volcano.sh": "Volcano (batch.volcano.sh/v1alpha1 Job, scheduling.volcano.sh/v1beta1 Queue and "
+                        "PodGroup): kubectl apply -f https://raw.githubusercontent.com/volcano-sh/volcano/"
+                        "release-1.12/installer/volcano-development.yaml",
+    "scheduling.volcano.sh": "Volcano (scheduling.volcano.sh/v1beta1 Queue and PodGroup): kubectl apply -f "
+                             "https://raw.githubusercontent.com/volcano-sh/volcano/release-1.12/installer/"
+                             "volcano-development.yaml",
     "kueue.x-k8s.io": "Kueue (kueue.x-k8s.io/v1beta1 ResourceFlavor, ClusterQueue, LocalQueue): "
                       "https://kueue.sigs.k8s.io/docs/installation/",
 }
@@ -144,6 +150,13 @@ def notes_for(obj: dict[str, Any]) -> list[str]:
     if kind == "PodGroup" and group == "scheduling.x-k8s.io":
         notes.append("its pods need the label scheduling.x-k8s.io/pod-group and the schedulerName of the "
                      "scheduler-plugins scheduler (unless it replaced the default scheduler)")
+    if kind == "Job" and group == "batch.volcano.sh":
+        notes.append("the svc plugin's host names resolve through the cluster's DNS there; on gpufleet they "
+                     "resolve through hostAliases only where every pod shares one address")
+    if kind == "Queue" and group == "scheduling.volcano.sh":
+        notes.append("Volcano there also reclaims over-used resources across queues (reclaimable) and gives "
+                     "each queue its weighted share; gpufleet honours capability and state, and weight only as the "
+                     "order in which queues are served")
     if kind == "HorizontalPodAutoscaler":
         metrics = spec.get("metrics") or []
         custom = sorted({((m.get(m.get("type", "").lower() or "") or {}).get("metric") or {}).get("name", "")

@@ -21,8 +21,9 @@ from collections import Counter
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
-from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
+from gpufleet.api import volcano as vc_api
+from gpufleet.client import objects
 from gpufleet.client.events import WARNING, EventRecorder
 from gpufleet.scheduler.cache import SchedulerCache
 from gpufleet.scheduler.framework import Code, Framework, ScheduleResult, SchedulingError
@@ -60,6 +61,7 @@ class GangCycles:
     reporter: Reporter
     _snapshot: Snapshot
     _podgroup_informer: Any
+    _volcano_podgroup_informer: Any
 
     if TYPE_CHECKING:
         def _skip(self, pod_info: PodInfo) -> bool: ...
@@ -70,15 +72,31 @@ class GangCycles:
         def _forget_nomination(self, key: str) -> None: ...
 
     def _podgroup(self, group: str) -> pg_api.PodGroup | None:
-        if self._podgroup_informer is None:
-            return None
-        obj = self._podgroup_informer.get(group)
-        return _model(pg_api.PodGroup, obj) if obj is not None else None
+        return self._gang(group)[0]
+
+    def _gang(self, group: str) -> tuple[pg_api.PodGroup | None, str | None]:
+        """The group's PodGroup (scheduling.x-k8s.io, else Volcano's seen as one) and why it
+        is held back regardless of resources (None: it is not)."""
+        obj = self._podgroup_informer.get(group) if self._podgroup_informer is not None else None
+        if obj is not None:
+            return _model(pg_api.PodGroup, obj), None
+        obj = self._volcano_podgroup_informer.get(group) if self._volcano_podgroup_informer is not None else None
+        if obj is not None:
+            return vc_api.gang_view(_model(vc_api.VolcanoPodGroup, obj))
+        return None, None
+
+    def _on_volcano_podgroup_update(self, old: Any, new: Any) -> None:
+        # Its Queue admitting it (Pending -> Inqueue, a status write) is what its gang waits for.
+        before = _model(vc_api.VolcanoPodGroup, old) if old is not None else None
+        after = _model(vc_api.VolcanoPodGroup, new)
+        if before is not None and before.spec == after.spec and vc_api.gang_view(before)[1] == vc_api.gang_view(
+                after)[1]:
+            return
+        self._on_podgroup(after)
 
     def _on_podgroup(self, obj: Any) -> None:
-        pg = _model(pg_api.PodGroup, obj)
-        meta = pg.metadata or k8s.ObjectMeta()
-        self._wake_group(f"{meta.namespace or ''}/{meta.name or ''}")
+        # Either kind of PodGroup (typed or not): only its key matters here.
+        self._wake_group(objects.object_key(obj))
 
     def _on_podgroup_update(self, old: Any, new: Any) -> None:
         before = _model(pg_api.PodGroup, old) if old is not None else None
@@ -88,9 +106,7 @@ class GangCycles:
         self._on_podgroup(after)
 
     def _on_podgroup_delete(self, obj: Any) -> None:
-        pg = _model(pg_api.PodGroup, obj)
-        meta = pg.metadata or k8s.ObjectMeta()
-        self.gangs.forget(f"{meta.namespace or ''}/{meta.name or ''}")
+        self.gangs.forget(objects.object_key(obj))
 
     def _wake_group(self, group: str) -> None:
         members = self.gangs.members(group)
@@ -127,9 +143,9 @@ class GangCycles:
         profile = self.profile.scheduler_name
         start = self.clock.monotonic()
         gang = self._take_gang(qpi)
-        pg = self._podgroup(group)
-        if pg is None:
-            self._reject_gang(gang, f"pod group {group} not found", {COSCHEDULING}, cycle)
+        pg, hold = self._gang(group)
+        if pg is None or hold is not None:
+            self._reject_gang(gang, hold or f"pod group {group} not found", {COSCHEDULING}, cycle)
             self._observe("unschedulable", start, profile)
             return None
         min_member = pg_api.min_member(pg)

@@ -51,6 +51,9 @@ DEFAULT_WEIGHTS: dict[str, int] = {
 @dataclass
 class Profile:
     scheduler_name: str = DEFAULT_SCHEDULER_NAME
+    # Other schedulerNames whose pods this profile places: Volcano's ("volcano"), so that a
+    # Volcano user's pods and Jobs run unchanged (their gangs are Volcano PodGroups).
+    also_answers_to: tuple[str, ...] = ("volcano",)
     plugins: list[str] = field(default_factory=lambda: list(DEFAULT_PLUGINS))
     weights: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_WEIGHTS))
     plugin_args: dict[str, dict[str, Any]] = field(default_factory=dict)

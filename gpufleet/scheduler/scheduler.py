@@ -46,6 +46,7 @@ from typing import Any
 
 from gpufleet.api import k8s
 from gpufleet.api import podgroup as pg_api
+from gpufleet.api import volcano as vc_api
 from gpufleet.api.gpu import GPUS_ANNOTATION
 from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
@@ -195,6 +196,7 @@ class Scheduler(GangCycles):
         self._background: set[asyncio.Task[Any]] = set()
         self._pod_informer: Any = None
         self._podgroup_informer: Any = None
+        self._volcano_podgroup_informer: Any = None
         self._pdb_informer: Any = None
         self._handlers: list[tuple[Any, Any]] = []
         # Pod queue key -> its binding cycle in flight (cancelled when the pod is deleted:
@@ -218,6 +220,7 @@ class Scheduler(GangCycles):
         node_informer = factory.informer("nodes")
         self._pod_informer = factory.informer("pods")
         self._podgroup_informer = factory.informer(pg_api.PodGroup)
+        self._volcano_podgroup_informer = factory.informer(vc_api.VolcanoPodGroup)
         self._pdb_informer = factory.informer("poddisruptionbudgets")
         claims = factory.informer("persistentvolumeclaims")
         volumes = factory.informer("persistentvolumes")
@@ -251,6 +254,12 @@ class Scheduler(GangCycles):
                 self._podgroup_informer,
                 self._podgroup_informer.add_event_handler(
                     self._on_podgroup, self._on_podgroup_update, self._on_podgroup_delete
+                ),
+            ),
+            (
+                self._volcano_podgroup_informer,
+                self._volcano_podgroup_informer.add_event_handler(
+                    self._on_podgroup, self._on_volcano_podgroup_update, self._on_podgroup_delete
                 ),
             ),
         ]
@@ -310,7 +319,7 @@ class Scheduler(GangCycles):
 
     def _responsible(self, pod: k8s.Pod) -> bool:
         name = pod.spec.scheduler_name if pod.spec is not None else None
-        return not name or name == self.profile.scheduler_name
+        return not name or name == self.profile.scheduler_name or name in self.profile.also_answers_to
 
     def _move(self, event: str) -> None:
         interested = self._interested.get(event)

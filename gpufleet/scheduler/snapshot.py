@@ -27,7 +27,7 @@ from gpufleet.api.gpu import (
     parse_gpu_indices,
     parse_gpus_annotation,
 )
-from gpufleet.api.podgroup import POD_GROUP_LABEL
+from gpufleet.api.podgroup import group_name
 from gpufleet.api.quantity import format_quantity, whole_amount
 from gpufleet.api.taints import PREFER_NO_SCHEDULE, taint_tuples, toleration_tuples
 from gpufleet.scheduler.volumes import EMPTY as EMPTY_STORAGE
@@ -159,7 +159,7 @@ class PodInfo:
         self.tolerations = toleration_tuples(spec.tolerations)
         self.spread_owner = spread_owner_uid(meta)
         # 'namespace/name' of the PodGroup the pod belongs to (gang scheduling), or "".
-        group = self.labels.get(POD_GROUP_LABEL)
+        group = group_name(self.labels, self.annotations)
         self.pod_group = f"{self.namespace}/{group}" if group else ""
         self.preemption_policy = spec.preemption_policy or "PreemptLowerPriority"
         # Deleted and on its way out: it still holds what it requests, but preempting it

@@ -460,3 +460,18 @@ def test_statefulsets_and_daemonsets_export_without_what_their_controllers_made(
         ("StatefulSet", "ml", "db"), ("DaemonSet", "ml", "logs")]
     sts = export.documents[2].obj
     assert "status" not in sts and "status" not in sts["spec"]["volumeClaimTemplates"][0]
+
+
+def test_volcano_jobs_and_queues_export_and_name_volcano() -> None:
+    from gpufleet.export.render import notes_for
+
+    queue = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "Queue", "metadata": {"name": "research"},
+             "spec": {"capability": {"nvidia.com/gpu": 3}}}
+    job = {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "a", "namespace": "ml"},
+           "spec": {"tasks": []}}
+    made = {"apiVersion": "scheduling.volcano.sh/v1beta1", "kind": "PodGroup",
+            "metadata": {"name": "a-u1", "namespace": "ml", "ownerReferences": [
+                {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "name": "a", "uid": "u1",
+                 "controller": True}]}}
+    assert [exported(o) for o in (queue, job, made)] == [True, True, False]
+    assert notes_for(job)[0] == notes_for(queue)[0] == "needs Volcano on the cluster"

@@ -133,9 +133,15 @@ def test_api_resources_lists_the_kinds_with_short_names(kubectl_at, kubectl: Kub
         "daemonsets": ("ds", "apps/v1", "true", "DaemonSet"),
         "controllerrevisions": ("", "apps/v1", "true", "ControllerRevision"),
         "clusterrolebindings": ("", "rbac.authorization.k8s.io/v1", "false", "ClusterRoleBinding"),
+        # Volcano's (a second "podgroups", "jobs" and the "queues" that LocalQueue's short name also is).
+        "jobs.batch.volcano.sh": ("vcjob,vj", "batch.volcano.sh/v1alpha1", "true", "Job"),
+        "podgroups.scheduling.volcano.sh": ("podgroup-v1beta1", "scheduling.volcano.sh/v1beta1", "true", "PodGroup"),
+        "queues.scheduling.volcano.sh": ("q,queue-v1beta1", "scheduling.volcano.sh/v1beta1", "false", "Queue"),
     }
-    for name, cells in want.items():
-        r = row(out, name)
+    rows = table(out)
+    for key, cells in want.items():
+        name = key.split(".", 1)[0]
+        (r,) = [r for r in rows if r["NAME"] == name and r["APIVERSION"] == cells[1]]
         assert (r["SHORTNAMES"], r["APIVERSION"], r["NAMESPACED"], r["KIND"]) == cells, r
     assert row(out, "pytorchjobs")["VERBS"] == "create,delete,deletecollection,get,list,patch,update,watch"
     # `kubectl get all` includes HPAs, as on Kubernetes; the queue kinds stay out of it.
@@ -279,7 +285,9 @@ def test_apply_a_kueue_setup_and_read_its_tables(kubectl: Kubectl, kueue: str, t
     assert row(kubectl("get", "cq", "-o", "wide").ok().stdout, "research")["STRATEGY"] == "BestEffortFIFO"
     rf = kubectl("get", "rf").ok().stdout
     assert row(rf, "h100")["NODE LABELS"] == "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3"
-    queues = kubectl("get", "queues", "-A").ok().stdout
+    # `queues` is Volcano's Queue for kubectl (an exact resource name beats LocalQueue's short
+    # name, as on a cluster with both installed): LocalQueues go by `lq` or `localqueues`.
+    queues = kubectl("get", "lq", "-A").ok().stdout
     assert header(queues)[:3] == ["NAMESPACE", "NAME", "CLUSTERQUEUE"]
     assert row(queues, "main")["CLUSTERQUEUE"] == "research"
 

@@ -96,6 +96,13 @@ def _pytorch_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
             yield f"spec.pytorchReplicaSpecs[{rtype}].template", template
 
 
+def _volcano_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
+    for i, task in enumerate(_d(obj.get("spec")).get("tasks") or []):
+        template = _d(task).get("template")
+        if isinstance(template, Mapping):
+            yield f"spec.tasks[{i}].template", template
+
+
 # Resource key -> where its pod templates are. A kind not served here never matches.
 # Kueue's Workloads are left out: their pod sets copy the templates of the job they stand
 # for, which is checked itself, and no pod is ever made from a Workload.
@@ -109,6 +116,7 @@ TEMPLATE_KINDS: dict[str, Callable[[Mapping[str, Any]], Iterator[Template]]] = {
     "jobs.batch": _single("spec.template"),
     "cronjobs.batch": _single("spec.jobTemplate.spec.template"),
     "pytorchjobs.kubeflow.org": _pytorch_templates,
+    "jobs.batch.volcano.sh": _volcano_templates,
 }
 
 

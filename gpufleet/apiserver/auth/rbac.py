@@ -293,6 +293,8 @@ _EDITABLE: list[tuple[str, list[str]]] = [
     ("networking.k8s.io", ["ingresses", "networkpolicies"]),
     ("kubeflow.org", ["*"]),
     ("scheduling.x-k8s.io", ["podgroups"]),
+    ("batch.volcano.sh", ["jobs"]),
+    ("scheduling.volcano.sh", ["podgroups"]),
 ]
 # Readable by view (no secrets), besides the editable kinds.
 _VIEWABLE_ONLY: list[tuple[str, list[str]]] = [
@@ -305,6 +307,8 @@ _VIEWABLE_ONLY: list[tuple[str, list[str]]] = [
     ("batch", ["jobs/status", "cronjobs/status"]),
     ("policy", ["poddisruptionbudgets/status"]),
     ("kueue.x-k8s.io", ["localqueues", "localqueues/status"]),
+    ("batch.volcano.sh", ["jobs/status"]),
+    ("scheduling.volcano.sh", ["queues", "queues/status", "podgroups/status"]),
     ("metrics.k8s.io", ["pods"]),
     ("discovery.k8s.io", ["endpointslices"]),
 ]

@@ -1,4 +1,4 @@
-"""Printers for the ML kinds (PodGroup, PyTorchJob): their columns come from the kind's own
+"""Printers for the ML kinds (PodGroup, PyTorchJob, Volcano's Job, PodGroup and Queue): their columns come from the kind's own
 module in gpufleet.api.
 """
 
@@ -47,3 +47,23 @@ def _register_pytorchjob_printer() -> None:
 
 
 _register_pytorchjob_printer()
+
+
+def _register_volcano_printers() -> None:
+    from gpufleet.api import volcano as vc
+
+    def columns(cols: tuple[dict[str, Any], ...], wide: tuple[dict[str, Any], ...] = ()) -> tuple[Column, ...]:
+        return (NAME_COLUMN, *(Column(**c) for c in cols), AGE_COLUMN, *(Column(**c) for c in wide))
+
+    def row(cells: Any, wide: Any = None) -> Any:
+        return lambda obj, now: [_name(obj), *cells(obj), age_cell(obj, now), *(wide(obj) if wide else ())]
+
+    register_printer("Job", columns(vc.JOB_PRINTER_COLUMNS, vc.JOB_WIDE_COLUMNS),
+                     row(vc.job_printer_cells, vc.job_wide_cells), group=vc.BATCH_GROUP)
+    register_printer("PodGroup", columns(vc.PODGROUP_PRINTER_COLUMNS, vc.PODGROUP_WIDE_COLUMNS),
+                     row(vc.podgroup_printer_cells, vc.podgroup_wide_cells), group=vc.SCHEDULING_GROUP)
+    register_printer("Queue", columns(vc.QUEUE_PRINTER_COLUMNS), row(vc.queue_printer_cells),
+                     group=vc.SCHEDULING_GROUP)
+
+
+_register_volcano_printers()

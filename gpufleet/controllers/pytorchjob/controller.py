@@ -12,7 +12,6 @@ from gpufleet.api.nodeheartbeat import heartbeat_only
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import ApiError, Conflict
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller, pod_phase
 from gpufleet.controllers.actions import Actions, Outcome
@@ -116,16 +115,7 @@ class PyTorchJobController(OwnerController):
         if actions.empty:
             return self.requeue(actions)
         self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)
-        try:
-            outcome = await self.act(key, job, actions, raise_errors=False)
-            self._remember(key, actions, outcome)
-            if outcome.error is not None:
-                raise outcome.error
-        except Conflict:
-            return Requeue()
-        except ApiError as e:
-            return self.retry_later(key, e)
-        return self.requeue(actions)
+        return await self.apply_decision(key, job, actions, lambda a, o: self._remember(key, a, o))
 
     def _remember(self, key: str, actions: Actions, outcome: Outcome) -> None:
         m = self.memory.get(key, Memory())

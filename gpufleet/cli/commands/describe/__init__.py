@@ -45,6 +45,8 @@ from gpufleet.cli.commands.describe.workloads import (
     _describe_podgroup,
     _describe_replicaset,
     _describe_training_job,
+    _describe_volcano_job,
+    _describe_volcano_podgroup,
     _gang_status,
     qos_class,
 )
@@ -168,4 +170,6 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("storage.k8s.io", "StorageClass"): _describe_storage_class,
     ("scheduling.x-k8s.io", "PodGroup"): _describe_podgroup,
     ("kubeflow.org", "PyTorchJob"): _describe_training_job,
+    ("batch.volcano.sh", "Job"): _describe_volcano_job,
+    ("scheduling.volcano.sh", "PodGroup"): _describe_volcano_podgroup,
 }

@@ -273,6 +273,10 @@ async def _describe_podgroup(session: Session, rt: ResourceType, group: dict[str
         doc.mapping(0, "Min Resources", spec["minResources"])
     members = await _gang_members(session, group)
     _gang_status(doc, 0, group, members)
+    _member_pods(doc, members)
+
+
+def _member_pods(doc: Doc, members: list[dict]) -> None:
     if members:
         doc.title(0, "Member Pods:")
         doc.table(1, ["Name", "Phase", "Node"], [
@@ -296,3 +300,62 @@ async def _describe_training_job(session: Session, rt: ResourceType, job: dict[s
     doc.title(0, "Gang:")
     doc.kv(1, "Pod Group", meta(group).get("name", ""))
     _gang_status(doc, 1, group, await _gang_members(session, group))
+
+
+# -- Volcano: the Job and its PodGroup --------------------------------------------------------
+
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+
+
+async def _volcano_members(session: Session, group: dict[str, Any]) -> list[dict]:
+    m = meta(group)
+    pods = await _list(session, "pods", m.get("namespace"))
+    return sorted((p for p in pods if (meta(p).get("annotations") or {}).get(VOLCANO_GROUP_ANNOTATION)
+                   == m.get("name")), key=lambda p: meta(p).get("name", ""))
+
+
+def _volcano_gang(doc: Doc, level: int, group: dict[str, Any], members: list[dict]) -> None:
+    spec, status = group.get("spec") or {}, group.get("status") or {}
+    doc.kv(level, "Phase", status.get("phase") or "Pending")
+    doc.kv(level, "Queue", spec.get("queue") or "default")
+    doc.kv(level, "Min Member", spec.get("minMember", 0))
+    if spec.get("minTaskMember"):
+        doc.mapping(level, "Min Task Member", spec["minTaskMember"])
+    if spec.get("minResources"):
+        doc.mapping(level, "Min Resources", spec["minResources"])
+    doc.kv(level, "Members", len([p for p in members if not meta(p).get("deletionTimestamp")]))
+    for key in ("running", "succeeded", "failed"):
+        doc.kv(level, key.capitalize(), status.get(key, 0))
+    unschedulable = [c.get("message") for c in status.get("conditions") or []
+                     if c.get("type") == "Unschedulable" and c.get("status") == "True" and c.get("message")]
+    reasons = unschedulable or _waiting_reasons(members)
+    if reasons:
+        doc.lines(level, "Waiting", reasons)
+
+
+async def _describe_volcano_podgroup(session: Session, rt: ResourceType, group: dict[str, Any], doc: Doc) -> None:
+    """The gang as Volcano's scheduler and its Queue see it: phase, queue, counts, why it waits."""
+    _header(doc, rt, group)
+    _controlled_by(doc, group)
+    members = await _volcano_members(session, group)
+    _volcano_gang(doc, 0, group, members)
+    _member_pods(doc, members)
+
+
+async def _describe_volcano_job(session: Session, rt: ResourceType, job: dict[str, Any], doc: Doc) -> None:
+    """A Volcano Job field by field, then its gang: the PodGroup ``<job>-<uid>`` (whether its
+    Queue admitted it, and what the scheduler says of its pods)."""
+    await _describe_generic(session, rt, job, doc)
+    m = meta(job)
+    pg_rt = REGISTRY.by_key("podgroups.scheduling.volcano.sh")
+    if pg_rt is None:
+        return
+    try:
+        resp = await session.client.raw_request(
+            "GET", pg_rt.path(m.get("namespace"), f"{m.get('name', '')}-{m.get('uid', '')}"))
+    except ApiError:
+        return
+    group = json.loads(resp.body)
+    doc.title(0, "Gang:")
+    doc.kv(1, "Pod Group", meta(group).get("name", ""))
+    _volcano_gang(doc, 1, group, await _volcano_members(session, group))
