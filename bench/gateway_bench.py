@@ -14,7 +14,8 @@ alternating in turns so a burst of other load on the machine lands on both alike
 
 Part 2, load step to Ready. `gpufleet up` with its node agent (process runtime) runs
 examples/serving (a PyTorch model server; HPA on the gateway's requests_per_second, 5 per
-pod wanted, 1..4 replicas, sync every second). At 2 req/s for a few seconds, then a step to
+pod wanted, 1..4 replicas), with up's default HPA sync (15 s, --hpa-sync-period), once with
+the HPA's rate watch on (--hpa-rate-watch 1, the default) and once off (0), in one run. At 2 req/s for a few seconds, then a step to
 20 req/s: printed are the times from the step to the HPA's first rescale, to the first new
 replica Ready, and to 4 replicas Ready; then the requests that failed (should be 0).
 
@@ -213,14 +214,14 @@ async def overhead(args: argparse.Namespace) -> None:
         await backend.wait()
 
 
-async def scale_step(args: argparse.Namespace) -> None:
+async def scale_step(args: argparse.Namespace, rate_watch: str) -> None:
     example = ROOT / "examples" / "serving"
     text = (example / "model.yaml").read_text().replace("__PYTHON__", sys.executable).replace("__DIR__", str(example))
     docs = [d for d in yaml.safe_load_all(text) if d]
     for d in docs:
         if d["kind"] == "HorizontalPodAutoscaler":
             d["spec"]["minReplicas"] = 1
-    with Up("--hpa-sync-period", "1") as up:
+    with Up("--hpa-sync-period", str(args.hpa_sync_period), "--hpa-rate-watch", rate_watch) as up:
         client = Client(transport_from_kubeconfig(up.kubeconfig))
         try:
             for d in docs:
@@ -255,7 +256,8 @@ async def scale_step(args: argparse.Namespace) -> None:
                 load.rate = 0
                 await load.drain()
             failures = load.report.failures
-            print("\n== load step 2 -> 20 req/s (HPA: 5 req/s per pod, 1..4 replicas, sync 1 s) ==")
+            print(f"\n== load step 2 -> 20 req/s (HPA: 5 req/s per pod, 1..4 replicas, sync {args.hpa_sync_period:g} s, "
+                  f"rate watch {rate_watch} s) ==")
             print(f"step -> HPA rescaled:           {rescaled:.2f}s" if rescaled else "step -> HPA rescaled: -")
             print(f"step -> first new replica Ready: {first:.2f}s" if first else "step -> first new replica Ready: -")
             print(f"step -> 4 replicas Ready:        {full:.2f}s" if full else "step -> 4 replicas Ready: -")
@@ -273,10 +275,17 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds at 2 req/s before the step")
     ap.add_argument("--skip-scale", action="store_true", help="only part 1 (no model, no torch)")
+    ap.add_argument("--skip-overhead", action="store_true", help="only part 2")
+    ap.add_argument("--hpa-sync-period", type=float, default=15.0, help="gpufleet up's --hpa-sync-period "
+                    "(its default: 15)")
+    ap.add_argument("--rate-watch", default="1,0", help="gpufleet up's --hpa-rate-watch values, one step each "
+                    "(1: the default; 0: periodic syncs only)")
     args = ap.parse_args()
-    asyncio.run(overhead(args))
+    if not args.skip_overhead:
+        asyncio.run(overhead(args))
     if not args.skip_scale:
-        asyncio.run(scale_step(args))
+        for rate_watch in args.rate_watch.split(","):
+            asyncio.run(scale_step(args, rate_watch.strip()))
 
 
 if __name__ == "__main__":

@@ -70,6 +70,7 @@ class ControlPlane:
     # and how often the HPA controller evaluates each autoscaler.
     gateway_port: int | None = None
     hpa_sync_period: float = 15.0
+    hpa_rate_watch: float = 1.0
     gateway: Any = None
     # Where the local-path StorageClass made at first start keeps volumes on each node
     # (None: /var/lib/gpufleet/local-path).
@@ -249,6 +250,7 @@ class ControlPlane:
         if self.local_path_dir is not None:
             options["local_path_node_path"] = self.local_path_dir
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
+                                 hpa_rate_watch=self.hpa_rate_watch,
                                  hpa_gateway_url=self.gateway.url if self.gateway is not None else None,
                                  root_ca=self.ca_pem, **options)
 

@@ -38,6 +38,7 @@ metric, FailedGet<type>Metric).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Mapping, Sequence
@@ -74,6 +75,7 @@ from gpufleet.controllers.hpa_decide import (
     selector_of,
 )
 from gpufleet.utils.clock import REAL_CLOCK, Clock, parse_rfc3339
+from gpufleet.utils.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -255,6 +257,7 @@ class HorizontalPodAutoscalerController(QueueController):
         sync_period: float = 15.0,
         metrics: MetricsSource | None = None,
         gateway_url: str | None = None,
+        rate_watch: float = 0.0,
         cpu_initialization_period: float = algo.CPU_INITIALIZATION_PERIOD,
         initial_readiness_delay: float = algo.INITIAL_READINESS_DELAY,
         **kwargs: Any,
@@ -268,11 +271,27 @@ class HorizontalPodAutoscalerController(QueueController):
         self._readiness = {"cpu_initialization_period": cpu_initialization_period,
                            "initial_readiness_delay": initial_readiness_delay}
         self.history: dict[str, algo.History] = {}
+        # The rate watch: between syncs, the gateway's request metrics are looked at every
+        # ``rate_watch`` seconds; an HPA whose metric crosses above its target is queued at
+        # once. What each HPA's last sync saw (namespace, metric, target in milli-units, its
+        # pods), and whether the metric was above target at the last look.
+        self.rate_watch = rate_watch
+        self._watched: dict[str, tuple[str, str, int, frozenset[str]]] = {}
+        self._above: dict[str, bool] = {}
+        self._watch_task: asyncio.Task | None = None
         self.hpa_informer = informers.informer(HorizontalPodAutoscaler)
         self.pod_informer = informers.informer(Pod)
         self.hpa_informer.add_event_handler(self._hpa_added, self._hpa_updated, self._hpa_deleted)
 
+    async def start(self) -> None:
+        await super().start()
+        if self.rate_watch > 0:
+            self._watch_task = asyncio.create_task(self._watch_rates(), name=f"{self.name}:rate-watch")
+
     async def stop(self) -> None:
+        if self._watch_task is not None:
+            await cancel_and_wait(self._watch_task)
+            self._watch_task = None
         await super().stop()
         if self._own_metrics and isinstance(self.metrics, ClusterMetrics):
             await self.metrics.close()
@@ -287,7 +306,57 @@ class HorizontalPodAutoscalerController(QueueController):
             self.queue.add(objects.object_key(new))
 
     def _hpa_deleted(self, hpa: Any) -> None:
-        self.history.pop(objects.object_key(hpa), None)
+        key = objects.object_key(hpa)
+        self.history.pop(key, None)
+        self._watched.pop(key, None)
+        self._above.pop(key, None)
+
+    # -- the rate watch ----------------------------------------------------------------
+
+    async def _watch_rates(self) -> None:
+        while True:
+            await self.clock.sleep(self.rate_watch)
+            try:
+                await self.check_rates()
+            except Exception:  # the next look tries again; the periodic sync goes on regardless
+                log.exception("hpa: looking at the gateway's request metrics failed")
+
+    async def check_rates(self) -> list[str]:
+        """One look at the gateway's request metrics: the HPAs whose metric went above its
+        target (beyond the tolerance) since the last look are queued now, and returned. Only
+        the crossing counts, so a load that stays high is left to the periodic syncs and the
+        scale-up policies; nothing else changes (the sync decides, with Kubernetes' rules)."""
+        fetched: dict[tuple[str, str], dict[str, algo.Sample] | None] = {}
+        woken = []
+        for key, (ns, metric, target, names) in list(self._watched.items()):
+            if (ns, metric) not in fetched:
+                try:
+                    fetched[(ns, metric)] = await self.metrics.pods(ns, [], metric)
+                except MetricsError:
+                    fetched[(ns, metric)] = None
+            samples = fetched[(ns, metric)]
+            above = _above_target(samples, names, target)
+            if above is None:
+                continue
+            was = self._above.get(key, False)
+            self._above[key] = above
+            if above and not was and key in self._watched:
+                self.queue.add(key)
+                woken.append(key)
+        return woken
+
+    def _remember(self, key: str, hpa: Any, ns: str, pods: Sequence[Any]) -> int | None:
+        """What the rate watch looks at for this HPA: its first gateway metric with an
+        AverageValue target, and the pods it averages over; the metric's index."""
+        for i, m in enumerate(hpa.spec.metrics or []):
+            target = m.pods.target if m.type == "Pods" and m.pods is not None else None
+            if target is not None and m.pods.metric.name in GATEWAY_METRICS and target.type == "AverageValue" \
+                    and target.average_value is not None:
+                names = frozenset(objects.name_of(p) for p in pods)
+                self._watched[key] = (ns, m.pods.metric.name, _milli(str(target.average_value)), names)
+                return i
+        self._watched.pop(key, None)
+        return None
 
     # -- reconcile ---------------------------------------------------------------------
 
@@ -337,6 +406,8 @@ class HorizontalPodAutoscalerController(QueueController):
         selector_text = scale_replicas(scale)[2]
         pods = [p for p in self.pod_informer.by_index(NAMESPACE_INDEX, ns) if selector.matches(objects.labels_of(p))]
         obs.infos = [pod_info(p) for p in pods]
+        key = objects.object_key(hpa)
+        watched = self._remember(key, hpa, ns, pods) if self.rate_watch > 0 else None
         samples: list[dict[str, algo.Sample] | str] = []
         for m in hpa.spec.metrics or []:
             try:
@@ -344,6 +415,10 @@ class HorizontalPodAutoscalerController(QueueController):
             except MetricsError as exc:
                 samples.append(str(exc))
         obs.samples = samples
+        if watched is not None and isinstance(samples[watched], dict):
+            # Where this sync found the metric: the watch wakes on the next crossing from here.
+            above = _above_target(samples[watched], self._watched[key][3], self._watched[key][2])
+            self._above[key] = bool(above)
         return obs
 
     async def _samples(self, m: Any, ns: str, selector_text: str, pods: Sequence[Any]) -> dict[str, algo.Sample]:
@@ -353,6 +428,15 @@ class HorizontalPodAutoscalerController(QueueController):
             return await self.metrics.pods(ns, pods, m.pods.metric.name)
         raise MetricsError(f"metric source type {m.type!r} is not supported by this controller "
                            f"(use Resource or Pods)")
+
+
+def _above_target(samples: Mapping[str, algo.Sample] | None, names: frozenset[str], target: int) -> bool | None:
+    """Whether the average over ``names`` is above ``target`` beyond the tolerance; None
+    without samples of them."""
+    values = [s.value for name, s in (samples or {}).items() if name in names]
+    if not values:
+        return None
+    return sum(values) / len(values) > target * (1 + algo.DEFAULT_TOLERANCE)
 
 
 def _target_kind(ref: Any) -> str:

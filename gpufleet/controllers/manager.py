@@ -74,6 +74,9 @@ class ControllerOptions:
     # gateway serves the per-pod request metrics (custom.metrics.k8s.io) it may scale on.
     hpa_sync_period: float = 15.0
     hpa_gateway_url: str | None = None
+    # Seconds between looks at the gateway's request metrics between syncs: an HPA whose
+    # metric goes above its target is evaluated then, not at its next sync (0: off).
+    hpa_rate_watch: float = 1.0
     # PyTorchJob: back-off before a gang is recreated (base * 2**restarts, capped), where
     # checkpoints go without the gpufleet.io/checkpoint-dir annotation, and the least time
     # between two automatic elastic resizes of one job.
@@ -156,7 +159,7 @@ class ControllerManager:
             "disruption": {**common, "recorder": recorder("controllermanager")},
             "horizontalpodautoscaler": {**common, "recorder": recorder("horizontal-pod-autoscaler"),
                                         "sync_period": opts.hpa_sync_period,
-                                        "gateway_url": opts.hpa_gateway_url},
+                                        "gateway_url": opts.hpa_gateway_url, "rate_watch": opts.hpa_rate_watch},
             "pytorchjob": {**common, "recorder": recorder("pytorchjob-controller"),
                            "restart_backoff": opts.pytorchjob_restart_backoff,
                            "restart_backoff_max": opts.pytorchjob_restart_backoff_max,

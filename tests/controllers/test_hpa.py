@@ -212,3 +212,30 @@ async def test_scale_to_zero_when_min_is_zero(world: World) -> None:
     assert await world.spec_replicas() == 0
     await world.ctrl.recorder.flush()
     assert not await events_for(world.client, "web", "FailedGetPodsMetric")
+
+
+async def test_the_rate_watch_wakes_the_hpa_when_its_metric_crosses_the_target(world: World) -> None:
+    """Between syncs the gateway's metric is looked at: a rise above the target queues the HPA
+    at once (not at its next sync), once per crossing; the sync then decides as usual."""
+    world.ctrl.rate_watch = 1.0  # the watch's loop is not started here: each look is explicit
+    await world.target(2)
+    await world.pods(2)
+    await world.hpa()
+    world.metrics.pods_values = {"web-0": 4, "web-1": 5}  # average 4.5 against a target of 5
+    await world.sync()
+    assert await world.spec_replicas() == 2
+    while len(world.ctrl.queue):  # what the informer queued (the HPA's creation): taken
+        world.ctrl.queue.done(await world.ctrl.queue.get())
+    assert await world.ctrl.check_rates() == [] and len(world.ctrl.queue) == 0
+    world.metrics.pods_values = {"web-0": 5.4, "web-1": 5.4}  # above, but within the tolerance
+    assert await world.ctrl.check_rates() == []
+    world.metrics.pods_values = {"web-0": 12, "web-1": 10}
+    assert await world.ctrl.check_rates() == [f"{NS}/web"] and len(world.ctrl.queue) == 1
+    assert await world.ctrl.check_rates() == []  # still above: no second wake-up
+    await world.sync()
+    assert await world.spec_replicas() == 5  # ceil(2 * 11 / 5), as a periodic sync would
+    # Down and up again: woken again; a pod the HPA did not count (another workload's) is not read.
+    world.metrics.pods_values = {"web-0": 2, "web-1": 2, "other-0": 90}
+    assert await world.ctrl.check_rates() == []
+    world.metrics.pods_values = {"web-0": 9, "web-1": 9}
+    assert await world.ctrl.check_rates() == [f"{NS}/web"]

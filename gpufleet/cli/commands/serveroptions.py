@@ -251,6 +251,9 @@ def apply_limits(cp, max_request_body_bytes: int, max_requests_inflight: int,
 
 HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds between two evaluations of "
                                    "each HorizontalPodAutoscaler.")
+HpaRateWatchOption = typer.Option(1.0, "--hpa-rate-watch", help="Seconds between looks at the gateway's request "
+                                  "metrics between HPA syncs: an HPA whose metric goes above its target is evaluated "
+                                  "then, not at its next sync (0: only the periodic syncs).")
 LocalPathHelp = ("Where the StorageClass local-path, made at the first start, keeps each volume on its node "
                  "(a directory per claim); an existing class keeps its nodePath.")
 
@@ -271,6 +274,7 @@ class ServerOptions:
     advertise_address: str | None = AdvertiseAddressOption
     gateway_port: int = GatewayPortOption
     hpa_sync_period: float = HpaSyncPeriodOption
+    hpa_rate_watch: float = HpaRateWatchOption
     pod_security_default: str | None = PodSecurityDefaultOption
     admission_config_file: Path | None = AdmissionConfigOption
     encryption_provider_config: Path | None = EncryptionConfigOption
@@ -319,6 +323,7 @@ class CheckedOptions:
         cp.advertise_address = check_advertise_address(o.advertise_address)
         cp.gateway_port = o.gateway_port if o.gateway_port >= 0 else None
         cp.hpa_sync_period = o.hpa_sync_period
+        cp.hpa_rate_watch = o.hpa_rate_watch
         cp.pod_security = self.pod_security
         cp.encryption_provider_config = self.encryption
         cp.max_node_gpus, cp.node_name_allowed = o.max_node_gpus, list(o.node_name_allowed)
