@@ -213,6 +213,10 @@ _BUILTIN: list[ResourceType] = [
                  extra={"scale": {"specReplicasPath": "spec.pytorchReplicaSpecs.Worker.replicas",
                                   "statusReplicasPath": "status.replicaStatuses.Worker.active",
                                   "labelSelectorPath": "status.replicaStatuses.Worker.selector"}}),
+    # ray.io/v1 (KubeRay): Ray clusters and the jobs run on them
+    ResourceType("ray.io", "v1", "RayCluster", "rayclusters", True, "gpufleet.api.ray:RayCluster",
+                 categories=("all",)),
+    ResourceType("ray.io", "v1", "RayJob", "rayjobs", True, "gpufleet.api.ray:RayJob", categories=("all",)),
     # apiextensions.k8s.io/v1: the kinds declared at run time (apiserver/customresources)
     ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
                  "gpufleet.api.apiextensions:CustomResourceDefinition", ("crd", "crds"), ("api-extensions",)),

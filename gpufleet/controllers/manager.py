@@ -40,6 +40,8 @@ _CLASSES = {
     "persistentvolume": "gpufleet.controllers.persistentvolume:PersistentVolumeController",
     "localpath": "gpufleet.controllers.localpath:LocalPathProvisioner",
     "podgroup": "gpufleet.controllers.podgroup:PodGroupController",
+    "raycluster": "gpufleet.controllers.ray:RayClusterController",
+    "rayjob": "gpufleet.controllers.ray:RayJobController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -161,6 +163,8 @@ class ControllerManager:
                            "checkpoint_root": opts.pytorchjob_checkpoint_root,
                            "elastic_resize_interval": opts.pytorchjob_resize_interval},
             "podgroup": common,
+            "raycluster": {**common, "recorder": recorder("raycluster-controller")},
+            "rayjob": {**common, "recorder": recorder("rayjob-controller")},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},

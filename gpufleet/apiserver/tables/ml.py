@@ -1,4 +1,4 @@
-"""Printers for the ML kinds (PodGroup, PyTorchJob): their columns come from the kind's own
+"""Printers for the ML kinds (PodGroup, PyTorchJob, RayCluster, RayJob): their columns come from the kind's own
 module in gpufleet.api.
 """
 
@@ -47,3 +47,28 @@ def _register_pytorchjob_printer() -> None:
 
 
 _register_pytorchjob_printer()
+
+
+def _raycluster_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import ray
+
+    return [_name(obj), *ray.cluster_printer_cells(obj), age_cell(obj, now), *ray.cluster_wide_cells(obj)]
+
+
+def _rayjob_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import ray
+
+    return [_name(obj), *ray.job_printer_cells(obj), age_cell(obj, now)]
+
+
+def _register_ray_printers() -> None:
+    from gpufleet.api import ray
+
+    columns = (NAME_COLUMN, *(Column(**c) for c in ray.CLUSTER_PRINTER_COLUMNS), AGE_COLUMN,
+               *(Column(**c) for c in ray.CLUSTER_WIDE_COLUMNS))
+    register_printer(ray.CLUSTER_KIND, columns, _raycluster_row, group=ray.GROUP)
+    columns = (NAME_COLUMN, *(Column(**c) for c in ray.JOB_PRINTER_COLUMNS), AGE_COLUMN)
+    register_printer(ray.JOB_KIND, columns, _rayjob_row, group=ray.GROUP)
+
+
+_register_ray_printers()
