@@ -221,7 +221,7 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
             head_info["serviceIP"] = svc_ip if svc_ip and svc_ip != "None" else ip
         ports = rp.head_ports(head)
         if ports:
-            status["endpoints"] = {k: str(v) for k, v in sorted(ports.items())}
+            status["endpoints"] = {k: str(v) for k, v in sorted(ports.items()) if k != rp.AGENT_PORT_NAME}
     status["head"] = head_info
     gen = objects.meta(cluster, "generation")
     if gen is not None:

@@ -43,6 +43,9 @@ GCS_PORT_NAME = "gcs-server"
 DASHBOARD_PORT_NAME = "dashboard"
 CLIENT_PORT_NAME = "client"
 HEAD_PORTS = ((GCS_PORT_NAME, 6379), (DASHBOARD_PORT_NAME, 8265), (CLIENT_PORT_NAME, 10001))
+# Every Ray node's dashboard agent, which its readiness probe asks (Ray's default port).
+AGENT_PORT_NAME = "dashboard-agent"
+AGENT_PORT = 52365
 # Keys of the head-address ConfigMap, read by the workers' environment.
 IP_KEY = "RAY_IP"
 GCS_PORT_KEY = "RAY_PORT"
@@ -101,9 +104,9 @@ def start_params(role: str, params: dict[str, str], container: dict[str, Any]) -
         out.setdefault("ray-client-server-port", f"${{{_port_env(CLIENT_PORT_NAME)}:-10001}}")
     else:
         out.setdefault("address", f"${{FQ_RAY_IP}}:${{{GCS_PORT_ENV}}}")
-    # Several Ray nodes may share one server's network: the ports Ray would otherwise fix
-    # (52365, 8080) are left to the system.
-    out.setdefault("dashboard-agent-listen-port", "0")
+    out.setdefault("dashboard-agent-listen-port", f"${{{_port_env(AGENT_PORT_NAME)}:-{AGENT_PORT}}}")
+    # Several Ray nodes may share one server's network: the metrics port Ray would
+    # otherwise fix (8080) is left to the system.
     out.setdefault("metrics-export-port", "0")
     return out
 
@@ -176,11 +179,17 @@ def _pod(cluster: Any, spec: RayClusterSpec, role: str, group: WorkerGroupSpec |
            {"name": "RAY_CLOUD_INSTANCE_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
            {"name": "RAY_NODE_TYPE_NAME", "value": group_name},
            {"name": "RAY_USAGE_STATS_KUBERAY_IN_USE", "value": "1"}]
-    if role == HEAD:
-        have = {p.get("name") for p in ray.get("ports") or []}
-        ray["ports"] = [*(ray.get("ports") or []),
-                        *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in HEAD_PORTS if n not in have)]
-    else:
+    have = {p.get("name") for p in ray.get("ports") or []}
+    wanted = [*(HEAD_PORTS if role == HEAD else ()), (AGENT_PORT_NAME, AGENT_PORT)]
+    ray["ports"] = [*(ray.get("ports") or []),
+                    *({"name": n, "containerPort": p, "protocol": "TCP"} for n, p in wanted if n not in have)]
+    # Ready once the node's raylet is up (a worker: once it joined the head), and for the
+    # head once its GCS answers, as the probes KubeRay injects check.
+    path, port = ("/api/gcs_healthz", DASHBOARD_PORT_NAME) if role == HEAD \
+        else ("/api/local_raylet_healthz", AGENT_PORT_NAME)
+    ray.setdefault("readinessProbe", {"httpGet": {"path": path, "port": port},
+                                      "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": 10})
+    if role != HEAD:
         ref = head_config_name(cluster)
         env.extend([
             {"name": "FQ_RAY_IP", "valueFrom": {"configMapKeyRef": {"name": ref, "key": IP_KEY}}},
