@@ -60,7 +60,8 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
         "DeploymentController", "StatefulSetController", "DaemonSetController", "JobController", "CronJobController",
         "NodeLifecycleController", "EndpointsController", "EndpointSliceController", "GarbageCollector", "ResourceQuotaController",
         "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController",
-        "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner", "PodGroupController"]
+        "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner", "PodGroupController",
+            "RayClusterController", "RayJobController"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")
     for hb in (a, b):
         await hb.register()
