@@ -168,4 +168,5 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("storage.k8s.io", "StorageClass"): _describe_storage_class,
     ("scheduling.x-k8s.io", "PodGroup"): _describe_podgroup,
     ("kubeflow.org", "PyTorchJob"): _describe_training_job,
+    ("ray.io", "RayCluster"): _describe_training_job,
 }
