@@ -310,7 +310,8 @@ def _quantity(value: Any) -> str:
 
 def _memory(value: Any) -> str:
     n = int(value)
-    for suffix, size in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+    for suffix, size in (("Gi", 1 << 30), ("G", 10**9), ("Mi", 1 << 20), ("M", 10**6), ("Ki", 1 << 10),
+                         ("k", 1000)):
         if n and n % size == 0:
             return f"{n // size}{suffix}"
     return str(n)
