@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ctrl_helpers import NS, eventually, events_for, node
+from ctrl_helpers import NS, events_for, eventually, node
 
 from gpufleet.client.api import Client
 from gpufleet.client.errors import NotFound
