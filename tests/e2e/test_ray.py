@@ -16,7 +16,6 @@ import os
 import shutil
 import signal
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,9 +119,7 @@ async def test_raycluster_and_rayjob_with_real_ray(fleet: Fleet) -> None:
             st = rc.get("status") or {}
             return st if st.get("state") == "ready" and st.get("availableWorkerReplicas") == 2 else None
 
-        t0 = time.monotonic()
         st = await fleet.wait_until(ready, 120, "the RayCluster to be ready with 2 workers")
-        print(f"ray: cluster ready after {time.monotonic() - t0:.1f}s")
         assert st["desiredWorkerReplicas"] == 2 and st["readyWorkerReplicas"] == 2
         assert st["minWorkerReplicas"] == 1 and st["maxWorkerReplicas"] == 4
         assert st["desiredGPU"] == "2" and st["desiredCPU"] == "1500m"
@@ -151,9 +148,7 @@ async def test_raycluster_and_rayjob_with_real_ray(fleet: Fleet) -> None:
             js = (await client.get("rayjobs", job, NS, raw=True)).get("status") or {}
             return js if js.get("jobDeploymentStatus") in ("Complete", "Failed") else None
 
-        t1 = time.monotonic()
         js = await fleet.wait_until(finished, 90, "the RayJob to finish")
-        print(f"ray: job finished after {time.monotonic() - t1:.1f}s")
         submitters = await client.list("Pod", NS, label_selector={"job-name": job}, raw=True)
         fleet.pids |= process_pids(submitters)
         logs = "".join([await client.log(p["metadata"]["name"], NS) for p in submitters])
@@ -181,9 +176,7 @@ async def test_raycluster_and_rayjob_with_real_ray(fleet: Fleet) -> None:
             st = rc.get("status") or {}
             return st if names == {kept} and cleared and st.get("availableWorkerReplicas") == 1 else None
 
-        t2 = time.monotonic()
         st = await fleet.wait_until(scaled, 30, "the named worker to go")
-        print(f"ray: named worker gone after {time.monotonic() - t2:.1f}s")
         assert st["desiredWorkerReplicas"] == 1
 
         kubectl("delete", "raycluster", NAME, "--wait=false").ok()
@@ -191,6 +184,4 @@ async def test_raycluster_and_rayjob_with_real_ray(fleet: Fleet) -> None:
         async def gone() -> bool:
             return not await ray_pods()
 
-        t3 = time.monotonic()
         await fleet.wait_until(gone, 30, "the Ray pods to go with their cluster")
-        print(f"ray: pods gone after {time.monotonic() - t3:.1f}s")

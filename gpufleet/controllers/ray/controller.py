@@ -18,12 +18,26 @@ from gpufleet.client.controller import Requeue
 from gpufleet.client.errors import ApiError, Conflict
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller
+from gpufleet.controllers.actions import Actions
 from gpufleet.controllers.base import OwnerController
 from gpufleet.controllers.ray import pods as rp
 from gpufleet.controllers.ray.cluster import ClusterObserved, decide_cluster
 from gpufleet.controllers.ray.job import JobObserved, decide_job
 
 log = logging.getLogger(__name__)
+
+
+async def _apply(controller: OwnerController, key: str, owner: Any, actions: Actions) -> Requeue | None:
+    """Apply a decision; a Conflict looks again at once, another refusal later."""
+    try:
+        outcome = await controller.act(key, owner, actions, raise_errors=False)
+        if outcome.error is not None:
+            raise outcome.error
+    except Conflict:
+        return Requeue()
+    except ApiError as e:
+        return controller.retry_later(key, e)
+    return controller.requeue(actions)
 
 
 class RayClusterController(OwnerController):
@@ -80,15 +94,7 @@ class RayClusterController(OwnerController):
         if actions.empty:
             return self.requeue(actions)
         self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)
-        try:
-            outcome = await self.act(key, cluster, actions, raise_errors=False)
-            if outcome.error is not None:
-                raise outcome.error
-        except Conflict:
-            return Requeue()
-        except ApiError as e:
-            return self.retry_later(key, e)
-        return self.requeue(actions)
+        return await _apply(self, key, cluster, actions)
 
 
 class RayJobController(OwnerController):
@@ -173,12 +179,4 @@ class RayJobController(OwnerController):
         actions = decide_job(observed, self.now())
         if actions.empty:
             return self.requeue(actions)
-        try:
-            outcome = await self.act(key, job, actions, raise_errors=False)
-            if outcome.error is not None:
-                raise outcome.error
-        except Conflict:
-            return Requeue()
-        except ApiError as e:
-            return self.retry_later(key, e)
-        return self.requeue(actions)
+        return await _apply(self, key, job, actions)
