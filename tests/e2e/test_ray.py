@@ -11,6 +11,7 @@ named in scaleStrategy.workersToDelete goes, with replicas lowered, and no other
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -155,6 +156,8 @@ async def test_raycluster_and_rayjob_with_real_ray(fleet: Fleet) -> None:
         assert js["jobDeploymentStatus"] == "Complete" and js["jobStatus"] == "SUCCEEDED", (js, logs)
         assert js["rayClusterName"] == NAME and js["jobId"].startswith(f"{job}-")
         assert "tasks done: [(0, [" in logs and "(1, [" in logs, logs
+        cli = await asyncio.to_thread(fleet.run_cli, "logs", f"rayjob/{job}")
+        assert cli.returncode == 0 and "tasks done: [(0, [" in cli.stdout, cli
         jrows = table(kubectl("get", "rayjobs").ok().stdout)
         assert jrows[0]["JOB STATUS"] == "SUCCEEDED" and jrows[0]["DEPLOYMENT STATUS"] == "Complete", jrows
 
