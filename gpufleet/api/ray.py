@@ -46,7 +46,8 @@ DEPLOYMENT_RUNNING = "Running"
 DEPLOYMENT_COMPLETE = "Complete"
 DEPLOYMENT_FAILED = "Failed"
 DEPLOYMENT_SUSPENDED = "Suspended"
-SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
+# KubeRay's HTTPMode (the operator posting to the dashboard) is not served yet.
+SUBMISSION_MODES = ("K8sJobMode",)
 
 SERVICE_TYPES = ("ClusterIP", "NodePort", "LoadBalancer")
 
@@ -202,7 +203,7 @@ class RayJobSpec(K8sModel):
                                                                 "(ray.io/cluster: <name>).")
     submitter_pod_template: PodTemplateSpec | None = Field(default=None, alias="submitterPodTemplate")
     submission_mode: str | None = Field(default=None, alias="submissionMode",
-                                        description="K8sJobMode (a submitter Job) or HTTPMode.")
+                                        description="K8sJobMode: a submitter Job runs `ray job submit`.")
     entrypoint_num_cpus: float | None = Field(default=None, alias="entrypointNumCpus")
     entrypoint_num_gpus: float | None = Field(default=None, alias="entrypointNumGpus")
     entrypoint_resources: str | None = Field(default=None, alias="entrypointResources")
@@ -386,7 +387,7 @@ def _validate_job(job: RayJob, errs: list[v.FieldError]) -> None:
         validate_cluster_spec(spec.ray_cluster_spec, "spec.rayClusterSpec", errs)
     if spec.submission_mode is not None and spec.submission_mode not in SUBMISSION_MODES:
         errs.append(v.not_supported("spec.submissionMode", spec.submission_mode, SUBMISSION_MODES))
-    if spec.submission_mode != "HTTPMode" and not spec.entrypoint and spec.submitter_pod_template is None:
+    if not spec.entrypoint and spec.submitter_pod_template is None:
         errs.append(v.required("spec.entrypoint", "the command to run, e.g. python train.py"))
     for attr, alias in (("ttl_seconds_after_finished", "ttlSecondsAfterFinished"), ("backoff_limit", "backoffLimit")):
         value = getattr(spec, attr)

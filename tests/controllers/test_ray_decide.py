@@ -286,3 +286,5 @@ def test_validation_names_the_field() -> None:
     assert any("spec.workerGroupSpecs[1].groupName" in e for e in errs), errs
     errs = [str(e) for e in validate(api.RayJob.from_dict({"metadata": {"name": "j"}, "spec": {}}))]
     assert any("spec.rayClusterSpec" in e for e in errs) and any("spec.entrypoint" in e for e in errs), errs
+    errs = [str(e) for e in validate(rayjob(submissionMode="HTTPMode"))]
+    assert any("spec.submissionMode" in e and "K8sJobMode" in e for e in errs), errs

@@ -177,7 +177,7 @@ def decide_job(o: JobObserved, now: Instant) -> Actions:
                 a.creates.append(Create(cluster_body(job), on_exists="ignore", success_reason="CreatedRayCluster"))
         elif (o.cluster.get("status") or {}).get("state") == api.READY and o.dashboard:
             st["dashboardURL"] = o.dashboard
-            if job.spec.submission_mode != "HTTPMode" and o.submitter is None:
+            if o.submitter is None:
                 a.creates.append(Create(submitter_body(job, o.cluster, o.dashboard), on_exists="ignore",
                                         success_reason="CreatedSubmitterJob"))
             st["jobDeploymentStatus"] = api.DEPLOYMENT_RUNNING
