@@ -32,7 +32,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 echo "setup: installing gpufleet and test dependencies into .venv"
-if ! .venv/bin/python -m pip install -q -e ".[test,gpu]" >.venv/pip-install.log 2>&1; then
+if ! .venv/bin/python -m pip install -q -e ".[test,gpu,ray]" >.venv/pip-install.log 2>&1; then
   cat .venv/pip-install.log >&2
   echo "setup: pip install failed (log above)" >&2
   exit 1
@@ -43,7 +43,7 @@ if ! .venv/bin/python -c "import torch, numpy" >/dev/null 2>&1; then
   .venv/bin/python -m pip install -q torch==2.13.0 numpy >>.venv/pip-install.log 2>&1 \
     || { tail -20 .venv/pip-install.log >&2; echo "setup: torch install failed" >&2; exit 1; }
 fi
-.venv/bin/python -c "import gpufleet, fastapi, psycopg, kubernetes, hypothesis, torch" \
+.venv/bin/python -c "import gpufleet, fastapi, psycopg, kubernetes, hypothesis, torch, ray" \
   || { echo "setup: the install did not complete" >&2; exit 1; }
 
 # The images the examples and the container tests run in; a no-op (well under a second)

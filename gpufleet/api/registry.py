@@ -221,6 +221,10 @@ _BUILTIN: list[ResourceType] = [
                  ("q", "queue-v1beta1")),
     ResourceType("scheduling.volcano.sh", "v1beta1", "PodGroup", "podgroups", True,
                  "gpufleet.api.volcano:VolcanoPodGroup", ("podgroup-v1beta1",)),
+    # ray.io/v1 (KubeRay): Ray clusters and the jobs run on them
+    ResourceType("ray.io", "v1", "RayCluster", "rayclusters", True, "gpufleet.api.ray:RayCluster",
+                 categories=("all",)),
+    ResourceType("ray.io", "v1", "RayJob", "rayjobs", True, "gpufleet.api.ray:RayJob", categories=("all",)),
     # apiextensions.k8s.io/v1: the kinds declared at run time (apiserver/customresources)
     ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
                  "gpufleet.api.apiextensions:CustomResourceDefinition", ("crd", "crds"), ("api-extensions",)),

@@ -60,6 +60,8 @@ APPLY_ORDER = [
     "Job",
     "CronJob",
     "PyTorchJob",
+    "RayCluster",
+    "RayJob",
     "Ingress",
 ]
 _ORDER_INDEX = {k: i for i, k in enumerate(APPLY_ORDER)}

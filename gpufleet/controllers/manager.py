@@ -42,6 +42,8 @@ _CLASSES = {
     "podgroup": "gpufleet.controllers.podgroup:PodGroupController",
     "volcanojob": "gpufleet.controllers.volcano:VolcanoJobController",
     "volcanoqueue": "gpufleet.controllers.volcano:VolcanoQueueController",
+    "raycluster": "gpufleet.controllers.ray:RayClusterController",
+    "rayjob": "gpufleet.controllers.ray:RayJobController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -168,6 +170,8 @@ class ControllerManager:
             "podgroup": common,
             "volcanojob": {**common, "recorder": recorder("vc-controller-manager")},
             "volcanoqueue": {**common, "recorder": recorder("vc-scheduler")},
+            "raycluster": {**common, "recorder": recorder("raycluster-controller")},
+            "rayjob": {**common, "recorder": recorder("rayjob-controller")},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},

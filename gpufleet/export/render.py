@@ -32,7 +32,7 @@ ORDER = [
     "ResourceFlavor", "ClusterQueue", "LocalQueue", "Queue",
     "PodDisruptionBudget", "Service", "PodGroup", "Deployment", "StatefulSet", "DaemonSet",
     "HorizontalPodAutoscaler",
-    "Job", "PyTorchJob", "Pod",
+    "Job", "PyTorchJob", "RayCluster", "RayJob", "Pod",
 ]
 _ORDER_INDEX = {kind: i for i, kind in enumerate(ORDER)}
 
@@ -49,6 +49,8 @@ REQUIREMENTS = {
     "scheduling.volcano.sh": "Volcano (scheduling.volcano.sh/v1beta1 Queue and PodGroup): kubectl apply -f "
                              "https://raw.githubusercontent.com/volcano-sh/volcano/release-1.12/installer/"
                              "volcano-development.yaml",
+    "ray.io": "KubeRay operator (ray.io/v1 RayCluster, RayJob): helm repo add kuberay "
+              "https://ray-project.github.io/kuberay-helm/ && helm install kuberay-operator kuberay/kuberay-operator",
     "kueue.x-k8s.io": "Kueue (kueue.x-k8s.io/v1beta1 ResourceFlavor, ClusterQueue, LocalQueue): "
                       "https://kueue.sigs.k8s.io/docs/installation/",
 }
@@ -138,6 +140,9 @@ def notes_for(obj: dict[str, Any]) -> list[str]:
     meta = obj.get("metadata") or {}
     if group in REQUIREMENTS:
         notes.append(f"needs {REQUIREMENTS[group].split(' (')[0]} on the cluster")
+    if kind in ("RayCluster", "RayJob") and group == "ray.io":
+        notes.append("gang placement of head + minReplicas needs KubeRay's batch scheduler "
+                     "(--batch-scheduler=scheduler-plugins); gpufleet makes the PodGroup itself")
     if kind == "PyTorchJob" and group == "kubeflow.org":
         notes.append("a failed member restarts that pod per restartPolicy there; gpufleet recreates the whole "
                      "gang and resumes it from the last checkpoint")
@@ -186,7 +191,8 @@ def notes_for(obj: dict[str, Any]) -> list[str]:
 
 def _has_pods(obj: dict[str, Any]) -> bool:
     spec = obj.get("spec") or {}
-    return obj.get("kind") == "Pod" or "template" in spec or "pytorchReplicaSpecs" in spec
+    return (obj.get("kind") == "Pod" or "template" in spec or "pytorchReplicaSpecs" in spec
+            or "headGroupSpec" in spec or "rayClusterSpec" in spec)
 
 
 def _uses_gpufleet_env(obj: dict[str, Any]) -> bool:

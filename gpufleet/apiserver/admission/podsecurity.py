@@ -103,6 +103,28 @@ def _volcano_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
             yield f"spec.tasks[{i}].template", template
 
 
+def _raycluster_templates(spec: Mapping[str, Any], path: str) -> Iterator[Template]:
+    head = _d(_d(spec).get("headGroupSpec")).get("template")
+    if isinstance(head, Mapping):
+        yield f"{path}.headGroupSpec.template", head
+    for i, group in enumerate(_d(spec).get("workerGroupSpecs") or []):
+        template = _d(group).get("template")
+        if isinstance(template, Mapping):
+            yield f"{path}.workerGroupSpecs[{i}].template", template
+
+
+def _raycluster_kind_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
+    yield from _raycluster_templates(_d(obj.get("spec")), "spec")
+
+
+def _rayjob_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
+    spec = _d(obj.get("spec"))
+    yield from _raycluster_templates(_d(spec.get("rayClusterSpec")), "spec.rayClusterSpec")
+    submitter = spec.get("submitterPodTemplate")
+    if isinstance(submitter, Mapping):
+        yield "spec.submitterPodTemplate", submitter
+
+
 # Resource key -> where its pod templates are. A kind not served here never matches.
 # Kueue's Workloads are left out: their pod sets copy the templates of the job they stand
 # for, which is checked itself, and no pod is ever made from a Workload.
@@ -117,6 +139,8 @@ TEMPLATE_KINDS: dict[str, Callable[[Mapping[str, Any]], Iterator[Template]]] = {
     "cronjobs.batch": _single("spec.jobTemplate.spec.template"),
     "pytorchjobs.kubeflow.org": _pytorch_templates,
     "jobs.batch.volcano.sh": _volcano_templates,
+    "rayclusters.ray.io": _raycluster_kind_templates,
+    "rayjobs.ray.io": _rayjob_templates,
 }
 
 

@@ -292,6 +292,7 @@ _EDITABLE: list[tuple[str, list[str]]] = [
     ("policy", ["poddisruptionbudgets"]),
     ("networking.k8s.io", ["ingresses", "networkpolicies"]),
     ("kubeflow.org", ["*"]),
+    ("ray.io", ["*"]),
     ("scheduling.x-k8s.io", ["podgroups"]),
     ("batch.volcano.sh", ["jobs"]),
     ("scheduling.volcano.sh", ["podgroups"]),

@@ -1,5 +1,5 @@
-"""Printers for the ML kinds (PodGroup, PyTorchJob, Volcano's Job, PodGroup and Queue): their columns come from the kind's own
-module in gpufleet.api.
+"""Printers for the ML kinds (PodGroup, PyTorchJob, Volcano's Job, PodGroup and Queue,
+RayCluster, RayJob): their columns come from the kind's own module in gpufleet.api.
 """
 
 from __future__ import annotations
@@ -67,3 +67,26 @@ def _register_volcano_printers() -> None:
 
 
 _register_volcano_printers()
+def _raycluster_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import ray
+
+    return [_name(obj), *ray.cluster_printer_cells(obj), age_cell(obj, now), *ray.cluster_wide_cells(obj)]
+
+
+def _rayjob_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import ray
+
+    return [_name(obj), *ray.job_printer_cells(obj), age_cell(obj, now)]
+
+
+def _register_ray_printers() -> None:
+    from gpufleet.api import ray
+
+    columns = (NAME_COLUMN, *(Column(**c) for c in ray.CLUSTER_PRINTER_COLUMNS), AGE_COLUMN,
+               *(Column(**c) for c in ray.CLUSTER_WIDE_COLUMNS))
+    register_printer(ray.CLUSTER_KIND, columns, _raycluster_row, group=ray.GROUP)
+    columns = (NAME_COLUMN, *(Column(**c) for c in ray.JOB_PRINTER_COLUMNS), AGE_COLUMN)
+    register_printer(ray.JOB_KIND, columns, _rayjob_row, group=ray.GROUP)
+
+
+_register_ray_printers()

@@ -172,4 +172,5 @@ _DESCRIBERS: dict[tuple[str, str], _Describer] = {
     ("kubeflow.org", "PyTorchJob"): _describe_training_job,
     ("batch.volcano.sh", "Job"): _describe_volcano_job,
     ("scheduling.volcano.sh", "PodGroup"): _describe_volcano_podgroup,
+    ("ray.io", "RayCluster"): _describe_training_job,
 }

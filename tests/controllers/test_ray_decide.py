@@ -1,0 +1,290 @@
+"""KubeRay's RayCluster and RayJob as plain decisions: the `ray start` commands built from
+the pods' resources, the pods, Service, ConfigMap and PodGroup around a cluster, scaling and
+workersToDelete, the status with KubeRay's field names, a RayJob's deployment states, and
+validation naming the field. No API server, no informers, no Ray."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from gpufleet.api import ray as api
+from gpufleet.api.defaults import apply_defaults
+from gpufleet.api.k8s import Pod
+from gpufleet.api.validation import validate
+from gpufleet.controllers.actions import Instant
+from gpufleet.controllers.ray import ClusterObserved, JobObserved, decide_cluster, decide_job
+from gpufleet.controllers.ray import pods as rp
+from gpufleet.controllers.ray.job import submit_command
+from gpufleet.utils.clock import rfc3339
+
+T0 = 1_700_000_000.0
+NOW = Instant(T0, rfc3339(T0), 10.0)
+
+
+def container(gpus: int | None = None, cpu: str | None = "1", memory: str | None = None) -> dict[str, Any]:
+    limits: dict[str, Any] = {}
+    if cpu:
+        limits["cpu"] = cpu
+    if memory:
+        limits["memory"] = memory
+    if gpus is not None:
+        limits["nvidia.com/gpu"] = gpus
+    return {"name": "ray", "image": "rayproject/ray:2.60.0", "resources": {"limits": limits}}
+
+
+def cluster_dict(replicas: int = 2, *, lo: int = 1, hi: int = 4, suspend: bool = False,
+                 to_delete: list[str] | None = None, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    group: dict[str, Any] = {"groupName": "gpu", "replicas": replicas, "minReplicas": lo, "maxReplicas": hi,
+                             "rayStartParams": params or {},
+                             "template": {"spec": {"containers": [container(gpus=1)]}}}
+    if to_delete is not None:
+        group["scaleStrategy"] = {"workersToDelete": to_delete}
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": {"name": "rc", "namespace": "default", "uid": "rc-uid", "generation": 1},
+            "spec": {"suspend": suspend,
+                     "headGroupSpec": {"rayStartParams": {},
+                                       "template": {"spec": {"containers": [container(cpu="2", memory="4Gi")]}}},
+                     "workerGroupSpecs": [group]}}
+
+
+def cluster(**kw: Any) -> api.RayCluster:
+    rc = api.RayCluster.from_dict(cluster_dict(**kw))
+    apply_defaults(rc)
+    return rc
+
+
+def pod(body: dict[str, Any], name: str, *, phase: str = "Running", ready: bool = True, ip: str = "10.0.0.5",
+        host_ports: dict[str, int] | None = None) -> Pod:
+    body = copy.deepcopy(body)
+    body["metadata"].pop("generateName", None)
+    body["metadata"].update(name=name, uid=f"uid-{name}")
+    if host_ports is not None:
+        body["metadata"].setdefault("annotations", {})["gpufleet.io/host-ports"] = json.dumps(host_ports)
+    body["spec"]["nodeName"] = "node-a"
+    body["status"] = {"phase": phase, "podIP": ip,
+                      "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+    return Pod.from_dict(body)
+
+
+def head_of(rc: api.RayCluster, **kw: Any) -> Pod:
+    return pod(rp.head_pod_body(rc, rc.spec, True), "rc-head-abcde",
+               host_ports={"gcs-server": 31000, "dashboard": 31001, "client": 31002}, **kw)
+
+
+def worker_of(rc: api.RayCluster, name: str, **kw: Any) -> Pod:
+    return pod(rp.worker_pod_body(rc, rc.spec, rc.spec.worker_group_specs[0], True), name, **kw)
+
+
+def created(actions: Any, kind: str) -> list[dict[str, Any]]:
+    return [c.body for c in actions.creates if c.body.get("kind") == kind]
+
+
+# -- ray start -------------------------------------------------------------------------------
+
+
+def test_gpus_and_cpus_of_ray_start_come_from_the_container_resources() -> None:
+    line = rp.ray_start_command("worker", {}, container(gpus=2, cpu="1500m", memory="2Gi"))
+    assert "--num-gpus=2" in line and "--num-cpus=2" in line and f"--memory={2 << 30}" in line
+    assert '--address="${FQ_RAY_IP}:${GPUFLEET_RAY_GCS_PORT}"' in line
+    assert line.startswith("ulimit -n 65536; ray start ")
+    # rayStartParams win over what the resources say; no GPU limit gives no --num-gpus.
+    assert "--num-gpus=0" in rp.ray_start_command("worker", {"num-gpus": "0"}, container(gpus=2))
+    assert "--num-gpus" not in rp.ray_start_command("worker", {}, container())
+
+
+def test_the_head_listens_on_the_ports_its_agent_hands_out() -> None:
+    line = rp.ray_start_command("head", {"object-store-memory": "80000000"}, container())
+    assert line.startswith("ulimit -n 65536; ray start --head ")
+    assert '--port="${GPUFLEET_PORT_GCS_SERVER:-6379}"' in line
+    assert '--dashboard-port="${GPUFLEET_PORT_DASHBOARD:-8265}"' in line
+    assert "--dashboard-host=0.0.0.0" in line and "--object-store-memory=80000000" in line
+    assert '--dashboard-agent-listen-port="${GPUFLEET_PORT_DASHBOARD_AGENT:-52365}"' in line
+
+
+def test_pods_carry_kuberays_labels_and_block_or_run_the_templates_command() -> None:
+    rc = cluster()
+    head = rp.head_pod_body(rc, rc.spec, True)
+    labels = head["metadata"]["labels"]
+    assert labels["ray.io/cluster"] == "rc" and labels["ray.io/node-type"] == "head"
+    assert labels["ray.io/group"] == "headgroup" and labels["scheduling.x-k8s.io/pod-group"] == "rc"
+    assert head["metadata"]["generateName"] == "rc-head-"
+    c = head["spec"]["containers"][0]
+    assert c["command"] == ["/bin/bash", "-c", "--"] and c["args"][0].endswith("--block")
+    assert [p["name"] for p in c["ports"]] == ["gcs-server", "dashboard", "client", "dashboard-agent"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/api/gcs_healthz", "port": "dashboard"}
+    worker = rp.worker_pod_body(rc, rc.spec, rc.spec.worker_group_specs[0], True)
+    env = {e["name"]: e for e in worker["spec"]["containers"][0]["env"]}
+    assert env["FQ_RAY_IP"]["valueFrom"]["configMapKeyRef"] == {"name": "rc-head", "key": "RAY_IP"}
+    assert worker["metadata"]["generateName"] == "rc-gpu-worker-"
+    probe = worker["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+    assert probe == {"path": "/api/local_raylet_healthz", "port": "dashboard-agent"}
+    # A template with a command of its own runs it after `ray start`.
+    d = cluster_dict()
+    d["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["command"] = ["python", "serve.py"]
+    rc2 = api.RayCluster.from_dict(d)
+    args = rp.worker_pod_body(rc2, rc2.spec, rc2.spec.worker_group_specs[0], False)["spec"]["containers"][0]["args"]
+    assert args[0].endswith("&& python serve.py") and "--block" not in args[0]
+
+
+# -- the cluster's sync ------------------------------------------------------------------------
+
+
+def test_a_new_cluster_gets_its_service_podgroup_and_head_before_any_worker() -> None:
+    rc = cluster()
+    a = decide_cluster(ClusterObserved(rc, []), NOW)
+    assert [s["metadata"]["name"] for s in created(a, "Service")] == ["rc-head-svc"]
+    assert created(a, "PodGroup")[0]["spec"] == {"minMember": 2}  # the head and minReplicas 1
+    pods = created(a, "Pod")
+    assert [p["metadata"]["labels"]["ray.io/node-type"] for p in pods] == ["head"]
+    assert a.status["state"] if "state" in a.status else True
+    assert "state" not in a.status and a.status["desiredWorkerReplicas"] == 2
+
+
+def test_workers_are_made_once_the_head_exists_and_find_it_through_the_configmap() -> None:
+    rc = cluster()
+    a = decide_cluster(ClusterObserved(rc, [head_of(rc)]), NOW)
+    assert len(created(a, "Pod")) == 2
+    cm = created(a, "ConfigMap")[0]
+    assert cm["metadata"]["name"] == "rc-head"
+    assert cm["data"]["RAY_IP"] == "10.0.0.5" and cm["data"]["RAY_PORT"] == "31000"
+    assert cm["data"]["RAY_DASHBOARD_PORT"] == "31001"
+
+
+def test_status_has_kuberays_fields_once_everything_runs() -> None:
+    rc = cluster()
+    pods = [head_of(rc), worker_of(rc, "w1"), worker_of(rc, "w2", ready=False)]
+    a = decide_cluster(ClusterObserved(rc, pods), NOW)
+    st = a.status
+    assert st["availableWorkerReplicas"] == 2 and st["readyWorkerReplicas"] == 1
+    assert "state" not in st  # a worker is not ready yet
+    pods[2] = worker_of(rc, "w2")
+    st = decide_cluster(ClusterObserved(rc, pods), NOW).status
+    assert st["state"] == "ready" and st["readyWorkerReplicas"] == 2
+    assert (st["desiredWorkerReplicas"], st["minWorkerReplicas"], st["maxWorkerReplicas"]) == (2, 1, 4)
+    assert (st["desiredCPU"], st["desiredMemory"], st["desiredGPU"]) == ("4", "4Gi", "2")
+    assert st["endpoints"] == {"client": "31002", "dashboard": "31001", "gcs-server": "31000"}
+    assert st["head"] == {"serviceName": "rc-head-svc", "podName": "rc-head-abcde", "podIP": "10.0.0.5",
+                          "serviceIP": "10.0.0.5"}
+    conds = {c["type"]: c["status"] for c in st["conditions"]}
+    assert conds == {"HeadPodReady": "True", "RayClusterProvisioned": "True"}
+    assert api.cluster_printer_cells({"status": st}) == [2, 2, "4", "4Gi", "2", "ready"]
+
+
+def test_replicas_are_clamped_and_scaled_both_ways() -> None:
+    rc = cluster(replicas=9, hi=3)
+    a = decide_cluster(ClusterObserved(rc, [head_of(rc)]), NOW)
+    assert len(created(a, "Pod")) == 3
+    rc = cluster(replicas=1)
+    pods = [head_of(rc), worker_of(rc, "w1"), worker_of(rc, "w2", phase="Pending", ready=False)]
+    a = decide_cluster(ClusterObserved(rc, pods), NOW)
+    assert [d.name for d in a.deletes] == ["w2"]  # the pending one goes first
+
+
+def test_workers_to_delete_go_and_the_list_is_cleared() -> None:
+    rc = cluster(replicas=1, to_delete=["w1"])
+    pods = [head_of(rc), worker_of(rc, "w1"), worker_of(rc, "w2")]
+    a = decide_cluster(ClusterObserved(rc, pods), NOW)
+    assert [d.name for d in a.deletes] == ["w1"] and not created(a, "Pod")
+    (patch,) = a.patches
+    assert patch.patch["spec"]["workerGroupSpecs"][0]["scaleStrategy"]["workersToDelete"] == []
+    assert patch.patch["spec"]["workerGroupSpecs"][0]["replicas"] == 1
+
+
+def test_an_ended_worker_is_replaced_and_suspend_deletes_every_pod() -> None:
+    rc = cluster(replicas=1)
+    pods = [head_of(rc), worker_of(rc, "w1", phase="Failed", ready=False)]
+    a = decide_cluster(ClusterObserved(rc, pods), NOW)
+    assert [d.name for d in a.deletes] == ["w1"] and len(created(a, "Pod")) == 1
+    rc = cluster(replicas=1, suspend=True)
+    pods = [head_of(rc), worker_of(rc, "w1")]
+    a = decide_cluster(ClusterObserved(rc, pods), NOW)
+    assert sorted(d.name for d in a.deletes) == ["rc-head-abcde", "w1"] and not created(a, "Pod")
+    st = decide_cluster(ClusterObserved(rc, []), NOW).status
+    assert st["state"] == "suspended" and st["desiredWorkerReplicas"] == 0
+
+
+def test_the_schedulers_reason_is_reported_once() -> None:
+    rc = cluster(replicas=1)
+    w = worker_of(rc, "w1", phase="Pending", ready=False)
+    w.spec.node_name = None
+    w.status.conditions[0].type = "PodScheduled"
+    w.status.conditions[0].message = "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
+    a = decide_cluster(ClusterObserved(rc, [head_of(rc), w]), NOW)
+    assert [e.reason for e in a.events] == ["Unschedulable"]
+    assert "Insufficient nvidia.com/gpu" in a.status["reason"]
+    again = decide_cluster(ClusterObserved(rc, [head_of(rc), w], last_wait=a.memo["last_wait"]), NOW)
+    assert not again.events
+
+
+# -- RayJob ---------------------------------------------------------------------------------
+
+
+def rayjob(status: dict[str, Any] | None = None, **spec: Any) -> api.RayJob:
+    body: dict[str, Any] = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+                            "metadata": {"name": "train", "namespace": "default", "uid": "0123456789abcdef"},
+                            "spec": {"entrypoint": "python train.py",
+                                     "rayClusterSpec": cluster_dict()["spec"], **spec}}
+    if status is not None:
+        body["status"] = status
+    job = api.RayJob.from_dict(body)
+    apply_defaults(job)
+    return job
+
+
+def test_a_rayjob_makes_its_cluster_then_submits_once_it_is_ready() -> None:
+    a = decide_job(JobObserved(rayjob(), None, None, None, None), NOW)
+    assert a.status["jobDeploymentStatus"] == "Initializing"
+    assert a.status["jobId"] == "train-01234" and a.status["rayClusterName"] == "train-bcdef"
+    (rc,) = created(a, "RayCluster")
+    assert rc["metadata"]["name"] == "train-bcdef" and rc["metadata"]["ownerReferences"][0]["kind"] == "RayJob"
+    job = rayjob(a.status)
+    ready = {"metadata": {"name": "train-bcdef", "uid": "c"}, "status": {"state": "ready"}}
+    a = decide_job(JobObserved(job, ready, None, "10.0.0.5:31001", None), NOW)
+    assert a.status["jobDeploymentStatus"] == "Running" and a.status["dashboardURL"] == "10.0.0.5:31001"
+    (sub,) = created(a, "Job")
+    c = sub["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"][-1] == ("ray job submit --address http://${RAY_DASHBOARD_ADDRESS} "
+                                "--submission-id ${RAY_JOB_SUBMISSION_ID} -- python train.py")
+    assert {"name": "RAY_DASHBOARD_ADDRESS", "value": "10.0.0.5:31001"} in c["env"]
+
+
+def test_a_rayjob_ends_as_ray_says_and_its_cluster_goes_after_the_ttl() -> None:
+    running = {"jobId": "train-01234", "rayClusterName": "train-bcdef", "jobDeploymentStatus": "Running",
+               "startTime": rfc3339(T0 - 5)}
+    ready = {"metadata": {"name": "train-bcdef", "uid": "c"}, "status": {"state": "ready"}}
+    job = rayjob(running, shutdownAfterJobFinishes=True, ttlSecondsAfterFinished=10)
+    a = decide_job(JobObserved(job, ready, {"metadata": {"name": "train"}}, "d:1", {"status": "RUNNING"}), NOW)
+    assert a.status["jobStatus"] == "RUNNING" and a.requeue_after is not None
+    a = decide_job(JobObserved(job, ready, None, "d:1", {"status": "SUCCEEDED"}), NOW)
+    assert a.status["jobDeploymentStatus"] == "Complete" and a.status["endTime"] == NOW.text
+    done = rayjob(a.status, shutdownAfterJobFinishes=True, ttlSecondsAfterFinished=10)
+    assert not decide_job(JobObserved(done, ready, None, "d:1", None), NOW).deletes
+    later = Instant(T0 + 11, rfc3339(T0 + 11), 21.0)
+    assert [d.name for d in decide_job(JobObserved(done, ready, None, "d:1", None), later).deletes] == ["train-bcdef"]
+    a = decide_job(JobObserved(job, ready, None, "d:1", {"status": "FAILED", "message": "exit 1"}), NOW)
+    assert (a.status["jobDeploymentStatus"], a.status["reason"]) == ("Failed", "AppFailed")
+
+
+def test_a_rayjob_past_its_deadline_fails() -> None:
+    job = rayjob({"jobDeploymentStatus": "Initializing", "startTime": rfc3339(T0 - 60)}, activeDeadlineSeconds=30)
+    a = decide_job(JobObserved(job, None, None, None, None), NOW)
+    assert (a.status["jobDeploymentStatus"], a.status["reason"]) == ("Failed", "DeadlineExceeded")
+
+
+def test_runtime_env_yaml_goes_to_ray_job_submit_as_json() -> None:
+    job = rayjob(runtimeEnvYAML="env_vars:\n  A: b\n")
+    assert "--runtime-env-json '{\"env_vars\": {\"A\": \"b\"}}'" in submit_command(job)[-1]
+
+
+def test_validation_names_the_field() -> None:
+    d = cluster_dict(lo=3, hi=2)
+    d["spec"]["workerGroupSpecs"].append(copy.deepcopy(d["spec"]["workerGroupSpecs"][0]))
+    errs = [str(e) for e in validate(api.RayCluster.from_dict(d))]
+    assert any("spec.workerGroupSpecs[0].maxReplicas" in e and "minReplicas (3)" in e for e in errs), errs
+    assert any("spec.workerGroupSpecs[1].groupName" in e for e in errs), errs
+    errs = [str(e) for e in validate(api.RayJob.from_dict({"metadata": {"name": "j"}, "spec": {}}))]
+    assert any("spec.rayClusterSpec" in e for e in errs) and any("spec.entrypoint" in e for e in errs), errs
+    errs = [str(e) for e in validate(rayjob(submissionMode="HTTPMode"))]
+    assert any("spec.submissionMode" in e and "K8sJobMode" in e for e in errs), errs
