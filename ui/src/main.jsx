@@ -552,17 +552,16 @@ function Shell({ user, onLogout }) {
 }
 
 function App() {
-  const [user, setUser] = useState(null);
-  const [checked, setChecked] = useState(!session.token);
+  // With a token from this tab's session the views start at once; the review only names the
+  // user (or, when the token is no longer valid, signs out).
+  const [user, setUser] = useState(session.token ? { username: "" } : null);
   useEffect(() => {
     if (!session.token) return;
     post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
       { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" })
       .then((r) => setUser(r.status.userInfo))
-      .catch(() => { session.token = ""; })
-      .finally(() => setChecked(true));
+      .catch((e) => { if (e.status === 401) { session.token = ""; stopAll(); setUser(null); } });
   }, []);
-  if (!checked) return null;
   if (!user) return <Login onLogin={setUser} />;
   return <Shell user={user} onLogout={() => { session.token = ""; stopAll(); setUser(null); }} />;
 }
