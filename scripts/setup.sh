@@ -19,6 +19,8 @@ command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null 2>&1 || need_apt+=(util-linux)
 # The test that Prometheus scrapes the API server's /metrics (tests/integration/test_prometheus_scrape.py).
 command -v prometheus >/dev/null 2>&1 || need_apt+=(prometheus)
+# The dashboard's browser tests (tests/e2e/test_dashboard.py) drive Debian's chromium.
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   if [ "$(id -u)" -eq 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}" >/dev/null

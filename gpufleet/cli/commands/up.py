@@ -118,6 +118,8 @@ async def _serve(cp, state_dir: Path, local_agent: dict | None = None) -> None:
     console.print(f"[green]gpufleet is up[/green]: API at [bold]{cp.url}[/bold]")
     console.print(f"kubeconfig: {kubeconfig}")
     console.print(f"  export KUBECONFIG={kubeconfig}   # for kubectl and the kubernetes client")
+    console.print(f"dashboard: [bold]{cp.url}/ui/[/bold]  (sign in with the token in the kubeconfig, "
+                  "or one from `gpufleet token create`)")
     if agent is not None:
         console.print(f"node {agent.name}: {len(agent.gpus)} GPU(s), {agent.runtime.name} runtime; "
                       f"join more with `gpufleet agent --server {cp.kubeconfig_url} --token-file "

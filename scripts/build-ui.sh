@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds the dashboard (ui/) into gpufleet/ui/static/, which is committed: installing gpufleet
+# needs no Node.js. Run after changing anything under ui/ and commit the result.
+set -euo pipefail
+cd "$(dirname "$0")/../ui"
+npm ci --no-audit --no-fund
+out=../gpufleet/ui/static
+rm -rf "$out" && mkdir -p "$out"
+cp index.html "$out/"
+./node_modules/.bin/esbuild src/main.jsx --bundle --minify --format=esm --target=es2020 \
+  --jsx=automatic --jsx-import-source=preact --legal-comments=none --outfile="$out/app.js"
+ls -l "$out"

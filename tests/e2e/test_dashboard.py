@@ -1,0 +1,290 @@
+"""The dashboard in a real browser (Debian's chromium, driven by Playwright) against a real
+`gpufleet up` with two agents whose GPUs come from inventory files.
+
+One fleet serves every check. An admin signs in with the kubeconfig's token: the fleet view
+shows every GPU and the pod holding it; a job submitted while the page is open appears in
+the workloads and fleet views without a reload (the page's own watch); a job too big for
+any node shows the scheduler's reason and per-node diagnosis; a job over its queue's quota
+shows Kueue's reason in the queues view; a pod's log is followed live. A team token sees
+its own namespace and is refused another's. Last, 100 nodes of 8 GPUs are created through
+the API and the fleet view's first render of them is measured in the browser and printed.
+
+Each view's screenshot is written to GPUFLEET_DASHBOARD_SCREENSHOTS when it is set (the
+README's pictures: `GPUFLEET_DASHBOARD_SCREENSHOTS=docs/dashboard`), else to tmp_path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_helpers import Fleet, running_fleet
+
+from gpufleet.client.api import Client
+from gpufleet.client.kubeconfig import transport_from_kubeconfig
+
+playwright_api = pytest.importorskip("playwright.async_api")
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = "/usr/bin/chromium"
+NODES = ("gpu-a", "gpu-b")
+GPUS_PER_NODE = 4
+GPU = "nvidia.com/gpu"
+KUEUE = "kueue.x-k8s.io/v1beta1"
+SIM_NODES = 100
+SIM_GPUS = 8
+WAIT_MS = 20_000
+
+
+def inventory(path: Path) -> Path:
+    rows = [f"  - {{model: H100-80GB-HBM3, memoryMiB: 81920, group: nvlink-0, uuid: GPU-{path.stem}-{i}}}"
+            for i in range(GPUS_PER_NODE)]
+    path.write_text("gpus:\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def job(name: str, ns: str, gpus: int, *, pods: int = 1, queue: str | None = None) -> dict:
+    labels = {"kueue.x-k8s.io/queue-name": queue} if queue else {}
+    script = 'i=0; while :; do echo "step $i loss $((1000 / (i + 1)))"; i=$((i + 1)); sleep 0.3; done'
+    return {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"parallelism": pods, "completions": pods, "backoffLimit": 0, "template": {"spec": {
+            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "train", "image": "localhost/gpufleet/busybox:1", "command": ["sh", "-c", script],
+                            "resources": {"limits": {GPU: str(gpus)}}}]}}},
+    }
+
+
+def queues() -> list[dict]:
+    return [
+        {"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": "h100"}},
+        {"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": "team-a"}, "spec": {
+            "namespaceSelector": {}, "resourceGroups": [{"coveredResources": [GPU], "flavors": [
+                {"name": "h100", "resources": [{"name": GPU, "nominalQuota": 2}]}]}]}},
+        {"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": "a", "namespace": "team-a"},
+         "spec": {"clusterQueue": "team-a"}},
+    ]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("dashboard")
+    with running_fleet(root, ["up", "--no-agent", "--gateway-port", "-1"], (), gpus=0) as f:
+        for name in NODES:
+            f.start_agent(name, gpus=0, gpu_inventory=inventory(root / f"{name}.yaml"))
+        yield f
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    out = Path(os.environ.get("GPUFLEET_DASHBOARD_SCREENSHOTS") or tmp_path)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+async def browser_session(fleet: Fleet):
+    pw = await playwright_api.async_playwright().start()
+    if not os.access(CHROMIUM, os.X_OK):
+        await pw.stop()
+        pytest.fail(f"{CHROMIUM} not found: install Debian's chromium (scripts/setup.sh does)", pytrace=False)
+    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    return pw, browser
+
+
+async def new_page(browser, fleet: Fleet):
+    ctx = await browser.new_context(ignore_https_errors=True, viewport={"width": 1400, "height": 900})
+    page = await ctx.new_page()
+    # What the page logs or throws is in the test's output when a check fails.
+    page.on("console", lambda m: print(f"browser console {m.type}: {m.text}"))
+    page.on("pageerror", lambda e: print(f"browser error: {e}"))
+    page.on("response", lambda r: r.status >= 400 and print(f"browser got {r.status} for {r.request.method} {r.url}"))
+    return page
+
+
+async def sign_in(page, fleet: Fleet, token: str, namespace: str = "") -> None:
+    await page.goto(f"{fleet.url}/ui/")
+    await page.fill("textarea[name=token]", token)
+    if namespace:
+        await page.fill("input[name=namespace]", namespace)
+    await page.click("button[type=submit]")
+    await page.wait_for_selector("[data-testid=user]", timeout=WAIT_MS)
+
+
+def team_token(fleet: Fleet, ns: str) -> str:
+    res = fleet.run_cli("token", "create", "--namespace", ns, "--role", "edit")
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+async def pods_of(client: Client, ns: str, job_name: str) -> list[dict]:
+    return [p for p in await client.list("pods", ns, raw=True)
+            if p["metadata"].get("labels", {}).get("batch.kubernetes.io/job-name") == job_name]
+
+
+async def test_dashboard_views_live_and_by_rbac(fleet: Fleet, shots: Path) -> None:
+    client = Client(transport_from_kubeconfig(fleet.kubeconfig))
+    async with client:
+        await fleet.nodes_ready(client)
+        for ns in ("team-a", "team-b"):
+            await client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, raw=True)
+        for obj in queues():
+            await client.create(obj, raw=True)
+        await client.create(job("train", "team-a", 2, pods=2), raw=True)
+        await client.create(job("secret-b", "team-b", 1), raw=True)
+
+        async def holding() -> bool:
+            pods = [*await pods_of(client, "team-a", "train"), *await pods_of(client, "team-b", "secret-b")]
+            return len(pods) == 3 and all(p["status"].get("phase") == "Running" for p in pods)
+        await fleet.wait_until(holding, 40, "train and secret-b running")
+        tokens = {ns: team_token(fleet, ns) for ns in ("team-a",)}
+
+        pw, browser = await browser_session(fleet)
+        try:
+            page = await new_page(browser, fleet)
+            # Sign in: the page's files load without a token, a wrong token is refused.
+            await page.goto(f"{fleet.url}/ui/")
+            await page.screenshot(path=str(shots / "login.png"))
+            await page.fill("textarea[name=token]", "not-a-token")
+            await page.click("button[type=submit]")
+            await page.wait_for_selector("[data-testid=login-error]", timeout=WAIT_MS)
+            await sign_in(page, fleet, fleet_token(fleet))
+            await page.evaluate("window.__sameDocument = true")
+
+            # Fleet: every GPU, each held one naming its pod.
+            await page.wait_for_function(
+                "n => document.querySelectorAll('[data-testid=gpu]').length === n", arg=len(NODES) * GPUS_PER_NODE,
+                timeout=WAIT_MS)
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=gpu-pod] a')].length === 5", timeout=WAIT_MS)
+            holders = await page.eval_on_selector_all("[data-testid=gpu-pod] a", "els => els.map(e => e.textContent)")
+            expected = {f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+                        for p in [*await pods_of(client, "team-a", "train"), *await pods_of(client, "team-b", "secret-b")]}
+            assert sorted(set(holders)) == sorted(expected) and len(holders) == 5, holders
+            await page.screenshot(path=str(shots / "fleet.png"), full_page=True)
+
+            # A job submitted while the page is open: it appears without a reload.
+            await page.click("nav a:text-is('Workloads')")
+            await page.wait_for_selector("[data-testid=workload][data-name=train]", timeout=WAIT_MS)
+            await client.create(job("late", "team-a", 1), raw=True)
+            await page.wait_for_selector("[data-testid=workload][data-name=late]", timeout=WAIT_MS)
+            # A job no node can hold, and one over its queue's quota: each says why it waits.
+            await client.create(job("too-big", "team-a", 8), raw=True)
+            await client.create(job("queued", "team-a", 4, queue="a"), raw=True)
+            big_why = page.locator("[data-testid=workload][data-name=too-big] [data-testid=why]")
+            await big_why.filter(has_text=GPU).wait_for(timeout=WAIT_MS)
+            print("too-big waits because:", await big_why.text_content())
+            queued_why = page.locator("[data-testid=workload][data-name=queued] [data-testid=why]")
+            await queued_why.filter(has_text="queued").wait_for(timeout=WAIT_MS)
+            await page.screenshot(path=str(shots / "workloads.png"), full_page=True)
+
+            await page.click("nav a:text-is('Fleet')")
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=gpu-pod] a')].some(a => a.textContent.startsWith('team-a/late-'))",
+                timeout=WAIT_MS)
+
+            # Queues: nominal, used, and the workload over quota with Kueue's reason.
+            await page.click("nav a:text-is('Queues')")
+            pending = page.locator("[data-testid=pending-workload]", has_text="queued")
+            await pending.filter(has_text=re.compile("quota|flavor", re.I)).wait_for(timeout=WAIT_MS)
+            print("queued waits because:", await pending.locator(".why").text_content())
+            await page.screenshot(path=str(shots / "queues.png"), full_page=True)
+
+            # The pending pod: the scheduler's message and its per-node diagnosis (a deep link).
+            big = (await pods_of(client, "team-a", "too-big"))[0]["metadata"]["name"]
+            await page.goto(f"{fleet.url}/ui/pods/team-a/{big}")
+            await page.locator("[data-testid=pending]").filter(has_text=GPU).wait_for(timeout=WAIT_MS)
+            diagnosis = await page.locator("[data-testid=diagnosis]").text_content()
+            assert all(n in diagnosis for n in NODES), diagnosis
+            await page.screenshot(path=str(shots / "pod-pending.png"), full_page=True)
+            await page.go_back()  # the browser's back button returns to the queues view
+            await page.wait_for_selector("[data-testid=pending-workloads]", timeout=WAIT_MS)
+            await page.evaluate("window.__sameDocument = true")  # from here on, no reload either
+
+            # A running pod's log, followed live: later steps arrive while the page stays.
+            train = sorted(p["metadata"]["name"] for p in await pods_of(client, "team-a", "train"))[0]
+            await page.click("nav a:text-is('Fleet')")
+            await page.click(f"[data-testid=gpu-pod] a:text('team-a/{train}')")
+            await page.wait_for_url(f"**/ui/pods/team-a/{train}", timeout=WAIT_MS)
+            logs = page.locator("[data-testid=logs]")
+            await logs.filter(has_text="step").wait_for(timeout=WAIT_MS)
+            first = max(int(n) for n in re.findall(r"step (\d+)", await logs.text_content()))
+            await logs.filter(has_text=f"step {first + 3} ").wait_for(timeout=WAIT_MS)
+            await page.screenshot(path=str(shots / "pod.png"), full_page=True)
+
+            await page.click("nav a:text-is('Events')")
+            await page.locator("[data-testid=events] tr", has_text="FailedScheduling").first.wait_for(timeout=WAIT_MS)
+            await page.screenshot(path=str(shots / "events.png"), full_page=True)
+            await page.click("nav a:text-is('Charts')")
+            await page.wait_for_selector("[data-testid=chart] canvas", timeout=WAIT_MS)
+            await page.screenshot(path=str(shots / "charts.png"), full_page=True)
+            assert await page.evaluate("window.__sameDocument") is True, "the page reloaded"
+
+            # A team's token: its namespace only.
+            team = await new_page(browser, fleet)
+            await sign_in(team, fleet, tokens["team-a"], namespace="team-a")
+            await team.click("nav a:text-is('Workloads')")
+            await team.wait_for_selector("[data-testid=workload][data-name=train]", timeout=WAIT_MS)
+            await team.goto(f"{fleet.url}/ui/workloads?namespace=team-b")
+            await team.locator("[data-testid=problem].forbidden").first.wait_for(timeout=WAIT_MS)
+            assert "secret-b" not in await team.content()
+            await team.goto(f"{fleet.url}/ui/pods/team-b/{(await pods_of(client, 'team-b', 'secret-b'))[0]['metadata']['name']}")
+            await team.locator("[data-testid=problem].forbidden").first.wait_for(timeout=WAIT_MS)
+            await team.goto(f"{fleet.url}/ui/fleet?namespace=team-a")
+            await team.locator("[data-testid=problem].forbidden", has_text="nodes").wait_for(timeout=WAIT_MS)
+        except Exception:
+            for p in browser.contexts:
+                for pg in p.pages:
+                    print(f"--- page {pg.url} ---\n{await pg.inner_text('body')}")
+            raise
+        finally:
+            await browser.close()
+            await pw.stop()
+
+
+def fleet_token(fleet: Fleet) -> str:
+    import yaml
+
+    return yaml.safe_load(Path(fleet.kubeconfig).read_text())["users"][0]["user"]["token"]
+
+
+def sim_node(i: int) -> dict:
+    gpus = [{"index": g, "uuid": f"GPU-sim-{i}-{g}", "model": "H100-80GB-HBM3", "memoryMiB": 81920,
+             "health": "Healthy", "group": "nvlink-0"} for g in range(SIM_GPUS)]
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {
+        "name": f"sim-{i:03d}", "labels": {"nvidia.com/gpu.product": "H100-80GB-HBM3"},
+        "annotations": {"gpufleet.io/gpus": json.dumps(gpus)}},
+        "status": {"capacity": {GPU: str(SIM_GPUS)}, "allocatable": {GPU: str(SIM_GPUS)}}}
+
+
+async def test_first_view_of_800_gpus(fleet: Fleet, shots: Path) -> None:
+    client = Client(transport_from_kubeconfig(fleet.kubeconfig))
+    async with client:
+        sem = asyncio.Semaphore(16)
+
+        async def make(i: int) -> None:
+            async with sem:
+                await client.create(sim_node(i), raw=True)
+        await asyncio.gather(*(make(i) for i in range(SIM_NODES)))
+        total = len(await client.list("Node", raw=True))
+        gpus = SIM_NODES * SIM_GPUS + len(NODES) * GPUS_PER_NODE
+    pw, browser = await browser_session(fleet)
+    try:
+        page = await new_page(browser, fleet)
+        await page.add_init_script(f"sessionStorage.setItem('gpufleet.token', {json.dumps(fleet_token(fleet))})")
+        await page.goto(f"{fleet.url}/ui/fleet")
+        await page.wait_for_function("n => document.querySelectorAll('[data-testid=gpu]').length === n",
+                                     arg=gpus, timeout=WAIT_MS)
+        first = await page.evaluate("window.__fleetRendered")
+        tiles = await page.evaluate("performance.now()")
+        print(f"fleet view of {total} nodes / {gpus} GPUs: first render {first:.0f} ms after navigation "
+              f"(all tiles present at {tiles:.0f} ms)")
+        await page.screenshot(path=str(shots / "fleet-800.png"))
+    finally:
+        await browser.close()
+        await pw.stop()

@@ -1,0 +1,166 @@
+// The API as the page uses it: every call carries the user's bearer token, and a list is
+// kept current by the API's own watch (?watch=1 read as a fetch stream), never by reloading.
+import { useEffect, useState } from "preact/hooks";
+
+const TOKEN_KEY = "gpufleet.token";
+const NS_KEY = "gpufleet.namespace";
+
+export const session = {
+  get token() { return sessionStorage.getItem(TOKEN_KEY) || ""; },
+  set token(v) { v ? sessionStorage.setItem(TOKEN_KEY, v) : sessionStorage.removeItem(TOKEN_KEY); },
+  get namespace() { return sessionStorage.getItem(NS_KEY) || ""; },
+  set namespace(v) { sessionStorage.setItem(NS_KEY, v || ""); },
+};
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    super((body && body.message) || `HTTP ${status}`);
+    this.status = status;
+    this.reason = body && body.reason;
+  }
+}
+
+function headers(extra) {
+  return { Authorization: `Bearer ${session.token}`, Accept: "application/json", ...extra };
+}
+
+async function failed(res) {
+  let body = null;
+  try { body = await res.json(); } catch { /* not a Status */ }
+  return new ApiError(res.status, body);
+}
+
+export async function get(path, signal) {
+  const res = await fetch(path, { headers: headers(), signal });
+  if (!res.ok) throw await failed(res);
+  return res.json();
+}
+
+export async function post(path, body) {
+  const res = await fetch(path, {
+    method: "POST", headers: headers({ "Content-Type": "application/json" }), body: JSON.stringify(body),
+  });
+  if (!res.ok) throw await failed(res);
+  return res.json();
+}
+
+// Lines of a streamed answer (a watch, a followed log), as they come.
+export async function* lines(path, signal) {
+  const res = await fetch(path, { headers: headers(), signal });
+  if (!res.ok) throw await failed(res);
+  const reader = res.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += value;
+    let nl;
+    while ((nl = buf.indexOf("\n")) >= 0) {
+      yield buf.slice(0, nl);
+      buf = buf.slice(nl + 1);
+    }
+  }
+  if (buf) yield buf;
+}
+
+const key = (o) => `${o.metadata.namespace || ""}/${o.metadata.name}`;
+
+// One list+watch per collection path, shared by every view that shows it.
+class Collection {
+  constructor(path) {
+    this.path = path;
+    this.items = new Map();
+    this.error = null;
+    this.loaded = false;
+    this.listeners = new Set();
+    this.version = 0;
+    this.timer = null;
+    this.ctrl = null;
+  }
+
+  changed() {
+    this.version++;
+    if (this.timer) return;
+    // Events come in bursts: one render for a burst.
+    this.timer = setTimeout(() => { this.timer = null; this.listeners.forEach((f) => f(this.version)); }, 40);
+  }
+
+  start() {
+    this.ctrl = new AbortController();
+    this.run(this.ctrl.signal);
+  }
+
+  stop() {
+    if (this.ctrl) this.ctrl.abort();
+    this.ctrl = null;
+  }
+
+  async run(signal) {
+    const sep = this.path.includes("?") ? "&" : "?";
+    while (!signal.aborted) {
+      let rv;
+      try {
+        const list = await get(this.path, signal);
+        this.items = new Map((list.items || []).map((o) => [key(o), o]));
+        rv = list.metadata.resourceVersion;
+        this.error = null;
+        this.loaded = true;
+        this.changed();
+        for await (const line of lines(`${this.path}${sep}watch=1&allowWatchBookmarks=true&resourceVersion=${rv}`, signal)) {
+          if (!line.trim()) continue;
+          const ev = JSON.parse(line);
+          if (ev.type === "ERROR") break; // e.g. 410 Gone: list again
+          if (ev.type === "BOOKMARK") continue;
+          if (ev.type === "DELETED") this.items.delete(key(ev.object));
+          else this.items.set(key(ev.object), ev.object);
+          this.changed();
+        }
+      } catch (e) {
+        if (signal.aborted) return;
+        this.error = e;
+        this.loaded = true;
+        this.changed();
+        if (e instanceof ApiError && (e.status === 403 || e.status === 404 || e.status === 401)) return;
+        await new Promise((r) => setTimeout(r, 1000));
+      }
+    }
+  }
+}
+
+const collections = new Map();
+
+// The items at a collection path (a list URL), kept live; null path: nothing.
+export function useList(path) {
+  const [, setVersion] = useState(0);
+  useEffect(() => {
+    if (!path) return undefined;
+    let c = collections.get(path);
+    if (!c) {
+      c = new Collection(path);
+      collections.set(path, c);
+      c.start();
+    }
+    c.listeners.add(setVersion);
+    setVersion(c.version);
+    return () => {
+      c.listeners.delete(setVersion);
+      if (c.listeners.size === 0) {
+        c.stop();
+        if (collections.get(path) === c) collections.delete(path);
+      }
+    };
+  }, [path]);
+  const c = path && collections.get(path);
+  if (!c) return { items: [], loaded: false, error: null };
+  return { items: [...c.items.values()], loaded: c.loaded, error: c.error };
+}
+
+export function stopAll() {
+  collections.forEach((c) => c.stop());
+  collections.clear();
+}
+
+// A collection's path, in a namespace or across all ("").
+export function listPath(prefix, resource, namespace) {
+  return namespace ? `${prefix}/namespaces/${encodeURIComponent(namespace)}/${resource}` : `${prefix}/${resource}`;
+}

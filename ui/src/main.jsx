@@ -1,0 +1,569 @@
+import { render } from "preact";
+import { useEffect, useMemo, useRef, useState } from "preact/hooks";
+import { Link, Redirect, Route, Router, Switch, useLocation, useParams, useSearch } from "wouter-preact";
+import uPlot from "uplot";
+import "uplot/dist/uPlot.min.css";
+import "./style.css";
+import { ApiError, get, lines, listPath, post, session, stopAll, useList } from "./api.js";
+
+const GPU = "nvidia.com/gpu";
+const ANN = {
+  gpus: "gpufleet.io/gpus", health: "gpufleet.io/gpu-health", cordon: "gpufleet.io/gpu-cordon",
+  indices: "gpufleet.io/gpu-indices", metrics: "gpufleet.io/gpu-metrics", diagnosis: "gpufleet.io/scheduling-diagnosis",
+};
+const QUEUE_LABEL = "kueue.x-k8s.io/queue-name";
+const KUEUE = "/apis/kueue.x-k8s.io/v1beta1";
+
+const ann = (o, k) => ((o.metadata && o.metadata.annotations) || {})[k];
+const json = (s, dflt) => { try { return s ? JSON.parse(s) : dflt; } catch { return dflt; } };
+const cond = (o, type) => (((o.status || {}).conditions) || []).find((c) => c.type === type);
+const nsName = (o) => `${o.metadata.namespace}/${o.metadata.name}`;
+const byName = (a, b) => nsName(a).localeCompare(nsName(b), undefined, { numeric: true });
+
+function age(ts) {
+  if (!ts) return "";
+  const s = Math.max(0, (Date.now() - Date.parse(ts)) / 1000);
+  if (s < 120) return `${Math.round(s)}s`;
+  if (s < 7200) return `${Math.round(s / 60)}m`;
+  if (s < 172800) return `${Math.round(s / 3600)}h`;
+  return `${Math.round(s / 86400)}d`;
+}
+
+function Problem({ error, what }) {
+  if (!error) return null;
+  const forbidden = error instanceof ApiError && error.status === 403;
+  return <div class={`problem${forbidden ? " forbidden" : ""}`} data-testid="problem">
+    {forbidden ? `Not allowed to see ${what}: ` : `Could not read ${what}: `}{error.message}
+  </div>;
+}
+
+// ------------------------------------------------------------------ login
+
+function Login({ onLogin }) {
+  const [token, setToken] = useState("");
+  const [namespace, setNamespace] = useState("");
+  const [error, setError] = useState(null);
+  async function submit(e) {
+    e.preventDefault();
+    session.token = token.trim();
+    try {
+      const review = await post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" });
+      session.namespace = namespace.trim();
+      onLogin(review.status.userInfo);
+    } catch (err) {
+      session.token = "";
+      setError(err.status === 401 ? "This token is not valid." : err.message);
+    }
+  }
+  return <form class="login" onSubmit={submit}>
+    <h1>gpufleet</h1>
+    <p>Sign in with a bearer token: the one in your kubeconfig (<code>users[].user.token</code>) or one
+      made by <code>gpufleet token create</code>. What you see is what that token may read.</p>
+    <label>Token <textarea name="token" rows="3" value={token} onInput={(e) => setToken(e.target.value)} /></label>
+    <label>Namespace <input name="namespace" placeholder="all namespaces" value={namespace}
+      onInput={(e) => setNamespace(e.target.value)} /></label>
+    {error && <div class="problem" data-testid="login-error">{error}</div>}
+    <button type="submit">Sign in</button>
+  </form>;
+}
+
+// ------------------------------------------------------------------ fleet
+
+function podsByGpu(pods) {
+  const out = new Map(); // node -> index -> pod
+  for (const p of pods) {
+    const node = (p.spec || {}).nodeName;
+    const phase = (p.status || {}).phase;
+    const idx = ann(p, ANN.indices);
+    if (!node || !idx || phase === "Succeeded" || phase === "Failed") continue;
+    let m = out.get(node);
+    if (!m) out.set(node, (m = new Map()));
+    for (const i of idx.split(",")) m.set(Number(i), p);
+  }
+  return out;
+}
+
+function useMetrics(enabled) {
+  // metrics.k8s.io is not watchable (in Kubernetes neither): read it every 10 s.
+  const [state, setState] = useState({ byNode: new Map(), history: [] });
+  useEffect(() => {
+    if (!enabled) return undefined;
+    let stopped = false;
+    async function once() {
+      try {
+        const list = await get("/apis/metrics.k8s.io/v1beta1/nodes");
+        const byNode = new Map((list.items || []).map((m) => [m.metadata.name, json(ann(m, ANN.metrics), [])]));
+        if (!stopped) setState((s) => ({ byNode, history: [...s.history.slice(-359), [Date.now() / 1000, byNode]] }));
+      } catch { /* metrics are optional */ }
+    }
+    once();
+    const t = setInterval(once, 10000);
+    return () => { stopped = true; clearInterval(t); };
+  }, [enabled]);
+  return state;
+}
+
+function gpuTiles(node, holders, metrics) {
+  const devices = json(ann(node, ANN.gpus), []);
+  const health = json(ann(node, ANN.health), {});
+  const cordoned = new Set((ann(node, ANN.cordon) || "").split(",").filter(Boolean).map(Number));
+  const m = new Map((metrics || []).map((g) => [g.index, g]));
+  return devices.map((d) => {
+    const h = health[String(d.index)] || {};
+    return {
+      index: d.index, model: d.model, memoryMiB: d.memoryMiB,
+      healthy: (d.health || "Healthy") === "Healthy" && (!h.state || h.state === "Healthy"),
+      state: h.state || d.health || "Healthy", reason: h.reason || h.message || "",
+      cordoned: cordoned.has(d.index), pod: holders && holders.get(d.index), metrics: m.get(d.index),
+    };
+  });
+}
+
+function GpuTile({ g }) {
+  const cls = ["gpu", g.pod ? "busy" : "idle", g.healthy ? "" : "unhealthy", g.cordoned ? "cordoned" : ""].join(" ");
+  const mem = g.metrics && g.metrics.memoryTotalMiB
+    ? `${Math.round(g.metrics.memoryUsedMiB / 1024)}/${Math.round(g.metrics.memoryTotalMiB / 1024)} GiB`
+    : g.memoryMiB ? `${Math.round(g.memoryMiB / 1024)} GiB` : "";
+  return <div class={cls} data-testid="gpu" data-gpu={g.index} title={g.reason || g.state}>
+    <div class="gpu-head"><b>GPU {g.index}</b><span>{g.model}</span></div>
+    <div class="gpu-pod" data-testid="gpu-pod">{g.pod
+      ? <Link href={`/pods/${g.pod.metadata.namespace}/${g.pod.metadata.name}`}>{nsName(g.pod)}</Link>
+      : <span class="muted">idle</span>}</div>
+    <div class="gpu-foot">
+      <span>{g.metrics ? `${Math.round(g.metrics.utilization)}%` : ""}</span><span>{mem}</span>
+      <span class="state">{g.cordoned ? "fenced" : g.healthy ? "" : g.state}</span>
+    </div>
+  </div>;
+}
+
+function nodeState(n) {
+  const ready = cond(n, "Ready");
+  const out = [ready && ready.status === "True" ? "Ready" : "NotReady"];
+  if ((n.spec || {}).unschedulable) out.push("cordoned");
+  if (((n.spec || {}).taints || []).some((t) => t.key === "gpufleet.io/gpu-unhealthy")) out.push("gpu-unhealthy");
+  return out;
+}
+
+function NodeCard({ node, holders, metrics }) {
+  const tiles = gpuTiles(node, holders, metrics);
+  const states = nodeState(node);
+  return <section class={`node ${states.join(" ")}`} data-testid="node" data-node={node.metadata.name}>
+    <header><Link href={`/fleet/${node.metadata.name}`}>{node.metadata.name}</Link>
+      {states.map((s) => <span class={`tag ${s}`}>{s}</span>)}</header>
+    <div class="gpus">{tiles.map((g) => <GpuTile g={g} />)}</div>
+  </section>;
+}
+
+function Fleet({ name }) {
+  const nodes = useList("/api/v1/nodes");
+  const pods = useList(listPath("/api/v1", "pods", session.namespace));
+  const metrics = useMetrics(!nodes.error);
+  const holders = useMemo(() => podsByGpu(pods.items), [pods.items]);
+  const shown = (name ? nodes.items.filter((n) => n.metadata.name === name) : nodes.items)
+    .sort((a, b) => a.metadata.name.localeCompare(b.metadata.name, undefined, { numeric: true }));
+  const total = shown.reduce((s, n) => s + json(ann(n, ANN.gpus), []).length, 0);
+  let busy = 0;
+  for (const n of shown) busy += (holders.get(n.metadata.name) || new Map()).size;
+  useEffect(() => {
+    if (nodes.loaded && shown.length && window.__fleetRendered === undefined) {
+      window.__fleetRendered = performance.now();
+      performance.mark("fleet-rendered");
+    }
+  });
+  return <div>
+    <h2>{name ? <><Link href="/fleet">Fleet</Link> / {name}</> : "Fleet"}</h2>
+    <Problem error={nodes.error} what="nodes" />
+    <Problem error={pods.error} what="pods" />
+    {nodes.loaded && !nodes.error && <p class="summary" data-testid="fleet-summary">
+      {shown.length} nodes, {total} GPUs, {busy} in use</p>}
+    <div class="fleet">{shown.map((n) => <NodeCard node={n} holders={holders.get(n.metadata.name)}
+      metrics={metrics.byNode.get(n.metadata.name)} />)}</div>
+    {name && shown[0] && <NodeDetail node={shown[0]} pods={pods.items} />}
+  </div>;
+}
+
+function NodeDetail({ node, pods }) {
+  const here = pods.filter((p) => (p.spec || {}).nodeName === node.metadata.name).sort(byName);
+  return <div>
+    <h3>Conditions</h3><Conditions obj={node} />
+    <h3>Pods</h3><PodTable pods={here} />
+    <h3>Events</h3><Events field={`involvedObject.kind=Node,involvedObject.name=${node.metadata.name}`} namespace="" />
+  </div>;
+}
+
+// ------------------------------------------------------------------ workloads
+
+const KINDS = [
+  { kind: "PyTorchJob", prefix: "/apis/kubeflow.org/v1", resource: "pytorchjobs" },
+  { kind: "Job", prefix: "/apis/batch/v1", resource: "jobs" },
+  { kind: "Deployment", prefix: "/apis/apps/v1", resource: "deployments" },
+];
+
+function ownedBy(pod, kind, name) {
+  const labels = pod.metadata.labels || {};
+  if (kind === "Job") return labels["batch.kubernetes.io/job-name"] === name || labels["job-name"] === name;
+  if (kind === "PyTorchJob") return labels["training.kubeflow.org/job-name"] === name;
+  if (kind === "Deployment") return (pod.metadata.ownerReferences || []).some((r) => r.name.startsWith(`${name}-`));
+  return false;
+}
+
+function waitReason(pods) {
+  for (const p of pods) {
+    const c = cond(p, "PodScheduled");
+    if (c && c.status === "False") return `${c.reason}: ${c.message}`;
+  }
+  return "";
+}
+
+function workloadOf(wls, obj) {
+  return wls.find((w) => (w.metadata.ownerReferences || []).some((r) => r.uid === obj.metadata.uid));
+}
+
+function queueWait(wl) {
+  if (!wl) return "";
+  const admitted = cond(wl, "Admitted");
+  if (admitted && admitted.status === "True") return "";
+  const q = cond(wl, "QuotaReserved") || cond(wl, "Pending");
+  return q && q.status === "False" ? `queued: ${q.message || q.reason}` : (wl.spec || {}).active === false ? "deactivated" : "queued";
+}
+
+function status(kind, o, pods, wl) {
+  const st = o.status || {};
+  const restarts = pods.reduce((s, p) => s + (((p.status || {}).containerStatuses) || [])
+    .reduce((t, c) => t + (c.restartCount || 0), 0), 0);
+  const running = pods.filter((p) => (p.status || {}).phase === "Running").length;
+  let phase;
+  if (kind === "Deployment") phase = `${st.readyReplicas || 0}/${(o.spec || {}).replicas ?? 1} ready`;
+  else {
+    const done = (st.conditions || []).find((c) => (c.type === "Complete" || c.type === "Succeeded" || c.type === "Failed") && c.status === "True");
+    phase = done ? done.type : (o.spec || {}).suspend ? "Suspended" : running ? "Running" : "Pending";
+  }
+  const gang = pods.length ? `${running}/${pods.length} pods running` : "no pods";
+  const why = queueWait(wl) || (running < pods.length ? waitReason(pods) : "");
+  return { phase, gang, restarts, why };
+}
+
+function Workloads() {
+  const ns = session.namespace;
+  const pods = useList(listPath("/api/v1", "pods", ns));
+  const wls = useList(listPath(KUEUE, "workloads", ns));
+  const lists = KINDS.map((k) => ({ ...k, list: useList(listPath(k.prefix, k.resource, ns)) }));
+  return <div>
+    <h2>Workloads{ns ? ` in ${ns}` : ""}</h2>
+    <Problem error={pods.error} what="pods" />
+    {lists.map(({ kind, resource, list }) => <div>
+      <h3>{kind}s</h3>
+      {list.error ? <Problem error={list.error} what={resource} />
+        : <table data-testid={`table-${resource}`}>
+          <thead><tr><th>Name</th><th>Status</th><th>Gang</th><th>Restarts</th><th>Queue</th><th>Waiting because</th><th>Age</th></tr></thead>
+          <tbody>{list.items.sort(byName).map((o) => {
+            const mine = pods.items.filter((p) => p.metadata.namespace === o.metadata.namespace && ownedBy(p, kind, o.metadata.name));
+            const s = status(kind, o, mine, workloadOf(wls.items, o));
+            return <tr data-testid="workload" data-name={o.metadata.name}>
+              <td><Link href={`/workloads/${resource}/${o.metadata.namespace}/${o.metadata.name}`}>{nsName(o)}</Link></td>
+              <td>{s.phase}</td><td>{s.gang}</td><td>{s.restarts}</td>
+              <td>{(o.metadata.labels || {})[QUEUE_LABEL] || ""}</td>
+              <td class="why" data-testid="why">{s.why}</td><td>{age(o.metadata.creationTimestamp)}</td>
+            </tr>;
+          })}</tbody></table>}
+    </div>)}
+  </div>;
+}
+
+function WorkloadDetail() {
+  const { resource, ns, name } = useParams();
+  const k = KINDS.find((x) => x.resource === resource) || KINDS[1];
+  const list = useList(`${listPath(k.prefix, k.resource, ns)}?fieldSelector=metadata.name%3D${encodeURIComponent(name)}`);
+  const pods = useList(listPath("/api/v1", "pods", ns));
+  const wls = useList(listPath(KUEUE, "workloads", ns));
+  const o = list.items[0];
+  const mine = pods.items.filter((p) => ownedBy(p, k.kind, name)).sort(byName);
+  const s = o ? status(k.kind, o, mine, workloadOf(wls.items, o)) : null;
+  return <div>
+    <h2><Link href="/workloads">Workloads</Link> / {k.kind} {ns}/{name}</h2>
+    <Problem error={list.error} what={resource} />
+    {list.loaded && !o && !list.error && <p>Not found.</p>}
+    {s && <dl class="facts"><dt>Status</dt><dd>{s.phase}</dd><dt>Gang</dt><dd>{s.gang}</dd>
+      <dt>Restarts</dt><dd>{s.restarts}</dd><dt>Waiting because</dt><dd data-testid="why">{s.why || "—"}</dd></dl>}
+    {o && <><h3>Conditions</h3><Conditions obj={o} /></>}
+    <h3>Pods</h3><PodTable pods={mine} />
+    <h3>Events</h3><Events field={`involvedObject.name=${name}`} namespace={ns} />
+  </div>;
+}
+
+// ------------------------------------------------------------------ pods
+
+function PodTable({ pods }) {
+  return <table data-testid="pods"><thead><tr><th>Pod</th><th>Phase</th><th>Node</th><th>GPUs</th><th>Restarts</th><th>Age</th></tr></thead>
+    <tbody>{pods.map((p) => <tr data-testid="pod-row" data-name={p.metadata.name}>
+      <td><Link href={`/pods/${p.metadata.namespace}/${p.metadata.name}`}>{nsName(p)}</Link></td>
+      <td>{(p.status || {}).phase}</td><td>{(p.spec || {}).nodeName || ""}</td><td>{ann(p, ANN.indices) || ""}</td>
+      <td>{(((p.status || {}).containerStatuses) || []).reduce((t, c) => t + (c.restartCount || 0), 0)}</td>
+      <td>{age(p.metadata.creationTimestamp)}</td></tr>)}</tbody></table>;
+}
+
+function Conditions({ obj }) {
+  const cs = ((obj.status || {}).conditions) || [];
+  return <table data-testid="conditions"><thead><tr><th>Type</th><th>Status</th><th>Reason</th><th>Message</th><th>Since</th></tr></thead>
+    <tbody>{cs.map((c) => <tr><td>{c.type}</td><td>{c.status}</td><td>{c.reason || ""}</td><td>{c.message || ""}</td>
+      <td>{age(c.lastTransitionTime)}</td></tr>)}</tbody></table>;
+}
+
+function Logs({ ns, name, container }) {
+  const [text, setText] = useState("");
+  const [error, setError] = useState(null);
+  const pre = useRef(null);
+  useEffect(() => {
+    const ctrl = new AbortController();
+    let buf = "";
+    setText("");
+    (async () => {
+      try {
+        const path = `/api/v1/namespaces/${ns}/pods/${name}/log?follow=true&tailLines=500&container=${encodeURIComponent(container)}`;
+        for await (const line of lines(path, ctrl.signal)) {
+          buf = (buf + line + "\n").slice(-200000);
+          setText(buf);
+        }
+      } catch (e) { if (!ctrl.signal.aborted) setError(e); }
+    })();
+    return () => ctrl.abort();
+  }, [ns, name, container]);
+  useEffect(() => { if (pre.current) pre.current.scrollTop = pre.current.scrollHeight; }, [text]);
+  return <div><Problem error={error} what="logs" /><pre class="logs" ref={pre} data-testid="logs">{text}</pre></div>;
+}
+
+function Pod() {
+  const { ns, name } = useParams();
+  const list = useList(`/api/v1/namespaces/${ns}/pods?fieldSelector=metadata.name%3D${encodeURIComponent(name)}`);
+  const p = list.items[0];
+  const containers = p ? (p.spec.containers || []).map((c) => c.name) : [];
+  const [container, setContainer] = useState("");
+  const c = container || containers[0];
+  const scheduled = p && cond(p, "PodScheduled");
+  const diagnosis = p && ann(p, ANN.diagnosis);
+  const started = p && (((p.status || {}).containerStatuses) || []).some((s) => s.state && !s.state.waiting);
+  return <div>
+    <h2>Pod {ns}/{name}</h2>
+    <Problem error={list.error} what="the pod" />
+    {list.loaded && !p && !list.error && <p>Not found.</p>}
+    {p && <>
+      <dl class="facts"><dt>Phase</dt><dd data-testid="phase">{p.status.phase}</dd><dt>Node</dt>
+        <dd>{p.spec.nodeName ? <Link href={`/fleet/${p.spec.nodeName}`}>{p.spec.nodeName}</Link> : "—"}</dd>
+        <dt>GPUs</dt><dd>{ann(p, ANN.indices) || "—"}</dd></dl>
+      {scheduled && scheduled.status === "False" && <div class="pending" data-testid="pending">
+        <b>Waiting to be scheduled:</b> {scheduled.message}
+        {diagnosis && <><h4>Per node</h4><pre data-testid="diagnosis">{diagnosis}</pre></>}
+      </div>}
+      <h3>Conditions</h3><Conditions obj={p} />
+      <h3>Events</h3><Events field={`involvedObject.kind=Pod,involvedObject.name=${name}`} namespace={ns} />
+      <h3>Logs {containers.length > 1 && <select onChange={(e) => setContainer(e.target.value)}>
+        {containers.map((x) => <option selected={x === c}>{x}</option>)}</select>}</h3>
+      {started ? <Logs ns={ns} name={name} container={c} /> : <p class="muted">No container has started yet.</p>}
+    </>}
+  </div>;
+}
+
+// ------------------------------------------------------------------ queues
+
+function quotaRows(cq) {
+  const rows = [];
+  const usage = new Map();
+  for (const f of ((cq.status || {}).flavorsReservation || (cq.status || {}).flavorsUsage || [])) {
+    for (const r of f.resources || []) usage.set(`${f.name}/${r.name}`, r);
+  }
+  for (const g of ((cq.spec || {}).resourceGroups || [])) {
+    for (const f of g.flavors || []) {
+      for (const r of f.resources || []) {
+        const u = usage.get(`${f.name}/${r.name}`) || {};
+        rows.push({ flavor: f.name, resource: r.name, nominal: r.nominalQuota, borrowing: r.borrowingLimit,
+          lending: r.lendingLimit, used: u.total || 0, borrowed: u.borrowed || 0 });
+      }
+    }
+  }
+  return rows;
+}
+
+function Queues() {
+  const ns = session.namespace;
+  const cqs = useList(`${KUEUE}/clusterqueues`);
+  const lqs = useList(listPath(KUEUE, "localqueues", ns));
+  const wls = useList(listPath(KUEUE, "workloads", ns));
+  const pending = wls.items.filter((w) => !((cond(w, "Admitted") || {}).status === "True")
+    && !((cond(w, "Finished") || {}).status === "True")).sort(byName);
+  return <div>
+    <h2>Queues</h2>
+    <h3>ClusterQueues</h3>
+    {cqs.error ? <Problem error={cqs.error} what="ClusterQueues" />
+      : <table data-testid="clusterqueues"><thead><tr><th>Name</th><th>Cohort</th><th>Flavor</th><th>Resource</th>
+        <th>Nominal</th><th>Used</th><th>Borrowed</th><th>Borrowing limit</th><th>Lending limit</th><th>Pending</th><th>Admitted</th></tr></thead>
+        <tbody>{cqs.items.sort((a, b) => a.metadata.name.localeCompare(b.metadata.name)).flatMap((cq) =>
+          quotaRows(cq).map((r, i) => <tr data-testid="clusterqueue" data-name={cq.metadata.name}>
+            <td>{i === 0 ? cq.metadata.name : ""}</td><td>{i === 0 ? (cq.spec || {}).cohort || "" : ""}</td>
+            <td>{r.flavor}</td><td>{r.resource}</td><td>{String(r.nominal ?? "")}</td><td>{String(r.used)}</td>
+            <td>{String(r.borrowed)}</td><td>{String(r.borrowing ?? "—")}</td><td>{String(r.lending ?? "—")}</td>
+            <td>{i === 0 ? (cq.status || {}).pendingWorkloads || 0 : ""}</td><td>{i === 0 ? (cq.status || {}).admittedWorkloads || 0 : ""}</td>
+          </tr>))}</tbody></table>}
+    <h3>LocalQueues</h3>
+    <Problem error={lqs.error} what="LocalQueues" />
+    <table data-testid="localqueues"><thead><tr><th>Name</th><th>ClusterQueue</th><th>Pending</th><th>Admitted</th></tr></thead>
+      <tbody>{lqs.items.sort(byName).map((q) => <tr><td>{nsName(q)}</td><td>{(q.spec || {}).clusterQueue}</td>
+        <td>{(q.status || {}).pendingWorkloads || 0}</td><td>{(q.status || {}).admittedWorkloads || 0}</td></tr>)}</tbody></table>
+    <h3>Waiting workloads</h3>
+    <Problem error={wls.error} what="Workloads" />
+    <table data-testid="pending-workloads"><thead><tr><th>Workload</th><th>Queue</th><th>Why it waits</th><th>Age</th></tr></thead>
+      <tbody>{pending.map((w) => <tr data-testid="pending-workload"><td>{nsName(w)}</td><td>{(w.spec || {}).queueName}</td>
+        <td class="why">{queueWait(w)}</td><td>{age(w.metadata.creationTimestamp)}</td></tr>)}</tbody></table>
+  </div>;
+}
+
+// ------------------------------------------------------------------ events
+
+function Events({ field, namespace }) {
+  const ns = namespace === undefined ? session.namespace : namespace;
+  const q = field ? `?fieldSelector=${encodeURIComponent(field)}` : "";
+  const evs = useList(listPath("/api/v1", "events", ns) + q);
+  const items = evs.items.sort((a, b) => Date.parse(b.lastTimestamp || b.eventTime || b.metadata.creationTimestamp)
+    - Date.parse(a.lastTimestamp || a.eventTime || a.metadata.creationTimestamp)).slice(0, 300);
+  return <div><Problem error={evs.error} what="events" />
+    <table data-testid="events"><thead><tr><th>Last seen</th><th>Type</th><th>Reason</th><th>Object</th><th>Message</th><th>Count</th></tr></thead>
+      <tbody>{items.map((e) => <tr class={e.type === "Warning" ? "warning" : ""}>
+        <td>{age(e.lastTimestamp || e.eventTime || e.metadata.creationTimestamp)}</td><td>{e.type}</td><td>{e.reason}</td>
+        <td>{(e.involvedObject || {}).kind}/{e.metadata.namespace ? `${e.metadata.namespace}/` : ""}{(e.involvedObject || {}).name}</td>
+        <td>{e.message}</td><td>{e.count || 1}</td></tr>)}</tbody></table></div>;
+}
+
+function EventsView() {
+  return <div><h2>Events{session.namespace ? ` in ${session.namespace}` : ""}</h2><Events /></div>;
+}
+
+// ------------------------------------------------------------------ charts
+
+function Chart({ title, series, data }) {
+  const el = useRef(null);
+  const plot = useRef(null);
+  useEffect(() => {
+    if (!el.current) return undefined;
+    const colors = ["#3b82f6", "#ef4444", "#10b981", "#f59e0b", "#8b5cf6", "#ec4899", "#14b8a6", "#64748b"];
+    plot.current = new uPlot({
+      title, width: Math.min(900, el.current.clientWidth || 900), height: 240,
+      series: [{}, ...series.map((s, i) => ({ label: s, stroke: colors[i % colors.length], width: 2 }))],
+      scales: { x: { time: true } }, axes: [{}, {}],
+    }, data, el.current);
+    return () => plot.current && plot.current.destroy();
+  }, [title, series.join("|")]);
+  useEffect(() => { if (plot.current) plot.current.setData(data); }, [data]);
+  return <div class="chart" ref={el} data-testid="chart" />;
+}
+
+// Samples of what the page watches, taken every few seconds while it is open.
+function useSamples(sample, every = 2000) {
+  const [hist, setHist] = useState([]);
+  const latest = useRef(sample);
+  latest.current = sample;
+  useEffect(() => {
+    const take = () => setHist((h) => [...h.slice(-899), [Date.now() / 1000, latest.current()]]);
+    take();
+    const t = setInterval(take, every);
+    return () => clearInterval(t);
+  }, []);
+  return hist;
+}
+
+function Charts() {
+  const nodes = useList("/api/v1/nodes");
+  const cqs = useList(`${KUEUE}/clusterqueues`);
+  const pods = useList(listPath("/api/v1", "pods", session.namespace));
+  const metrics = useMetrics(!nodes.error);
+  const nodeNames = nodes.items.map((n) => n.metadata.name).sort().slice(0, 8);
+  const util = [metrics.history.map((h) => h[0]),
+    ...nodeNames.map((n) => metrics.history.map((h) => {
+      const gs = h[1].get(n) || [];
+      return gs.length ? gs.reduce((s, g) => s + (g.utilization || 0), 0) / gs.length : null;
+    }))];
+  const cqNames = cqs.items.map((c) => c.metadata.name).sort();
+  const holders = podsByGpu(pods.items);
+  const hist = useSamples(() => ({
+    busy: [...holders.values()].reduce((s, m) => s + m.size, 0),
+    pending: new Map(cqs.items.map((c) => [c.metadata.name, (c.status || {}).pendingWorkloads || 0])),
+  }));
+  const queues = [hist.map((h) => h[0]), ...cqNames.map((n) => hist.map((h) => h[1].pending.get(n) ?? null))];
+  const busy = [hist.map((h) => h[0]), hist.map((h) => h[1].busy)];
+  return <div>
+    <h2>Charts</h2>
+    <p class="muted">Drawn from what this page watches, since it was opened.</p>
+    <Chart title="GPUs in use" series={["GPUs held by pods"]} data={busy} />
+    {!nodes.error && <Chart title="GPU utilization per node (%)" series={nodeNames} data={util} />}
+    {!cqs.error && cqNames.length > 0 && <Chart title="Pending workloads per ClusterQueue" series={cqNames} data={queues} />}
+  </div>;
+}
+
+// ------------------------------------------------------------------ shell
+
+function NamespacePicker() {
+  const [, navigate] = useLocation();
+  const nss = useList("/api/v1/namespaces");
+  const [value, setValue] = useState(session.namespace);
+  function choose(v) {
+    session.namespace = v;
+    setValue(v);
+    navigate(window.location.pathname.replace(/^\/ui/, "") + (v ? `?namespace=${encodeURIComponent(v)}` : ""), { replace: false });
+  }
+  if (nss.error) {
+    return <input class="ns" value={value} placeholder="namespace" data-testid="namespace"
+      onChange={(e) => choose(e.target.value.trim())} />;
+  }
+  return <select class="ns" data-testid="namespace" onChange={(e) => choose(e.target.value)}>
+    <option value="" selected={!value}>all namespaces</option>
+    {nss.items.map((n) => n.metadata.name).sort().map((n) => <option selected={n === value}>{n}</option>)}
+  </select>;
+}
+
+function Shell({ user, onLogout }) {
+  const search = useSearch();
+  const fromUrl = new URLSearchParams(search).get("namespace");
+  if (fromUrl !== null && fromUrl !== session.namespace) session.namespace = fromUrl; // a deep link names its namespace
+  const ns = session.namespace;
+  const nav = [["/fleet", "Fleet"], ["/workloads", "Workloads"], ["/queues", "Queues"], ["/events", "Events"], ["/charts", "Charts"]];
+  const [loc] = useLocation();
+  return <div class="shell" key={ns}>
+    <nav>
+      <span class="brand">gpufleet</span>
+      {nav.map(([href, label]) => <Link href={href} class={loc.startsWith(href) ? "active" : ""}>{label}</Link>)}
+      <span class="spacer" />
+      <NamespacePicker />
+      <span class="user" data-testid="user">{user.username}</span>
+      <button onClick={onLogout}>Sign out</button>
+    </nav>
+    <main>
+      <Switch>
+        <Route path="/fleet/:name">{(p) => <Fleet name={p.name} />}</Route>
+        <Route path="/fleet"><Fleet /></Route>
+        <Route path="/workloads/:resource/:ns/:name"><WorkloadDetail /></Route>
+        <Route path="/workloads"><Workloads /></Route>
+        <Route path="/queues"><Queues /></Route>
+        <Route path="/pods/:ns/:name"><Pod /></Route>
+        <Route path="/events"><EventsView /></Route>
+        <Route path="/charts"><Charts /></Route>
+        <Route><Redirect to="/fleet" /></Route>
+      </Switch>
+    </main>
+  </div>;
+}
+
+function App() {
+  // With a token from this tab's session the views start at once; the review only names the
+  // user (or, when the token is no longer valid, signs out).
+  const [user, setUser] = useState(session.token ? { username: "" } : null);
+  useEffect(() => {
+    if (!session.token) return;
+    post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+      { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" })
+      .then((r) => setUser(r.status.userInfo))
+      .catch((e) => { if (e.status === 401) { session.token = ""; stopAll(); setUser(null); } });
+  }, []);
+  if (!user) return <Login onLogin={setUser} />;
+  return <Shell user={user} onLogout={() => { session.token = ""; stopAll(); setUser(null); }} />;
+}
+
+render(<Router base="/ui"><App /></Router>, document.getElementById("app"));
