@@ -285,3 +285,24 @@ async def test_bad_image_cannot_start(rt, tmp_path):
     with pytest.raises(RuntimeError_) as e:
         await rt.start(spec)
     assert e.value.reason == "ErrImagePull", e.value
+
+
+async def test_a_pod_of_the_same_name_under_another_agent_is_left_running(rt, tmp_path):
+    """Two agents on one machine (two nodes, or two clusters) may run pods of the same
+    namespace, name and container: neither start may take the other's container away."""
+    spec = spec_for(tmp_path, ["sleep", "300"], pod_name=f"twin-{uuid.uuid4().hex[:8]}")
+    mine = await rt.start(spec)
+    other = PodmanRuntime(tmp_path / "other-agent")
+    theirs = await other.start(spec_for(tmp_path, ["sleep", "300"], pod_name=spec.pod_name,
+                                        log_path=str(tmp_path / "other.log")))
+    try:
+        assert theirs.id != mine.id
+        assert (await rt.state(mine)).state == "running"
+        assert (await other.state(theirs)).state == "running"
+        # Its own container of that name it replaces, as one it lost track of.
+        again = await rt.start(spec)
+        assert (await rt.state(again)).state == "running"
+        assert (await other.state(theirs)).state == "running"
+    finally:
+        await other.remove(theirs)
+        await other.close()

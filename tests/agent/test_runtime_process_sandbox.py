@@ -370,7 +370,8 @@ async def test_read_only_root_filesystem(rt, tmp_path):
 
 
 async def test_tmp_is_private_and_fresh(rt, tmp_path):
-    node_file = "/tmp/gpufleet-node-file"
+    # Named per run: another test session on this machine may be here at the same time.
+    node_file = f"/tmp/gpufleet-node-file-{os.getpid()}"
     write(node_file, "node")
     try:
         _, out = await run(rt, spec_for(tmp_path, "ls -A /tmp; echo mine > /tmp/f; cat /tmp/f"))

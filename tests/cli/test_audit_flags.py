@@ -15,7 +15,8 @@ from gpufleet.cli.main import app
 @pytest.mark.parametrize("command", ["up", "server"])
 def test_bad_audit_flags_are_refused_naming_the_flag(command: str, tmp_path: Path) -> None:
     runner = CliRunner()
-    state = ["--state-dir", str(tmp_path / "state")]
+    # A free API port and no gateway: were they to start, nothing fixed is bound.
+    state = ["--state-dir", str(tmp_path / "state"), "--port", "0", "--gateway-port", "-1"]
     r = runner.invoke(app, [command, *state, "--audit-log-path", str(tmp_path / "audit.log")])
     assert r.exit_code == 2
     assert "--audit-policy-file" in r.output and "needs" in r.output

@@ -281,12 +281,20 @@ def _kill_proc(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
 
 
+def podman_owner(state_dir: Path) -> str:
+    """The gpufleet.io/owner label the podman runtime of the agent with this state dir puts on
+    its containers: it tells them from other agents' on the same machine (a node name does
+    not, as two fleets may both have a node-a)."""
+    import hashlib
+
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
 def remove_node_pods(state_dir: Path) -> None:
     """Stop and remove whatever an agent with this state dir left running: the process
     runtime's monitored containers, and podman's containers of that agent."""
     import asyncio
     import concurrent.futures
-    import hashlib
 
     from gpufleet.agent.runtime.process import ProcessRuntime
 
@@ -300,7 +308,7 @@ def remove_node_pods(state_dir: Path) -> None:
         # Maybe called from a test's own event loop: the clean-up gets a loop of its own.
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(asyncio.run, stop()).result(timeout=60)
-    owner = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+    owner = podman_owner(state_dir)
     for _ in range(3):
         ids = subprocess.run(["podman", "ps", "-a", "-q", "--filter", f"label=gpufleet.io/owner={owner}"],
                              capture_output=True, text=True, check=False).stdout.split()
@@ -375,11 +383,13 @@ class Fleet:
 
     def start_server(self, args: Sequence[str]) -> None:
         """`gpufleet <args> --port 0 --state-dir <root>/server-state`, e.g. ["server", ...] or
-        ["up", "--no-agent"]; returns once it serves."""
+        ["up", "--no-agent"]; returns once it serves. The gateway gets a free port too unless
+        `args` choose (its default, 8080, would be one fleet's at a time on this machine)."""
         log_path = self.root / "server.log"
+        gateway = [] if "--gateway-port" in args else ["--gateway-port", "0"]
         with open(log_path, "w") as log:
             self.server = subprocess.Popen(
-                [*GPUFLEET, *args, "--port", "0", "--state-dir", str(self.state)],
+                [*GPUFLEET, *args, "--port", "0", *gateway, "--state-dir", str(self.state)],
                 stdout=subprocess.PIPE, stderr=log, text=True, env=self.env, start_new_session=True,
             )
         self.url = wait_for_url(self.server, log_path)

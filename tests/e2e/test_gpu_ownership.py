@@ -25,7 +25,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from e2e_helpers import Fleet, _kill_proc, running_fleet
+from e2e_helpers import Fleet, _kill_proc, podman_owner, running_fleet
 
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import transport_from_kubeconfig
@@ -151,7 +151,7 @@ async def test_a_gpu_is_never_held_by_two_live_processes(tmp_path: Path, runtime
             doubled = {gpu: ids for gpu, ids in live_ids(tmp_path, x, back_at).items() if len(ids) > 1}
             assert not doubled, f"processes started again next to the adopted ones: {doubled}"
             if runtime == "podman":
-                running = await asyncio.to_thread(podman_ids, x, "label=gpufleet.io/container=main")
+                running = await asyncio.to_thread(podman_ids, tmp_path, x, "label=gpufleet.io/container=main")
                 assert len(running) == len(before), running
 
             # 2. It dies again; its pods are deleted for good while it is away and replaced
@@ -194,11 +194,14 @@ async def test_a_gpu_is_never_held_by_two_live_processes(tmp_path: Path, runtime
         assert sum(len(spans) for (n, _), spans in held.items() if n == x) >= 2 + len(before), held
     # Nothing of this test may outlive it.
     if runtime == "podman":
-        await asyncio.to_thread(remove_containers, NODES)
+        await asyncio.to_thread(remove_containers, tmp_path, NODES)
 
 
-def podman_ids(node: str, *filters: str, all_states: bool = False) -> list[str]:
-    args = ["podman", "ps", "-q", "--filter", f"label=gpufleet.io/node={node}"]
+def podman_ids(root: Path, node: str, *filters: str, all_states: bool = False) -> list[str]:
+    """The containers of this fleet's agent of `node` (not those of another fleet's node of
+    the same name on this machine)."""
+    args = ["podman", "ps", "-q", "--filter", f"label=gpufleet.io/node={node}",
+            "--filter", f"label=gpufleet.io/owner={podman_owner(root / f'agent-{node}')}"]
     for f in filters:
         args += ["--filter", f]
     if all_states:
@@ -206,11 +209,11 @@ def podman_ids(node: str, *filters: str, all_states: bool = False) -> list[str]:
     return subprocess.run(args, capture_output=True, text=True, check=False).stdout.split()
 
 
-def remove_containers(nodes) -> None:
+def remove_containers(root: Path, nodes) -> None:
     """The nodes' containers (and their sandboxes after them): they outlive their agents."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        ids = [c for n in nodes for c in podman_ids(n, all_states=True)]
+        ids = [c for n in nodes for c in podman_ids(root, n, all_states=True)]
         if not ids:
             return
         subprocess.run(["podman", "rm", "-f", "-t", "0", *ids], capture_output=True, check=False)

@@ -193,24 +193,36 @@ class PodmanRuntime(SandboxMixin, ImagesMixin, PodmanStreamsMixin):
             self._cdi = _cdi_available()
         if spec.security.run_as_non_root:
             await self._check_non_root(spec)
-        args = build_run_args(
-            spec,
-            name=name,
-            log_path=log_path,
-            env_file=str(env_file),
-            oci_runtime=self.oci_runtime,
-            init=self.init,
-            ulimits=self.ulimits,
-            cdi=self._cdi,
-            owner=self.owner,
-        )
+
+        def run_args(name: str) -> list[str]:
+            return build_run_args(
+                spec,
+                name=name,
+                log_path=log_path,
+                env_file=str(env_file),
+                oci_runtime=self.oci_runtime,
+                init=self.init,
+                ulimits=self.ulimits,
+                cdi=self._cdi,
+                owner=self.owner,
+            )
+
         try:
-            rc, out, err = await self._run(*args)
+            rc, out, err = await self._run(*run_args(name))
             if rc != 0 and "already in use" in err:
-                # A container of the same pod, container and attempt is left from an agent
-                # that lost track of it: this start replaces it.
-                await self._run("rm", "-f", "-t", "0", "--ignore", name)
-                rc, out, err = await self._run(*args)
+                holder = await self._inspect(name)
+                labels = ((holder or {}).get("Config") or {}).get("Labels") or {}
+                if holder is None or labels.get(LABEL_PREFIX + "owner") == self.owner:
+                    # A container of the same pod, container and attempt is left from this
+                    # agent, which lost track of it: this start replaces it.
+                    await self._run("rm", "-f", "-t", "0", "--ignore", name)
+                else:
+                    # Another agent's on this machine (another node, or another cluster's):
+                    # never ours to remove; this one gets a name of its own (one left under
+                    # it is this agent's).
+                    name = container_name(spec, self.owner)
+                    await self._run("rm", "-f", "-t", "0", "--ignore", name)
+                rc, out, err = await self._run(*run_args(name))
         finally:
             with contextlib.suppress(OSError):
                 env_file.unlink()

@@ -38,10 +38,11 @@ _IMAGE_ERROR = re.compile(
 )
 
 
-def container_name(spec: ContainerSpec) -> str:
+def container_name(spec: ContainerSpec, owner: str = "") -> str:
     """gpufleet-<namespace>-<pod>-<container>-<attempt>: readable in ``podman ps``, unique
-    on the node (two namespaces may hold pods of the same name)."""
-    raw = f"gpufleet-{spec.namespace}-{spec.pod_name}-{spec.name}-{spec.attempt}"
+    on the node (two namespaces may hold pods of the same name). With ``owner`` (the agent's
+    label) it is unique on the machine too, for a name another agent's container holds."""
+    raw = f"gpufleet-{owner + '-' if owner else ''}{spec.namespace}-{spec.pod_name}-{spec.name}-{spec.attempt}"
     return re.sub(r"[^a-zA-Z0-9_.-]", "-", raw)
 
 
