@@ -8,4 +8,6 @@ echo "== ruff"
 echo "== import-linter (layer contracts)"
 .venv/bin/lint-imports
 echo "== pytest"
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=25 "$@"
+# Two workers, each test file on one (its module-scoped clusters are started once); much of
+# the suite waits on real servers, agents and pods. `-n 0` runs it in one process.
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 "$@"

@@ -144,9 +144,19 @@ def test_replace_with_stale_resource_version_conflicts(apps: client.AppsV1Api) -
         "please apply your changes to the latest version and try again"
     )
 
-    fresh = apps.read_namespaced_deployment("py-stale", "default")
-    fresh.spec.replicas = 7
-    replaced = apps.replace_namespaced_deployment("py-stale", "default", fresh)
+    # With the latest version it goes through. The Deployment controller writes the object's
+    # status meanwhile (which moves its resourceVersion too), so the read and replace are
+    # retried as any client must, until one lands.
+    deadline = time.monotonic() + 30
+    while True:
+        fresh = apps.read_namespaced_deployment("py-stale", "default")
+        fresh.spec.replicas = 7
+        try:
+            replaced = apps.replace_namespaced_deployment("py-stale", "default", fresh)
+            break
+        except ApiException as exc:
+            if exc.status != 409 or time.monotonic() > deadline:
+                raise
     assert replaced.spec.replicas == 7
     assert replaced.metadata.labels["touched"] == "yes"
 
