@@ -341,7 +341,7 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
         manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue"),
                                     kueue_fair_sharing=policy == "fair-share")
         await manager.start()
-        scheduler = Scheduler(client, clock=clock, flush_interval=60.0, assumed_pod_ttl=None)
+        scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None)
         await scheduler.start()
         sim = SimulatedNodes(client, clock, records, restart_overhead, on_finish)
         await sim.start()
