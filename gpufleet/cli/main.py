@@ -15,7 +15,7 @@ app = typer.Typer(
 )
 
 # module name -> the commands it defines with `register(app)`
-_COMMAND_MODULES = ["up", "server", "apply", "get", "describe", "delete", "scale", "cordon", "version", "agent", "logs", "top", "token", "export"]
+_COMMAND_MODULES = ["up", "server", "apply", "get", "describe", "delete", "scale", "cordon", "version", "agent", "logs", "top", "token", "export", "simulate"]
 
 
 def _register() -> None:

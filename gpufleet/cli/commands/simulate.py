@@ -1,0 +1,65 @@
+"""`gpufleet simulate`: replay a job trace through the real control plane in virtual time
+(docs/simulate.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpufleet.cli.output import CliError
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def simulate(
+        trace: Annotated[Path, typer.Option("--trace", help="Muri's Philly CSV (ms) or the generic CSV/JSON (s).")],
+        nodes: Annotated[str, typer.Option("--nodes", help="NODESxGPUS, e.g. 8x8.")] = "8x8",
+        policy: Annotated[str, typer.Option("--policy", help="fifo, priority or fair-share.")] = "fifo",
+        restart_overhead: Annotated[float, typer.Option("--restart-overhead",
+                                                        help="Seconds every restart spends before progressing.")] = 0.0,
+        limit: Annotated[int | None, typer.Option("--limit", help="Only the first N jobs (by submit time).")] = None,
+        output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
+    ) -> None:
+        """Replay a GPU-cluster trace through the real API server, scheduler and queues."""
+        from gpufleet.cli.simulate.engine import simulate as run_sim
+        from gpufleet.cli.simulate.trace import TraceError, read_trace
+
+        try:
+            n, _, g = nodes.partition("x")
+            n_nodes, per_node = int(n), int(g)
+            if n_nodes <= 0 or per_node <= 0:
+                raise ValueError
+        except ValueError:
+            raise typer.BadParameter(f"{nodes!r}: give NODESxGPUS, e.g. 8x8", param_hint="--nodes") from None
+        if output not in ("table", "json"):
+            raise typer.BadParameter(f"{output!r}: choose table or json", param_hint="--output")
+        try:
+            jobs = read_trace(trace, limit)
+        except TraceError as exc:
+            raise CliError(str(exc)) from None
+
+        def progress(done: int, total: int, now: float) -> None:
+            width = 30
+            filled = width * done // total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} jobs, "
+                             f"virtual day {now / 86400:.1f}")
+            if done == total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+
+        try:
+            result = asyncio.run(run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
+                                         restart_overhead=restart_overhead, progress=progress))
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        figures = result.figures()
+        if output == "json":
+            typer.echo(json.dumps(figures, indent=2))
+            return
+        for key, value in figures.items():
+            typer.echo(f"{key:<26}{value:.3f}" if isinstance(value, float) else f"{key:<26}{value}")

@@ -1,0 +1,1 @@
+"""`gpufleet simulate`: replay a GPU-cluster trace through the real control plane in virtual time."""
