@@ -168,6 +168,15 @@ class OwnerController(KeyedController):
             self.queue.add(key)
         return key
 
+    def child_created(self, child: Any) -> str | None:
+        """A child naming a cached owner appeared: its creation is observed and its owner
+        synced. The owner's key, None when it has none cached."""
+        key = self.owner_key(child)
+        if key:
+            self.expectations.creation_observed(key)
+            self.queue.add(key)
+        return key
+
     def enqueue_matching(self, child: Any, selector_of: Callable[[Any], LabelSelector]) -> None:
         """Enqueue every owner in the child's namespace whose selector matches its labels (an
         orphan may be adopted by any of them)."""
@@ -183,10 +192,7 @@ class OwnerController(KeyedController):
             self.child_deleted(child)
             return
         if objects.controller_ref(child) is not None:
-            key = self.owner_key(child)
-            if key:
-                self.expectations.creation_observed(key)
-                self.queue.add(key)
+            self.child_created(child)
             return
         self.enqueue_matching(child, selector_of)
 

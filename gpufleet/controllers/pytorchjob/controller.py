@@ -51,11 +51,7 @@ class PyTorchJobController(OwnerController):
     # -- events ---------------------------------------------------------------------------
 
     def _pod_added(self, pod: Any) -> None:
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.creation_observed(key)
-            self.queue.add(key)
-        elif pod_phase(pod) == "Pending":
+        if not self.child_created(pod) and pod_phase(pod) == "Pending":
             self._enqueue_autoscaled()
 
     def _pod_updated(self, old: Any, new: Any) -> None:

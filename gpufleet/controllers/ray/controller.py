@@ -59,10 +59,7 @@ class RayClusterController(OwnerController):
         self.enqueue_owner(obj)
 
     def _pod_changed(self, pod: Any) -> None:
-        key = self.owner_key(pod)
-        if key:
-            self.expectations.creation_observed(key)
-            self.queue.add(key)
+        self.child_created(pod)
 
     def _pod_updated(self, old: Any, new: Any) -> None:
         self.enqueue_owner(new)
