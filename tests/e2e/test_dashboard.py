@@ -7,7 +7,7 @@ the workloads and fleet views without a reload (the page's own watch); a job too
 any node shows the scheduler's reason and per-node diagnosis; a job over its queue's quota
 shows Kueue's reason in the queues view; a pod's log is followed live. A team token sees
 its own namespace and is refused another's. Last, 100 nodes of 8 GPUs are created through
-the API and the fleet view's first render of them is measured in the browser and printed.
+the API and the fleet view's first paint of them is measured in the browser and printed.
 
 Each view's screenshot is written to GPUFLEET_DASHBOARD_SCREENSHOTS when it is set (the
 README's pictures: `GPUFLEET_DASHBOARD_SCREENSHOTS=docs/dashboard`), else to tmp_path.
@@ -275,16 +275,46 @@ async def test_first_view_of_800_gpus(fleet: Fleet, shots: Path) -> None:
         gpus = SIM_NODES * SIM_GPUS + len(NODES) * GPUS_PER_NODE
     pw, browser = await browser_session(fleet)
     try:
-        page = await new_page(browser, fleet)
-        await page.add_init_script(f"sessionStorage.setItem('gpufleet.token', {json.dumps(fleet_token(fleet))})")
-        await page.goto(f"{fleet.url}/ui/fleet")
-        await page.wait_for_function("n => document.querySelectorAll('[data-testid=gpu]').length === n",
-                                     arg=gpus, timeout=WAIT_MS)
-        first = await page.evaluate("window.__fleetRendered")
-        tiles = await page.evaluate("performance.now()")
-        print(f"fleet view of {total} nodes / {gpus} GPUs: first render {first:.0f} ms after navigation "
-              f"(all tiles present at {tiles:.0f} ms)")
-        await page.screenshot(path=str(shots / "fleet-800.png"))
+        # Each load is a new browser context (a new connection, nothing cached): a user opening
+        # the dashboard. The first is printed on its own; the three together show the spread.
+        figures = []
+        for n in range(VIEW_LOADS):
+            page = await new_page(browser, fleet)
+            figures.append(await first_view(page, fleet, gpus))
+            if n == VIEW_LOADS - 1:
+                await page.screenshot(path=str(shots / "fleet-800.png"))
+            await page.context.close()
+        for n, f in enumerate(figures):
+            print(f"fleet view of {total} nodes / {gpus} GPUs, load {n + 1}: first view painted "
+                  f"{f['painted']:.0f} ms after navigation (drawn {f['drawn']:.0f} ms; lists asked at "
+                  f"{f['nodesStart']:.0f} ms, answered at {f['nodesEnd']:.0f} ms; every tile present at "
+                  f"{f['tiles']:.0f} ms)")
+        painted = sorted(f["painted"] for f in figures)
+        print(f"fleet view first paint over {VIEW_LOADS} loads: median {painted[len(painted) // 2]:.0f} ms, "
+              f"min {painted[0]:.0f} ms, max {painted[-1]:.0f} ms")
     finally:
         await browser.close()
         await pw.stop()
+
+
+VIEW_LOADS = 3
+
+# When the browser painted the fleet summary (Element Timing: the summary is drawn in the
+# same frame as the first cards), when the view's effect ran, and when the node list came.
+FIRST_VIEW = """() => new Promise((done) => new PerformanceObserver((list) => {
+  const e = list.getEntries().find((x) => x.identifier === "fleet");
+  const nodes = performance.getEntriesByType("resource").find((r) => new URL(r.name).pathname === "/api/v1/nodes");
+  done({ painted: e ? e.renderTime : NaN, drawn: window.__fleetRendered,
+         nodesStart: nodes ? nodes.startTime : NaN, nodesEnd: nodes ? nodes.responseEnd : NaN });
+}).observe({ type: "element", buffered: true }))"""
+
+
+async def first_view(page, fleet: Fleet, gpus: int) -> dict:
+    await page.add_init_script(f"sessionStorage.setItem('gpufleet.token', {json.dumps(fleet_token(fleet))})")
+    await page.goto(f"{fleet.url}/ui/fleet")
+    await page.wait_for_function("n => document.querySelectorAll('[data-testid=gpu]').length === n",
+                                 arg=gpus, timeout=WAIT_MS)
+    tiles = await page.evaluate("performance.now()")
+    summary = await page.text_content("[data-testid=fleet-summary]")
+    assert f"{gpus} GPUs" in summary, summary
+    return {**await page.evaluate(FIRST_VIEW), "tiles": tiles}

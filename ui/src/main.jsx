@@ -1,10 +1,9 @@
-import { render } from "preact";
+import { Component, render } from "preact";
 import { useEffect, useMemo, useRef, useState } from "preact/hooks";
 import { Link, Redirect, Route, Router, Switch, useLocation, useParams, useSearch } from "wouter-preact";
-import uPlot from "uplot";
 import "uplot/dist/uPlot.min.css";
 import "./style.css";
-import { ApiError, get, lines, listPath, post, session, stopAll, useList } from "./api.js";
+import { afterFirstLists, ApiError, get, lines, listPath, post, session, stopAll, useAfterFirstLists, useList } from "./api.js";
 
 const GPU = "nvidia.com/gpu";
 const ANN = {
@@ -18,7 +17,8 @@ const ann = (o, k) => ((o.metadata && o.metadata.annotations) || {})[k];
 const json = (s, dflt) => { try { return s ? JSON.parse(s) : dflt; } catch { return dflt; } };
 const cond = (o, type) => (((o.status || {}).conditions) || []).find((c) => c.type === type);
 const nsName = (o) => `${o.metadata.namespace}/${o.metadata.name}`;
-const byName = (a, b) => nsName(a).localeCompare(nsName(b), undefined, { numeric: true });
+const collate = new Intl.Collator(undefined, { numeric: true }).compare; // one collator, not one a comparison
+const byName = (a, b) => collate(nsName(a), nsName(b));
 
 function age(ts) {
   if (!ts) return "";
@@ -85,22 +85,33 @@ function podsByGpu(pods) {
 }
 
 function useMetrics(enabled) {
-  // metrics.k8s.io is not watchable (in Kubernetes neither): read it every 10 s.
-  const [state, setState] = useState({ byNode: new Map(), history: [] });
+  // metrics.k8s.io is not watchable (in Kubernetes neither): read it every 10 s, the first
+  // time once the view's lists have come.
+  const [state, setState] = useState({ byNode: new Map(), raw: new Map(), history: [] });
+  const after = useAfterFirstLists();
   useEffect(() => {
-    if (!enabled) return undefined;
+    if (!enabled || !after) return undefined;
     let stopped = false;
     async function once() {
       try {
         const list = await get("/apis/metrics.k8s.io/v1beta1/nodes");
-        const byNode = new Map((list.items || []).map((m) => [m.metadata.name, json(ann(m, ANN.metrics), [])]));
-        if (!stopped) setState((s) => ({ byNode, history: [...s.history.slice(-359), [Date.now() / 1000, byNode]] }));
+        if (stopped) return;
+        setState((s) => {
+          // A node whose figures did not change keeps the same array: its card is not drawn again.
+          const byNode = new Map((list.items || []).map((m) => {
+            const raw = ann(m, ANN.metrics) || "[]";
+            const old = s.raw.get(m.metadata.name);
+            return [m.metadata.name, old === raw ? s.byNode.get(m.metadata.name) : json(raw, [])];
+          }));
+          const raw = new Map((list.items || []).map((m) => [m.metadata.name, ann(m, ANN.metrics) || "[]"]));
+          return { byNode, raw, history: [...s.history.slice(-359), [Date.now() / 1000, byNode]] };
+        });
       } catch { /* metrics are optional */ }
     }
     once();
     const t = setInterval(once, 10000);
     return () => { stopped = true; clearInterval(t); };
-  }, [enabled]);
+  }, [enabled, after]);
   return state;
 }
 
@@ -145,7 +156,26 @@ function nodeState(n) {
   return out;
 }
 
-function NodeCard({ node, holders, metrics }) {
+// Who holds each GPU of a node, as a string: a card is drawn again only when it changes.
+function holdersKey(holders) {
+  if (!holders) return "";
+  return [...holders].map(([i, p]) => `${i}=${p.metadata.uid}`).join(",");
+}
+
+// A node's card is drawn again only when its node, its GPUs' holders or its metrics change:
+// a heartbeat of one node, or a pod starting on it, redraws one card of the hundreds.
+class NodeCard extends Component {
+  shouldComponentUpdate(next) {
+    const p = this.props;
+    return next.node !== p.node || next.holdersKey !== p.holdersKey || next.metrics !== p.metrics;
+  }
+
+  render({ node, holders, metrics }) {
+    return nodeCard(node, holders, metrics);
+  }
+}
+
+function nodeCard(node, holders, metrics) {
   const tiles = gpuTiles(node, holders, metrics);
   const states = nodeState(node);
   return <section class={`node ${states.join(" ")}`} data-testid="node" data-node={node.metadata.name}>
@@ -155,13 +185,25 @@ function NodeCard({ node, holders, metrics }) {
   </section>;
 }
 
+// Nodes drawn in the first frame, more than a screen holds; the rest come in the next one, so
+// the first view of a large fleet does not wait for hundreds of cards below the fold.
+const FIRST_NODES = 24;
+
 function Fleet({ name }) {
   const nodes = useList("/api/v1/nodes");
+  const [drawAll, setDrawAll] = useState(false);
+  useEffect(() => {
+    if (!nodes.loaded || drawAll) return undefined;
+    // After the frame that shows the first cards has been put on screen, not before it.
+    let t = 0;
+    const f = requestAnimationFrame(() => { t = setTimeout(() => setDrawAll(true), 30); });
+    return () => { cancelAnimationFrame(f); clearTimeout(t); };
+  }, [nodes.loaded, drawAll]);
   const pods = useList(listPath("/api/v1", "pods", session.namespace));
   const metrics = useMetrics(!nodes.error);
   const holders = useMemo(() => podsByGpu(pods.items), [pods.items]);
   const shown = (name ? nodes.items.filter((n) => n.metadata.name === name) : nodes.items)
-    .sort((a, b) => a.metadata.name.localeCompare(b.metadata.name, undefined, { numeric: true }));
+    .sort((a, b) => collate(a.metadata.name, b.metadata.name));
   const total = shown.reduce((s, n) => s + json(ann(n, ANN.gpus), []).length, 0);
   let busy = 0;
   for (const n of shown) busy += (holders.get(n.metadata.name) || new Map()).size;
@@ -175,10 +217,13 @@ function Fleet({ name }) {
     <h2>{name ? <><Link href="/fleet">Fleet</Link> / {name}</> : "Fleet"}</h2>
     <Problem error={nodes.error} what="nodes" />
     <Problem error={pods.error} what="pods" />
-    {nodes.loaded && !nodes.error && <p class="summary" data-testid="fleet-summary">
+    {nodes.loaded && !nodes.error && <p class="summary" data-testid="fleet-summary" elementtiming="fleet">
       {shown.length} nodes, {total} GPUs, {busy} in use</p>}
-    <div class="fleet">{shown.map((n) => <NodeCard node={n} holders={holders.get(n.metadata.name)}
-      metrics={metrics.byNode.get(n.metadata.name)} />)}</div>
+    <div class="fleet">{(drawAll ? shown : shown.slice(0, FIRST_NODES)).map((n) => {
+      const h = holders.get(n.metadata.name);
+      return <NodeCard key={n.metadata.name} node={n} holders={h} holdersKey={holdersKey(h)}
+        metrics={metrics.byNode.get(n.metadata.name)} />;
+    })}</div>
     {name && shown[0] && <NodeDetail node={shown[0]} pods={pods.items} />}
   </div>;
 }
@@ -439,19 +484,25 @@ function EventsView() {
 
 // ------------------------------------------------------------------ charts
 
+// uPlot is loaded with the first chart, not with the page: the fleet view does not wait for it.
+let uPlotModule = null;
+const loadUPlot = () => (uPlotModule ||= import("uplot").then((m) => m.default));
+
 function Chart({ title, series, data }) {
   const el = useRef(null);
   const plot = useRef(null);
+  const [uPlot, setUPlot] = useState(null);
+  useEffect(() => { loadUPlot().then((u) => setUPlot(() => u)); }, []);
   useEffect(() => {
-    if (!el.current) return undefined;
+    if (!el.current || !uPlot) return undefined;
     const colors = ["#3b82f6", "#ef4444", "#10b981", "#f59e0b", "#8b5cf6", "#ec4899", "#14b8a6", "#64748b"];
     plot.current = new uPlot({
       title, width: Math.min(900, el.current.clientWidth || 900), height: 240,
       series: [{}, ...series.map((s, i) => ({ label: s, stroke: colors[i % colors.length], width: 2 }))],
       scales: { x: { time: true } }, axes: [{}, {}],
     }, data, el.current);
-    return () => plot.current && plot.current.destroy();
-  }, [title, series.join("|")]);
+    return () => { if (plot.current) plot.current.destroy(); plot.current = null; };
+  }, [uPlot, title, series.join("|")]);
   useEffect(() => { if (plot.current) plot.current.setData(data); }, [data]);
   return <div class="chart" ref={el} data-testid="chart" />;
 }
@@ -502,7 +553,7 @@ function Charts() {
 
 function NamespacePicker() {
   const [, navigate] = useLocation();
-  const nss = useList("/api/v1/namespaces");
+  const nss = useList(useAfterFirstLists() ? "/api/v1/namespaces" : null);
   const [value, setValue] = useState(session.namespace);
   function choose(v) {
     session.namespace = v;
@@ -557,10 +608,10 @@ function App() {
   const [user, setUser] = useState(session.token ? { username: "" } : null);
   useEffect(() => {
     if (!session.token) return;
-    post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
+    afterFirstLists().then(() => post("/apis/authentication.k8s.io/v1/selfsubjectreviews",
       { apiVersion: "authentication.k8s.io/v1", kind: "SelfSubjectReview" })
       .then((r) => setUser(r.status.userInfo))
-      .catch((e) => { if (e.status === 401) { session.token = ""; stopAll(); setUser(null); } });
+      .catch((e) => { if (e.status === 401) { session.token = ""; stopAll(); setUser(null); } }));
   }, []);
   if (!user) return <Login onLogin={setUser} />;
   return <Shell user={user} onLogout={() => { session.token = ""; stopAll(); setUser(null); }} />;
