@@ -151,11 +151,12 @@ class Collection {
   start() {
     if (!firstDone) firstLists.add(this);
     this.ctrl = new AbortController();
-    this.run(this.ctrl.signal);
+    this.relist();
   }
 
   stop() {
     firstListCame(this);
+    watches.remove(this);
     if (this.ctrl) this.ctrl.abort();
     this.ctrl = null;
   }
@@ -169,39 +170,110 @@ class Collection {
     return get(this.path, signal);
   }
 
-  async run(signal) {
-    const sep = this.path.includes("?") ? "&" : "?";
-    while (!signal.aborted) {
-      let rv;
+  // List, then watch from the list's resourceVersion on the page's one stream (watches below).
+  async relist() {
+    watches.remove(this);
+    const signal = this.ctrl && this.ctrl.signal;
+    while (signal && !signal.aborted) {
       try {
         const list = await this.list(signal);
         this.items = new Map((list.items || []).map((o) => [key(o), o]));
-        rv = list.metadata.resourceVersion;
+        this.rv = list.metadata.resourceVersion;
         this.error = null;
         this.loaded = true;
         this.changed(true); // the first view waits for no burst
         firstListCame(this);
-        for await (const line of lines(`${this.path}${sep}watch=1&allowWatchBookmarks=true&resourceVersion=${rv}`, signal)) {
-          if (!line.trim()) continue;
-          const ev = JSON.parse(line);
-          if (ev.type === "ERROR") break; // e.g. 410 Gone: list again
-          if (ev.type === "BOOKMARK") continue;
-          if (ev.type === "DELETED") this.items.delete(key(ev.object));
-          else this.items.set(key(ev.object), ev.object);
-          this.changed();
-        }
+        watches.add(this);
+        return;
       } catch (e) {
         if (signal.aborted) return;
-        this.error = e;
-        this.loaded = true;
-        firstListCame(this);
-        this.changed();
-        if (e instanceof ApiError && (e.status === 403 || e.status === 404 || e.status === 401)) return;
+        if (!this.failed(e)) return;
         await new Promise((r) => setTimeout(r, 1000));
       }
     }
   }
+
+  // Whether to try again after this error.
+  failed(e) {
+    this.error = e;
+    this.loaded = true;
+    this.changed();
+    firstListCame(this);
+    return !(e instanceof ApiError && (e.status === 403 || e.status === 404 || e.status === 401));
+  }
+
+  get watchPath() {
+    const sep = this.path.includes("?") ? "&" : "?";
+    return `${this.path}${sep}allowWatchBookmarks=true&resourceVersion=${encodeURIComponent(this.rv)}`;
+  }
+
+  event(ev) {
+    if (ev.type === "ERROR") { // e.g. 410 Gone: list again
+      this.relist();
+      return;
+    }
+    const rv = ev.object && ev.object.metadata && ev.object.metadata.resourceVersion;
+    if (rv) this.rv = rv;
+    if (ev.type === "BOOKMARK") return;
+    if (ev.type === "DELETED") this.items.delete(key(ev.object));
+    else this.items.set(key(ev.object), ev.object);
+    this.changed();
+  }
+
+  refused(status) {
+    watches.remove(this);
+    if (this.failed(new ApiError(status.code, status))) setTimeout(() => { if (this.ctrl) this.relist(); }, 1000);
+  }
 }
+
+// Every collection's watch on one stream (GET /ui/watch?path=...&path=...): a browser holds
+// six connections to a host, and a view of several kinds would otherwise hold them all with
+// watches, leaving its lists, logs and metrics waiting. The stream is opened again, each
+// watch from its latest resourceVersion, when a collection joins or leaves.
+const watches = {
+  members: new Map(), // collection -> a number, new each time it joins
+  joined: 0,
+  ctrl: null,
+  timer: null,
+
+  add(c) { this.members.set(c, ++this.joined); this.reopenSoon(); },
+
+  remove(c) { if (this.members.delete(c)) this.reopenSoon(); },
+
+  reopenSoon(ms = 20) {
+    if (this.timer) return;
+    this.timer = setTimeout(() => { this.timer = null; this.open(); }, ms);
+  },
+
+  async open() {
+    if (this.ctrl) this.ctrl.abort();
+    this.ctrl = null;
+    const members = [...this.members];
+    if (!members.length) return;
+    const ctrl = (this.ctrl = new AbortController());
+    const query = members.map(([c]) => `path=${encodeURIComponent(c.watchPath)}`).join("&");
+    let again = true;
+    try {
+      for await (const line of lines(`/ui/watch?${query}`, ctrl.signal)) {
+        if (!line.trim()) continue;
+        const m = JSON.parse(line);
+        const [c, joined] = members[m.stream] || [];
+        if (!c || this.members.get(c) !== joined) continue; // it left, or listed again since
+        if (m.event) c.event(m.event);
+        else if (m.status) c.refused(m.status);
+        else if (m.end) this.reopenSoon(); // its watch timed out: watch again from where it was
+      }
+    } catch (e) {
+      if (ctrl.signal.aborted) return;
+      again = !(e instanceof ApiError && e.status === 401);
+    }
+    // The stream ended (the server went away, or restarted): open it again after a pause.
+    if (this.ctrl === ctrl) {
+      this.ctrl = null;
+      if (again) this.reopenSoon(1000);
+    }
+  },
+};
 
 const collections = new Map();
 
