@@ -247,6 +247,88 @@ async def test_dashboard_views_live_and_by_rbac(fleet: Fleet, shots: Path) -> No
             await pw.stop()
 
 
+SLEEPER = ["sh", "-c", "while :; do sleep 1; done"]
+# Fails once (its first attempt), then runs: the gang restarts once, with the controller's reason.
+# The mark is in the job's checkpoint directory (the agent's, under the job's uid: new each run).
+FAIL_ONCE = ('d="$GPUFLEET_CHECKPOINT_DIR"; if [ ! -e "$d/failed-once" ]; then mkdir -p "$d"; '
+             'touch "$d/failed-once"; echo failing once; exit 1; fi; while :; do echo step; sleep 1; done')
+
+
+def container(name: str, command: list[str]) -> dict:
+    return {"name": name, "image": "localhost/gpufleet/busybox:1", "command": command}
+
+
+def elastic_job(ns: str) -> dict:
+    worker = {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {
+        "terminationGracePeriodSeconds": 1, "containers": [container("pytorch", ["sh", "-c", FAIL_ONCE])]}}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {
+        "name": "elastic", "namespace": ns, "annotations": {"gpufleet.io/elastic-autoscale": "false"}},
+        "spec": {"elasticPolicy": {"minReplicas": 1, "maxReplicas": 3, "rdzvBackend": "c10d"},
+                 "runPolicy": {"backoffLimit": 5}, "pytorchReplicaSpecs": {"Worker": worker}}}
+
+
+def ray_cluster(ns: str) -> dict:
+    template = {"spec": {"containers": [container("ray", SLEEPER)]}}
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "ray", "namespace": ns},
+            "spec": {"headGroupSpec": {"template": template},
+                     "workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "template": template}]}}
+
+
+def volcano_job(ns: str) -> dict:
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc", "namespace": ns},
+            "spec": {"minAvailable": 1, "schedulerName": "volcano", "tasks": [{"name": "main", "replicas": 1,
+                     "template": {"spec": {"restartPolicy": "Never", "containers": [container("main", SLEEPER)]}}}]}}
+
+
+async def test_workloads_of_every_kind_and_an_elastic_job(fleet: Fleet, shots: Path) -> None:
+    """RayClusters and Volcano Jobs in the workloads view; an elastic PyTorchJob's restart with
+    its reason, and its size over time as it is scaled while the page shows it."""
+    client = Client(transport_from_kubeconfig(fleet.kubeconfig))
+    async with client:
+        await fleet.nodes_ready(client)
+        ns = "research"
+        await client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, raw=True)
+        for obj in (elastic_job(ns), ray_cluster(ns), volcano_job(ns)):
+            await client.create(obj, raw=True)
+        pw, browser = await browser_session(fleet)
+        try:
+            page = await new_page(browser, fleet)
+            await sign_in(page, fleet, fleet_token(fleet))
+            await page.click("nav a:text-is('Workloads')")
+            for kind, name in (("pytorchjobs", "elastic"), ("rayclusters", "ray"), ("vcjobs", "vc")):
+                await page.wait_for_selector(f"[data-testid=workload][data-kind={kind}][data-name={name}]",
+                                             timeout=WAIT_MS)
+            ray_row = page.locator("[data-testid=workload][data-kind=rayclusters][data-name=ray]")
+            assert "head + " in await ray_row.text_content()
+            await page.screenshot(path=str(shots / "workloads-kinds.png"), full_page=True)
+
+            # The elastic job: its first attempt fails, the gang restarts, and the reason is shown.
+            await page.click("[data-testid=workload][data-kind=pytorchjobs] a")
+            await page.wait_for_url(f"**/ui/workloads/pytorchjobs/{ns}/elastic", timeout=WAIT_MS)
+            restart = page.locator("[data-testid=restart]", has_text="PyTorchJobRestarting")
+            await restart.first.wait_for(timeout=40_000)
+            print("elastic restarted because:", await restart.first.text_content())
+            await page.locator("[data-testid=size]", has_text="1 Workers").wait_for(timeout=WAIT_MS)
+            # Scaled while the page shows it: the size follows, the chart draws it.
+            await client.patch("PyTorchJob", "elastic", {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}},
+                               ns, raw=True)
+            await page.locator("[data-testid=size]", has_text="2 Workers (elastic 1-3)").wait_for(timeout=WAIT_MS)
+            await page.wait_for_selector("[data-testid=elastic] canvas", timeout=WAIT_MS)
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=pod-row]')].filter(r => r.textContent.includes('Running')).length === 2",
+                timeout=40_000)
+            await asyncio.sleep(4.5)  # two more samples of the chart at the new size
+            await page.screenshot(path=str(shots / "workload-elastic.png"), full_page=True)
+        except Exception:
+            for c in browser.contexts:
+                for pg in c.pages:
+                    print(f"--- page {pg.url} ---\n{await pg.inner_text('body')}")
+            raise
+        finally:
+            await browser.close()
+            await pw.stop()
+
+
 def fleet_token(fleet: Fleet) -> str:
     import yaml
 

@@ -239,16 +239,27 @@ function NodeDetail({ node, pods }) {
 
 // ------------------------------------------------------------------ workloads
 
+// id: the kind's name in the page's URLs (batch/v1 and batch.volcano.sh both call theirs jobs).
+// optional: a kind the server may not serve; its list answering 404 hides its table.
 const KINDS = [
-  { kind: "PyTorchJob", prefix: "/apis/kubeflow.org/v1", resource: "pytorchjobs" },
-  { kind: "Job", prefix: "/apis/batch/v1", resource: "jobs" },
-  { kind: "Deployment", prefix: "/apis/apps/v1", resource: "deployments" },
+  { id: "pytorchjobs", kind: "PyTorchJob", prefix: "/apis/kubeflow.org/v1", resource: "pytorchjobs" },
+  { id: "jobs", kind: "Job", prefix: "/apis/batch/v1", resource: "jobs" },
+  { id: "deployments", kind: "Deployment", prefix: "/apis/apps/v1", resource: "deployments" },
+  { id: "rayclusters", kind: "RayCluster", prefix: "/apis/ray.io/v1", resource: "rayclusters", optional: true },
+  { id: "vcjobs", kind: "Volcano Job", prefix: "/apis/batch.volcano.sh/v1alpha1", resource: "jobs", optional: true },
 ];
+const PT = { restarts: "gpufleet.io/gang-restarts", hardware: "gpufleet.io/hardware-restarts", attempt: "gpufleet.io/gang-attempt" };
+// The reasons of the Events that restart or resize a gang (the PyTorchJob controller's, the
+// Volcano Job controller's lifecycle policies, and a pod's disruption).
+const RESTART_REASONS = new Set(["PyTorchJobRestarting", "GPUUnhealthy", "DeletionByTaintManager", "DeletionByPodGC",
+  "Resizing", "ElasticGrow", "ElasticShrink", "Restarting", "RestartJob", "RestartTask", "PodEvicted", "BackoffLimitExceeded"]);
 
 function ownedBy(pod, kind, name) {
   const labels = pod.metadata.labels || {};
   if (kind === "Job") return labels["batch.kubernetes.io/job-name"] === name || labels["job-name"] === name;
   if (kind === "PyTorchJob") return labels["training.kubeflow.org/job-name"] === name;
+  if (kind === "RayCluster") return labels["ray.io/cluster"] === name;
+  if (kind === "Volcano Job") return labels["volcano.sh/job-name"] === name;
   if (kind === "Deployment") return (pod.metadata.ownerReferences || []).some((r) => r.name.startsWith(`${name}-`));
   return false;
 }
@@ -273,64 +284,163 @@ function queueWait(wl) {
   return q && q.status === "False" ? `queued: ${q.message || q.reason}` : (wl.spec || {}).active === false ? "deactivated" : "queued";
 }
 
+const podRestarts = (pods) => pods.reduce((s, p) => s + (((p.status || {}).containerStatuses) || [])
+  .reduce((t, c) => t + (c.restartCount || 0), 0), 0);
+
+// Restarts of the whole workload where its controller counts them (a PyTorchJob's gangs, a
+// Volcano Job's retries), else its containers' restarts.
+function restarts(kind, o, pods) {
+  if (kind === "PyTorchJob") {
+    const gang = Number(ann(o, PT.restarts) || 0);
+    const hw = Number(ann(o, PT.hardware) || 0);
+    return hw ? `${gang} + ${hw} off failed hardware` : String(gang + podRestarts(pods));
+  }
+  if (kind === "Volcano Job") return String(((o.status || {}).retryCount || 0));
+  return String(podRestarts(pods));
+}
+
+function workerSpec(o) {
+  const specs = (o.spec || {}).pytorchReplicaSpecs || {};
+  return specs.Worker || {};
+}
+
+function size(kind, o) {
+  const st = o.status || {};
+  if (kind === "PyTorchJob") {
+    const ep = (o.spec || {}).elasticPolicy;
+    const w = workerSpec(o).replicas ?? 0;
+    return ep ? `${w} Workers (elastic ${ep.minReplicas ?? 1}-${ep.maxReplicas ?? w})` : `${w} Workers`;
+  }
+  if (kind === "RayCluster") {
+    const groups = (o.spec || {}).workerGroupSpecs || [];
+    const want = st.desiredWorkerReplicas ?? groups.reduce((s, g) => s + (g.replicas ?? 0), 0);
+    return `head + ${st.availableWorkerReplicas ?? 0}/${want} workers`;
+  }
+  if (kind === "Volcano Job") return `minAvailable ${(o.spec || {}).minAvailable ?? ""}`;
+  return "";
+}
+
 function status(kind, o, pods, wl) {
   const st = o.status || {};
-  const restarts = pods.reduce((s, p) => s + (((p.status || {}).containerStatuses) || [])
-    .reduce((t, c) => t + (c.restartCount || 0), 0), 0);
   const running = pods.filter((p) => (p.status || {}).phase === "Running").length;
   let phase;
   if (kind === "Deployment") phase = `${st.readyReplicas || 0}/${(o.spec || {}).replicas ?? 1} ready`;
+  else if (kind === "RayCluster") phase = st.state || (running ? "Running" : "Pending");
+  else if (kind === "Volcano Job") phase = (st.state || {}).phase || "Pending";
   else {
     const done = (st.conditions || []).find((c) => (c.type === "Complete" || c.type === "Succeeded" || c.type === "Failed") && c.status === "True");
-    phase = done ? done.type : (o.spec || {}).suspend ? "Suspended" : running ? "Running" : "Pending";
+    const restarting = kind === "PyTorchJob" && (cond(o, "Restarting") || {}).status === "True";
+    phase = done ? done.type : (o.spec || {}).suspend ? "Suspended" : restarting ? "Restarting" : running ? "Running" : "Pending";
   }
   const gang = pods.length ? `${running}/${pods.length} pods running` : "no pods";
   const why = queueWait(wl) || (running < pods.length ? waitReason(pods) : "");
-  return { phase, gang, restarts, why };
+  return { phase, gang, restarts: restarts(kind, o, pods), size: size(kind, o), why };
+}
+
+function WorkloadTable({ k, list, pods, wls }) {
+  if (list.error && k.optional && list.error.status === 404) return null; // not served here
+  return <div>
+    <h3>{k.kind}s</h3>
+    {list.error ? <Problem error={list.error} what={k.resource} />
+      : <table data-testid={`table-${k.id}`}>
+        <thead><tr><th>Name</th><th>Status</th><th>Size</th><th>Gang</th><th>Restarts</th><th>Queue</th><th>Waiting because</th><th>Age</th></tr></thead>
+        <tbody>{list.items.sort(byName).map((o) => {
+          const mine = pods.items.filter((p) => p.metadata.namespace === o.metadata.namespace && ownedBy(p, k.kind, o.metadata.name));
+          const s = status(k.kind, o, mine, workloadOf(wls.items, o));
+          return <tr data-testid="workload" data-name={o.metadata.name} data-kind={k.id}>
+            <td><Link href={`/workloads/${k.id}/${o.metadata.namespace}/${o.metadata.name}`}>{nsName(o)}</Link></td>
+            <td>{s.phase}</td><td>{s.size}</td><td>{s.gang}</td><td>{s.restarts}</td>
+            <td>{(o.metadata.labels || {})[QUEUE_LABEL] || ""}</td>
+            <td class="why" data-testid="why">{s.why}</td><td>{age(o.metadata.creationTimestamp)}</td>
+          </tr>;
+        })}</tbody></table>}
+  </div>;
 }
 
 function Workloads() {
   const ns = session.namespace;
   const pods = useList(listPath("/api/v1", "pods", ns));
   const wls = useList(listPath(KUEUE, "workloads", ns));
-  const lists = KINDS.map((k) => ({ ...k, list: useList(listPath(k.prefix, k.resource, ns)) }));
+  const lists = KINDS.map((k) => ({ k, list: useList(listPath(k.prefix, k.resource, ns)) }));
   return <div>
     <h2>Workloads{ns ? ` in ${ns}` : ""}</h2>
     <Problem error={pods.error} what="pods" />
-    {lists.map(({ kind, resource, list }) => <div>
-      <h3>{kind}s</h3>
-      {list.error ? <Problem error={list.error} what={resource} />
-        : <table data-testid={`table-${resource}`}>
-          <thead><tr><th>Name</th><th>Status</th><th>Gang</th><th>Restarts</th><th>Queue</th><th>Waiting because</th><th>Age</th></tr></thead>
-          <tbody>{list.items.sort(byName).map((o) => {
-            const mine = pods.items.filter((p) => p.metadata.namespace === o.metadata.namespace && ownedBy(p, kind, o.metadata.name));
-            const s = status(kind, o, mine, workloadOf(wls.items, o));
-            return <tr data-testid="workload" data-name={o.metadata.name}>
-              <td><Link href={`/workloads/${resource}/${o.metadata.namespace}/${o.metadata.name}`}>{nsName(o)}</Link></td>
-              <td>{s.phase}</td><td>{s.gang}</td><td>{s.restarts}</td>
-              <td>{(o.metadata.labels || {})[QUEUE_LABEL] || ""}</td>
-              <td class="why" data-testid="why">{s.why}</td><td>{age(o.metadata.creationTimestamp)}</td>
-            </tr>;
-          })}</tbody></table>}
-    </div>)}
+    {lists.map(({ k, list }) => <WorkloadTable k={k} list={list} pods={pods} wls={wls} />)}
+  </div>;
+}
+
+const evTime = (e) => Date.parse(e.lastTimestamp || e.eventTime || e.firstTimestamp || e.metadata.creationTimestamp);
+const evFirst = (e) => Date.parse(e.firstTimestamp || e.eventTime || e.lastTimestamp || e.metadata.creationTimestamp);
+
+// An elastic PyTorchJob's Workers over time: before the page opened, from its Events (the
+// automatic resizes' "Workers 2 -> 3 (min 1, max 4): ..." and a restart's "restarting with 3
+// members (was 2)"), then as the page sees its spec and its running Workers.
+function elasticHistory(job, events) {
+  const steps = [];
+  const master = ((job.spec || {}).pytorchReplicaSpecs || {}).Master ? 1 : 0;
+  for (const e of events) {
+    const grow = /Workers (\d+) -> (\d+)/.exec(e.message || "");
+    const restart = /with (\d+) members \(was (\d+)\)/.exec(e.message || "");
+    if (grow) steps.push([evFirst(e) / 1000, Number(grow[1]), Number(grow[2])]);
+    else if (restart) steps.push([evFirst(e) / 1000, Number(restart[2]) - master, Number(restart[1]) - master]);
+  }
+  steps.sort((x, y) => x[0] - y[0]);
+  const created = Date.parse(job.metadata.creationTimestamp) / 1000;
+  const points = steps.length ? [[created, steps[0][1]]] : [];
+  for (const [t, , to] of steps) points.push([t, to]);
+  return points;
+}
+
+function ElasticChart({ job, events, pods }) {
+  const running = pods.filter((p) => (p.metadata.labels || {})["training.kubeflow.org/replica-type"] === "worker"
+    && (p.status || {}).phase === "Running").length;
+  const seen = useSamples(() => ({ spec: workerSpec(job).replicas ?? 0, running }), 2000);
+  const opened = seen.length ? seen[0][0] : Date.now() / 1000;
+  const before = elasticHistory(job, events).filter(([t]) => t < opened);
+  const xs = [...before.map((p) => p[0]), ...seen.map((h) => h[0])];
+  const spec = [...before.map((p) => p[1]), ...seen.map((h) => h[1].spec)];
+  const have = [...before.map(() => null), ...seen.map((h) => h[1].running)];
+  return <div data-testid="elastic">
+    <Chart title="Workers over time" series={["Workers asked for (spec; before this page, its resize events)", "Workers running"]}
+      data={[xs, spec, have]} steps />
+  </div>;
+}
+
+function RestartTable({ o, events }) {
+  const restarting = cond(o, "Restarting");
+  const rows = events.filter((e) => RESTART_REASONS.has(e.reason)).sort((a, b) => evTime(b) - evTime(a));
+  return <div data-testid="restarts">
+    {restarting && restarting.status === "True" && <div class="pending"><b>Restarting:</b> {restarting.reason}: {restarting.message}</div>}
+    {rows.length === 0 ? <p class="muted">No restarts or resizes.</p>
+      : <table><thead><tr><th>Last</th><th>Reason</th><th>What happened</th><th>Count</th></tr></thead>
+        <tbody>{rows.map((e) => <tr data-testid="restart" class={e.type === "Warning" ? "warning" : ""}>
+          <td>{age(e.lastTimestamp || e.eventTime || e.metadata.creationTimestamp)}</td><td>{e.reason}</td>
+          <td>{e.message}</td><td>{e.count || 1}</td></tr>)}</tbody></table>}
   </div>;
 }
 
 function WorkloadDetail() {
   const { resource, ns, name } = useParams();
-  const k = KINDS.find((x) => x.resource === resource) || KINDS[1];
+  const k = KINDS.find((x) => x.id === resource) || KINDS[1];
   const list = useList(`${listPath(k.prefix, k.resource, ns)}?fieldSelector=metadata.name%3D${encodeURIComponent(name)}`);
   const pods = useList(listPath("/api/v1", "pods", ns));
   const wls = useList(listPath(KUEUE, "workloads", ns));
+  const evs = useList(`${listPath("/api/v1", "events", ns)}?fieldSelector=${encodeURIComponent(`involvedObject.name=${name}`)}`);
   const o = list.items[0];
   const mine = pods.items.filter((p) => ownedBy(p, k.kind, name)).sort(byName);
   const s = o ? status(k.kind, o, mine, workloadOf(wls.items, o)) : null;
+  const own = o ? evs.items.filter((e) => !(e.involvedObject || {}).uid || e.involvedObject.uid === o.metadata.uid) : [];
   return <div>
     <h2><Link href="/workloads">Workloads</Link> / {k.kind} {ns}/{name}</h2>
-    <Problem error={list.error} what={resource} />
+    <Problem error={list.error} what={k.resource} />
     {list.loaded && !o && !list.error && <p>Not found.</p>}
-    {s && <dl class="facts"><dt>Status</dt><dd>{s.phase}</dd><dt>Gang</dt><dd>{s.gang}</dd>
-      <dt>Restarts</dt><dd>{s.restarts}</dd><dt>Waiting because</dt><dd data-testid="why">{s.why || "—"}</dd></dl>}
+    {s && <dl class="facts"><dt>Status</dt><dd data-testid="phase">{s.phase}</dd><dt>Size</dt><dd data-testid="size">{s.size}</dd>
+      <dt>Gang</dt><dd>{s.gang}</dd><dt>Restarts</dt><dd data-testid="restart-count">{s.restarts}</dd>
+      <dt>Waiting because</dt><dd data-testid="why">{s.why || "—"}</dd></dl>}
+    {o && k.kind === "PyTorchJob" && (o.spec || {}).elasticPolicy && <><h3>Elastic size</h3>
+      <ElasticChart job={o} events={own} pods={mine} /></>}
+    {o && (k.kind === "PyTorchJob" || k.kind === "Volcano Job") && <><h3>Restarts and resizes</h3>
+      <RestartTable o={o} events={own} /></>}
     {o && <><h3>Conditions</h3><Conditions obj={o} /></>}
     <h3>Pods</h3><PodTable pods={mine} />
     <h3>Events</h3><Events field={`involvedObject.name=${name}`} namespace={ns} />
@@ -488,7 +598,8 @@ function EventsView() {
 let uPlotModule = null;
 const loadUPlot = () => (uPlotModule ||= import("uplot").then((m) => m.default));
 
-function Chart({ title, series, data }) {
+// steps: each value holds until the next (a size), drawn as steps; gaps between samples spanned.
+function Chart({ title, series, data, steps = false }) {
   const el = useRef(null);
   const plot = useRef(null);
   const [uPlot, setUPlot] = useState(null);
@@ -498,7 +609,8 @@ function Chart({ title, series, data }) {
     const colors = ["#3b82f6", "#ef4444", "#10b981", "#f59e0b", "#8b5cf6", "#ec4899", "#14b8a6", "#64748b"];
     plot.current = new uPlot({
       title, width: Math.min(900, el.current.clientWidth || 900), height: 240,
-      series: [{}, ...series.map((s, i) => ({ label: s, stroke: colors[i % colors.length], width: 2 }))],
+      series: [{}, ...series.map((s, i) => ({ label: s, stroke: colors[i % colors.length], width: 2,
+        ...(steps ? { paths: uPlot.paths.stepped({ align: 1 }), spanGaps: true } : {}) }))],
       scales: { x: { time: true } }, axes: [{}, {}],
     }, data, el.current);
     return () => { if (plot.current) plot.current.destroy(); plot.current = null; };
