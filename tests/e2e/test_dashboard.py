@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -267,6 +268,35 @@ def elastic_job(ns: str) -> dict:
                  "runPolicy": {"backoffLimit": 5}, "pytorchReplicaSpecs": {"Worker": worker}}}
 
 
+# A training loop's own metrics, as Prometheus text on its port ($PORT: the process runtime's
+# pods share the node's network, so the agent gives each port a host port of its own).
+TRAINER = """
+import http.server, os, time
+start = time.time()
+class Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        step = int((time.time() - start) / 0.5)
+        body = (f"# TYPE train_loss gauge\\ntrain_loss {2.0 / (1 + 0.1 * step):.4f}\\n"
+                f"# TYPE train_step gauge\\ntrain_step {step}\\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), Metrics).serve_forever()
+"""
+
+
+def trainer_job(ns: str) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer", "namespace": ns}, "spec": {
+        "backoffLimit": 0, "template": {
+            "metadata": {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "metrics"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+                **container("train", [sys.executable, "-c", TRAINER]),
+                "ports": [{"name": "metrics", "containerPort": 9400}]}]}}}}
+
+
 def ray_cluster(ns: str) -> dict:
     template = {"spec": {"containers": [container("ray", SLEEPER)]}}
     return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "ray", "namespace": ns},
@@ -288,7 +318,7 @@ async def test_workloads_of_every_kind_and_an_elastic_job(fleet: Fleet, shots: P
         await fleet.nodes_ready(client)
         ns = "research"
         await client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, raw=True)
-        for obj in (elastic_job(ns), ray_cluster(ns), volcano_job(ns)):
+        for obj in (elastic_job(ns), ray_cluster(ns), volcano_job(ns), trainer_job(ns)):
             await client.create(obj, raw=True)
         pw, browser = await browser_session(fleet)
         try:
@@ -319,6 +349,14 @@ async def test_workloads_of_every_kind_and_an_elastic_job(fleet: Fleet, shots: P
                 timeout=40_000)
             await asyncio.sleep(4.5)  # two more samples of the chart at the new size
             await page.screenshot(path=str(shots / "workload-elastic.png"), full_page=True)
+
+            # A job's own metrics, scraped by its node's agent, charted as they come.
+            await page.goto(f"{fleet.url}/ui/workloads/jobs/{ns}/trainer")
+            charts = page.locator("[data-testid=workload-metrics] [data-testid=chart]")
+            await charts.filter(has_text="train_loss").locator("canvas").wait_for(timeout=40_000)
+            await charts.filter(has_text="train_step").wait_for(timeout=WAIT_MS)
+            await asyncio.sleep(7)  # a few scrapes: the loss falls
+            await page.screenshot(path=str(shots / "workload-metrics.png"), full_page=True)
         except Exception:
             for c in browser.contexts:
                 for pg in c.pages:

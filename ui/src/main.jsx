@@ -406,6 +406,57 @@ function ElasticChart({ job, events, pods }) {
   </div>;
 }
 
+// A workload's own metrics (loss, tokens/s, ...), for its pods annotated prometheus.io/scrape:
+// each node's agent scrapes them, read through the API's node proxy (GET
+// /api/v1/nodes/{node}/proxy/stats/workload, what the HPA reads) every few seconds while the
+// page is open; a token without nodes/proxy is told so. One chart a metric, a line a pod.
+const SCRAPE_ANN = "prometheus.io/scrape";
+const METRICS_EVERY_MS = 3000;
+const MAX_METRIC_CHARTS = 6;
+
+function useWorkloadMetrics(ns, pods) {
+  const scraped = pods.filter((p) => String(ann(p, SCRAPE_ANN) || "").toLowerCase() === "true" && (p.spec || {}).nodeName);
+  const nodes = [...new Set(scraped.map((p) => p.spec.nodeName))].sort().join(",");
+  const names = scraped.map((p) => p.metadata.name).sort().join(",");
+  const [state, setState] = useState({ history: [], error: null });
+  useEffect(() => {
+    if (!nodes) return undefined;
+    const wanted = new Set(names.split(","));
+    let stopped = false;
+    async function once() {
+      const seen = new Map();
+      let error = null;
+      await Promise.all(nodes.split(",").map(async (node) => {
+        try {
+          const r = await get(`/api/v1/nodes/${encodeURIComponent(node)}/proxy/stats/workload?namespace=${encodeURIComponent(ns)}`);
+          for (const e of r.pods || []) if (wanted.has(e.name)) seen.set(e.name, e.metrics || {});
+        } catch (e) { error = e; }
+      }));
+      if (stopped) return;
+      setState((st) => ({ error, history: seen.size ? [...st.history.slice(-599), [Date.now() / 1000, seen]] : st.history }));
+    }
+    once();
+    const t = setInterval(once, METRICS_EVERY_MS);
+    return () => { stopped = true; clearInterval(t); };
+  }, [ns, nodes, names]);
+  return { ...state, scraped: scraped.length };
+}
+
+function WorkloadMetrics({ ns, pods }) {
+  const { history, error, scraped } = useWorkloadMetrics(ns, pods);
+  if (!scraped) return <p class="muted">No pod of this workload asks to be scraped (annotation <code>prometheus.io/scrape: "true"</code>).</p>;
+  const metricNames = [...new Set(history.flatMap(([, m]) => [...m.values()].flatMap((x) => Object.keys(x))))].sort();
+  const podNames = [...new Set(history.flatMap(([, m]) => [...m.keys()]))].sort();
+  const xs = history.map((h) => h[0]);
+  return <div data-testid="workload-metrics">
+    <Problem error={error} what="the workload's metrics (nodes/proxy)" />
+    {!error && !history.length && <p class="muted">Waiting for the first scrape of {scraped} pod(s)…</p>}
+    {metricNames.slice(0, MAX_METRIC_CHARTS).map((metric) => <Chart title={metric} series={podNames}
+      data={[xs, ...podNames.map((p) => history.map(([, m]) => { const v = (m.get(p) || {})[metric]; return v ?? null; }))]} />)}
+    {metricNames.length > MAX_METRIC_CHARTS && <p class="muted">and {metricNames.length - MAX_METRIC_CHARTS} more: {metricNames.slice(MAX_METRIC_CHARTS).join(", ")}</p>}
+  </div>;
+}
+
 function RestartTable({ o, events }) {
   const restarting = cond(o, "Restarting");
   const rows = events.filter((e) => RESTART_REASONS.has(e.reason)).sort((a, b) => evTime(b) - evTime(a));
@@ -441,6 +492,7 @@ function WorkloadDetail() {
       <ElasticChart job={o} events={own} pods={mine} /></>}
     {o && (k.kind === "PyTorchJob" || k.kind === "Volcano Job") && <><h3>Restarts and resizes</h3>
       <RestartTable o={o} events={own} /></>}
+    {o && <><h3>Metrics of the workload</h3><WorkloadMetrics ns={ns} pods={mine} /></>}
     {o && <><h3>Conditions</h3><Conditions obj={o} /></>}
     <h3>Pods</h3><PodTable pods={mine} />
     <h3>Events</h3><Events field={`involvedObject.name=${name}`} namespace={ns} />
