@@ -223,6 +223,7 @@ async def test_dashboard_views_live_and_by_rbac(fleet: Fleet, shots: Path) -> No
             await page.screenshot(path=str(shots / "events.png"), full_page=True)
             await page.click("nav a:text-is('Charts')")
             await page.wait_for_selector("[data-testid=chart] canvas", timeout=WAIT_MS)
+            await asyncio.sleep(6)  # a few samples: the charts draw lines, not one point
             await page.screenshot(path=str(shots / "charts.png"), full_page=True)
             assert await page.evaluate("window.__sameDocument") is True, "the page reloaded"
 
@@ -357,6 +358,8 @@ async def test_workloads_of_every_kind_and_an_elastic_job(fleet: Fleet, shots: P
             await charts.filter(has_text="train_step").wait_for(timeout=WAIT_MS)
             await asyncio.sleep(7)  # a few scrapes: the loss falls
             await page.screenshot(path=str(shots / "workload-metrics.png"), full_page=True)
+            # What ran here stops: the fleet is quiet again for the next test's measurement.
+            await client.delete("Namespace", ns, raw=True)
         except Exception:
             for c in browser.contexts:
                 for pg in c.pages:
