@@ -391,10 +391,10 @@ function elasticHistory(job, events) {
   return points;
 }
 
-function ElasticChart({ job, events, pods }) {
+function ElasticChart({ job, events, pods, loaded }) {
   const running = pods.filter((p) => (p.metadata.labels || {})["training.kubeflow.org/replica-type"] === "worker"
     && (p.status || {}).phase === "Running").length;
-  const seen = useSamples(() => ({ spec: workerSpec(job).replicas ?? 0, running }), 2000);
+  const seen = useSamples(() => ({ spec: workerSpec(job).replicas ?? 0, running }), 2000, loaded);
   const opened = seen.length ? seen[0][0] : Date.now() / 1000;
   const before = elasticHistory(job, events).filter(([t]) => t < opened);
   const xs = [...before.map((p) => p[0]), ...seen.map((h) => h[0])];
@@ -489,7 +489,7 @@ function WorkloadDetail() {
       <dt>Gang</dt><dd>{s.gang}</dd><dt>Restarts</dt><dd data-testid="restart-count">{s.restarts}</dd>
       <dt>Waiting because</dt><dd data-testid="why">{s.why || "—"}</dd></dl>}
     {o && k.kind === "PyTorchJob" && (o.spec || {}).elasticPolicy && <><h3>Elastic size</h3>
-      <ElasticChart job={o} events={own} pods={mine} /></>}
+      <ElasticChart job={o} events={own} pods={mine} loaded={pods.loaded} /></>}
     {o && (k.kind === "PyTorchJob" || k.kind === "Volcano Job") && <><h3>Restarts and resizes</h3>
       <RestartTable o={o} events={own} /></>}
     {o && <><h3>Metrics of the workload</h3><WorkloadMetrics ns={ns} pods={mine} /></>}
@@ -672,16 +672,18 @@ function Chart({ title, series, data, steps = false }) {
 }
 
 // Samples of what the page watches, taken every few seconds while it is open.
-function useSamples(sample, every = 2000) {
+// No sample is taken before `ready` (the lists sampled have come): no false zero at the start.
+function useSamples(sample, every = 2000, ready = true) {
   const [hist, setHist] = useState([]);
   const latest = useRef(sample);
   latest.current = sample;
   useEffect(() => {
+    if (!ready) return undefined;
     const take = () => setHist((h) => [...h.slice(-899), [Date.now() / 1000, latest.current()]]);
     take();
     const t = setInterval(take, every);
     return () => clearInterval(t);
-  }, []);
+  }, [ready]);
   return hist;
 }
 
@@ -701,7 +703,7 @@ function Charts() {
   const hist = useSamples(() => ({
     busy: [...holders.values()].reduce((s, m) => s + m.size, 0),
     pending: new Map(cqs.items.map((c) => [c.metadata.name, (c.status || {}).pendingWorkloads || 0])),
-  }));
+  }), 2000, pods.loaded && cqs.loaded);
   const queues = [hist.map((h) => h[0]), ...cqNames.map((n) => hist.map((h) => h[1].pending.get(n) ?? null))];
   const busy = [hist.map((h) => h[0]), hist.map((h) => h[1].busy)];
   return <div>
