@@ -21,7 +21,6 @@ from gpufleet.api import validation as v
 from gpufleet.api.k8s import K8sModel, ListMeta, ObjectMeta, Service, Time
 from gpufleet.api.ray import (
     API_VERSION,
-    GROUP,
     Condition,
     RayClusterSpec,
     RayClusterStatus,

@@ -40,7 +40,7 @@ from typing import Any
 
 from gpufleet.api import ray as api
 from gpufleet.api import rayservice as rs_api
-from gpufleet.api.k8s import Pod, Service
+from gpufleet.api.k8s import Pod
 from gpufleet.client import objects
 from gpufleet.controllers._common import find_condition, is_being_deleted, owner_reference, status_dict
 from gpufleet.controllers.actions import Actions, Create, Delete, Event, Instant, Patch, Update

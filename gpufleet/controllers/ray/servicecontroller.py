@@ -19,8 +19,8 @@ from gpufleet.api.k8s import Endpoints, Pod, Service
 from gpufleet.api.ray import RayCluster
 from gpufleet.api.rayservice import RayService
 from gpufleet.client import objects
-from gpufleet.client.controller import Requeue
 from gpufleet.client.api import Client
+from gpufleet.client.controller import Requeue
 from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller, is_being_deleted
 from gpufleet.controllers.base import OwnerController
