@@ -99,11 +99,11 @@ def _rayservice_row(obj: Obj, now: float) -> list[Any]:
 
 
 def _register_rayservice_printer() -> None:
-    from gpufleet.api import rayservice
+    from gpufleet.api import ray, rayservice
 
     # KubeRay's CRD names its columns and no Age (kubectl shows what the CRD names).
     columns = (NAME_COLUMN, *(Column(**c) for c in rayservice.PRINTER_COLUMNS))
-    register_printer(rayservice.KIND, columns, _rayservice_row, group=rayservice.GROUP)
+    register_printer(rayservice.KIND, columns, _rayservice_row, group=ray.GROUP)
 
 
 _register_rayservice_printer()

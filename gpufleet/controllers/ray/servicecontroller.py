@@ -158,6 +158,8 @@ class RayServiceController(OwnerController):
             return None
         ns = objects.namespace_of(service)
         clusters, heads = self._observe_children(service)
+        # What was deployed on clusters that are gone is forgotten.
+        self._deployed[key] = {k: v for k, v in self._deployed.get(key, {}).items() if k in clusters}
         where = probes(service, clusters, heads)
         names = list(where)
         answers = await asyncio.gather(*(self._serve_status(where[n].dashboard) for n in names))
@@ -165,7 +167,7 @@ class RayServiceController(OwnerController):
         observed = ServiceObserved(
             service=service, clusters=clusters, heads=heads,
             serve=dict(zip(names, answers, strict=True)), proxy=dict(zip(names, health, strict=True)),
-            deployed={k: v for k, v in self._deployed.get(key, {}).items() if k in clusters},
+            deployed=dict(self._deployed[key]),
             head_service=self.service_informer.get(f"{ns}/{head_service_name(service)}"),
             serve_service=self.service_informer.get(f"{ns}/{serve_service_name(service)}"),
             endpoints=self.endpoints_informer.get(f"{ns}/{serve_service_name(service)}"),
