@@ -6,7 +6,8 @@ The RayService makes its RayCluster, deploys serveConfigV2 through the head's da
 becomes Ready (serviceStatus Running, one Serve endpoint, the application RUNNING with its
 deployment HEALTHY); the application answers through `<rayservice>-serve-svc` (the API
 server's service proxy); `kubectl get rayservices` shows KubeRay's columns. Then
-rayClusterConfig and serveConfigV2 change together: a new cluster comes up with the new
+serveConfigV2 alone changes and is deployed on the same cluster. Then rayClusterConfig and
+serveConfigV2 change together: a new cluster comes up with the new
 config, the Services switch to it, the old cluster is deleted, and every request sent all
 along was answered, first by the old application, then by the new one.
 """
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.e2e
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ray" / "rayservice.sample.yaml"
 NS = "default"
 NAME = "rayservice-hello"
-OLD, NEW = "hello from Ray Serve", "hello from the upgraded cluster"
+OLD, MID, NEW = "hello from Ray Serve", "hello again", "hello from the upgraded cluster"
 PROXY = f"/api/v1/namespaces/{NS}/services/{NAME}-serve-svc:serve/proxy/"
 
 
@@ -106,11 +107,21 @@ async def test_rayservice_serves_and_upgrades_without_downtime(fleet: Fleet) -> 
             fleet.pids |= process_pids(pods)
             return (await client.get("rayservices", NAME, NS, raw=True)).get("status") or {}
 
+        async def until(check: Any, limit: float, what: str) -> Any:
+            """fleet.wait_until, failing with the RayService's status and Events as well."""
+            try:
+                return await fleet.wait_until(check, limit, what)
+            except pytest.fail.Exception as e:
+                events = [f"{ev.get('reason')}: {ev.get('message')}" for ev in await client.list("Event", NS, raw=True)
+                          if (ev.get("involvedObject") or {}).get("kind") in ("RayService", "RayCluster")]
+                pytest.fail(f"{e}\nRayService status: {json.dumps(await status(), indent=1)}\n"
+                            f"Events: {events[-20:]}", pytrace=False)
+
         async def ready() -> dict[str, Any] | None:
             st = await status()
             return st if st.get("serviceStatus") == "Running" else None
 
-        st = await fleet.wait_until(ready, 150, "the RayService to be Running")
+        st = await until(ready, 300, "the RayService to be Running")
         up = time.monotonic() - started
         conditions = {c["type"]: (c["status"], c["reason"]) for c in st["conditions"]}
         assert conditions == {"Ready": ("True", "NonZeroServeEndpoints"),
@@ -128,6 +139,20 @@ async def test_rayservice_serves_and_upgrades_without_downtime(fleet: Fleet) -> 
         serve_svc = await client.get("Service", f"{NAME}-serve-svc", NS, raw=True)
         assert serve_svc["spec"]["selector"] == {"ray.io/cluster": first, "ray.io/serve": "true"}
 
+        # serveConfigV2 alone changes: deployed again on the same cluster.
+        service = next(d for d in docs if d["kind"] == "RayService")
+        service["spec"]["serveConfigV2"] = service["spec"]["serveConfigV2"].replace(OLD, MID)
+        kubectl("apply", "-f", "-", input=json.dumps(service)).ok()
+
+        async def in_place() -> bool:
+            got = await client.raw_request("GET", PROXY, raise_for_status=False)
+            return got.status == 200 and got.body.decode() == MID
+
+        await until(in_place, 120, "the changed application to answer")
+        st = await status()
+        assert st["activeServiceStatus"]["rayClusterName"] == first and "pendingServiceStatus" not in st
+        assert [c["metadata"]["name"] for c in await client.list("rayclusters", NS, raw=True)] == [first]
+
         # An upgrade: rayClusterConfig and serveConfigV2 change; requests keep being answered.
         answers: list[tuple[int, str]] = []
         done = asyncio.Event()
@@ -139,8 +164,7 @@ async def test_rayservice_serves_and_upgrades_without_downtime(fleet: Fleet) -> 
                 await asyncio.sleep(0.25)
 
         asker = asyncio.create_task(ask())
-        service = next(d for d in docs if d["kind"] == "RayService")
-        service["spec"]["serveConfigV2"] = service["spec"]["serveConfigV2"].replace(OLD, NEW)
+        service["spec"]["serveConfigV2"] = service["spec"]["serveConfigV2"].replace(MID, NEW)
         service["spec"]["rayClusterConfig"]["headGroupSpec"]["rayStartParams"]["num-cpus"] = "1"
         upgrade_started = time.monotonic()
         kubectl("apply", "-f", "-", input=json.dumps(service)).ok()
@@ -154,15 +178,15 @@ async def test_rayservice_serves_and_upgrades_without_downtime(fleet: Fleet) -> 
                 and answers[-1] == (200, NEW) else None
 
         try:
-            st = await fleet.wait_until(upgraded, 150, "the upgraded cluster to serve and the old one to go")
+            st = await until(upgraded, 300, "the upgraded cluster to serve and the old one to go")
         finally:
             done.set()
             await asyncio.wait_for(asker, 30)
         upgrade = time.monotonic() - upgrade_started
-        failed = [a for a in answers if a[0] != 200 or a[1] not in (OLD, NEW)]
+        failed = [a for a in answers if a[0] != 200 or a[1] not in (MID, NEW)]
         assert not failed, (failed, answers)
         switched = [a[1] for a in answers]
-        assert switched[0] == OLD and switched == sorted(switched, key=lambda m: m == NEW), switched
+        assert switched[0] == MID and switched == sorted(switched, key=lambda m: m == NEW), switched
         assert st["serviceStatus"] == "Running" and "pendingServiceStatus" not in st
         conditions = {c["type"]: c["status"] for c in st["conditions"]}
         assert conditions == {"Ready": "True", "UpgradeInProgress": "False"}, st
