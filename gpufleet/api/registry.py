@@ -225,6 +225,8 @@ _BUILTIN: list[ResourceType] = [
     ResourceType("ray.io", "v1", "RayCluster", "rayclusters", True, "gpufleet.api.ray:RayCluster",
                  categories=("all",)),
     ResourceType("ray.io", "v1", "RayJob", "rayjobs", True, "gpufleet.api.ray:RayJob", categories=("all",)),
+    ResourceType("ray.io", "v1", "RayService", "rayservices", True, "gpufleet.api.rayservice:RayService",
+                 categories=("all",)),
     # apiextensions.k8s.io/v1: the kinds declared at run time (apiserver/customresources)
     ResourceType("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", False,
                  "gpufleet.api.apiextensions:CustomResourceDefinition", ("crd", "crds"), ("api-extensions",)),

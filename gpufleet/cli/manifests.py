@@ -62,6 +62,7 @@ APPLY_ORDER = [
     "PyTorchJob",
     "RayCluster",
     "RayJob",
+    "RayService",
     "Ingress",
 ]
 _ORDER_INDEX = {k: i for i, k in enumerate(APPLY_ORDER)}

@@ -44,6 +44,7 @@ _CLASSES = {
     "volcanoqueue": "gpufleet.controllers.volcano:VolcanoQueueController",
     "raycluster": "gpufleet.controllers.ray:RayClusterController",
     "rayjob": "gpufleet.controllers.ray:RayJobController",
+    "rayservice": "gpufleet.controllers.ray:RayServiceController",
 }
 ALL_CONTROLLERS = tuple(_CLASSES)
 
@@ -172,6 +173,7 @@ class ControllerManager:
             "volcanoqueue": {**common, "recorder": recorder("vc-scheduler")},
             "raycluster": {**common, "recorder": recorder("raycluster-controller")},
             "rayjob": {**common, "recorder": recorder("rayjob-controller")},
+            "rayservice": {**common, "recorder": recorder("rayservice-controller")},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},

@@ -32,7 +32,7 @@ ORDER = [
     "ResourceFlavor", "ClusterQueue", "LocalQueue", "Queue",
     "PodDisruptionBudget", "Service", "PodGroup", "Deployment", "StatefulSet", "DaemonSet",
     "HorizontalPodAutoscaler",
-    "Job", "PyTorchJob", "RayCluster", "RayJob", "Pod",
+    "Job", "PyTorchJob", "RayCluster", "RayJob", "RayService", "Pod",
 ]
 _ORDER_INDEX = {kind: i for i, kind in enumerate(ORDER)}
 
@@ -49,7 +49,7 @@ REQUIREMENTS = {
     "scheduling.volcano.sh": "Volcano (scheduling.volcano.sh/v1beta1 Queue and PodGroup): kubectl apply -f "
                              "https://raw.githubusercontent.com/volcano-sh/volcano/release-1.12/installer/"
                              "volcano-development.yaml",
-    "ray.io": "KubeRay operator (ray.io/v1 RayCluster, RayJob): helm repo add kuberay "
+    "ray.io": "KubeRay operator (ray.io/v1 RayCluster, RayJob, RayService): helm repo add kuberay "
               "https://ray-project.github.io/kuberay-helm/ && helm install kuberay-operator kuberay/kuberay-operator",
     "kueue.x-k8s.io": "Kueue (kueue.x-k8s.io/v1beta1 ResourceFlavor, ClusterQueue, LocalQueue): "
                       "https://kueue.sigs.k8s.io/docs/installation/",
@@ -140,7 +140,7 @@ def notes_for(obj: dict[str, Any]) -> list[str]:
     meta = obj.get("metadata") or {}
     if group in REQUIREMENTS:
         notes.append(f"needs {REQUIREMENTS[group].split(' (')[0]} on the cluster")
-    if kind in ("RayCluster", "RayJob") and group == "ray.io":
+    if kind in ("RayCluster", "RayJob", "RayService") and group == "ray.io":
         notes.append("gang placement of head + minReplicas needs KubeRay's batch scheduler "
                      "(--batch-scheduler=scheduler-plugins); gpufleet makes the PodGroup itself")
     if kind == "PyTorchJob" and group == "kubeflow.org":

@@ -61,7 +61,8 @@ async def test_pods_of_a_dead_server_are_replaced_elsewhere(client: Client, cont
         "NodeLifecycleController", "EndpointsController", "EndpointSliceController", "GarbageCollector", "ResourceQuotaController",
         "DisruptionController", "HorizontalPodAutoscalerController", "PyTorchJobController", "KueueController",
         "NodeIpamController", "PersistentVolumeController", "LocalPathProvisioner", "PodGroupController",
-        "VolcanoJobController", "VolcanoQueueController", "RayClusterController", "RayJobController"]
+        "VolcanoJobController", "VolcanoQueueController", "RayClusterController", "RayJobController",
+        "RayServiceController"]
     a, b = Heartbeat(client, "a-node"), Heartbeat(client, "b-node")
     for hb in (a, b):
         await hb.register()

@@ -125,6 +125,10 @@ def _rayjob_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
         yield "spec.submitterPodTemplate", submitter
 
 
+def _rayservice_templates(obj: Mapping[str, Any]) -> Iterator[Template]:
+    yield from _raycluster_templates(_d(_d(obj.get("spec")).get("rayClusterConfig")), "spec.rayClusterConfig")
+
+
 # Resource key -> where its pod templates are. A kind not served here never matches.
 # Kueue's Workloads are left out: their pod sets copy the templates of the job they stand
 # for, which is checked itself, and no pod is ever made from a Workload.
@@ -141,6 +145,7 @@ TEMPLATE_KINDS: dict[str, Callable[[Mapping[str, Any]], Iterator[Template]]] = {
     "jobs.batch.volcano.sh": _volcano_templates,
     "rayclusters.ray.io": _raycluster_kind_templates,
     "rayjobs.ray.io": _rayjob_templates,
+    "rayservices.ray.io": _rayservice_templates,
 }
 
 

@@ -1,5 +1,5 @@
 """Printers for the ML kinds (PodGroup, PyTorchJob, Volcano's Job, PodGroup and Queue,
-RayCluster, RayJob): their columns come from the kind's own module in gpufleet.api.
+RayCluster, RayJob, RayService): their columns come from the kind's own module in gpufleet.api.
 """
 
 from __future__ import annotations
@@ -90,3 +90,20 @@ def _register_ray_printers() -> None:
 
 
 _register_ray_printers()
+
+
+def _rayservice_row(obj: Obj, now: float) -> list[Any]:
+    from gpufleet.api import rayservice
+
+    return [_name(obj), *rayservice.printer_cells(obj)]
+
+
+def _register_rayservice_printer() -> None:
+    from gpufleet.api import ray, rayservice
+
+    # KubeRay's CRD names its columns and no Age (kubectl shows what the CRD names).
+    columns = (NAME_COLUMN, *(Column(**c) for c in rayservice.PRINTER_COLUMNS))
+    register_printer(rayservice.KIND, columns, _rayservice_row, group=ray.GROUP)
+
+
+_register_rayservice_printer()

@@ -28,21 +28,26 @@ Where gpufleet differs, and why:
   placed whole or not at all; an Event Unschedulable (and ``status.reason``) carries the
   scheduler's reason while Ray pods wait unplaced.
 
-RayJob: see ``job``.
+RayJob: see ``job``. RayService: see ``service`` (the decision) and ``servicecontroller``.
 """
 
 from gpufleet.controllers.ray.cluster import ClusterObserved, decide_cluster
 from gpufleet.controllers.ray.controller import RayClusterController, RayJobController
 from gpufleet.controllers.ray.job import JobObserved, decide_job
 from gpufleet.controllers.ray.pods import ray_start_command, resource_params, start_params
+from gpufleet.controllers.ray.service import ServiceObserved, decide_service
+from gpufleet.controllers.ray.servicecontroller import RayServiceController
 
 __all__ = [
     "ClusterObserved",
     "JobObserved",
     "RayClusterController",
     "RayJobController",
+    "RayServiceController",
+    "ServiceObserved",
     "decide_cluster",
     "decide_job",
+    "decide_service",
     "ray_start_command",
     "resource_params",
     "start_params",
