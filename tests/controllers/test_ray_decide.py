@@ -377,3 +377,5 @@ def test_validation_names_the_field() -> None:
     assert any("spec.rayClusterSpec" in e for e in errs) and any("spec.entrypoint" in e for e in errs), errs
     errs = [str(e) for e in validate(rayjob(submissionMode="HTTPMode"))]
     assert any("spec.submissionMode" in e and "K8sJobMode" in e for e in errs), errs
+    errs = [str(e) for e in validate(autoscaled(version="v3"))]
+    assert any("spec.autoscalerOptions.version" in e and '"v1", "v2"' in e for e in errs), errs
