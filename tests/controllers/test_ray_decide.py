@@ -295,6 +295,24 @@ def test_autoscaled_workers_are_created_only_as_far_as_the_scheduler_can_place_t
     assert {c["type"]: c["status"] for c in cleared.status["conditions"]}["ReplicaFailure"] == "False"
 
 
+def test_when_the_autoscaler_lets_idle_workers_go_the_ones_never_placed_go_too() -> None:
+    # 4 asked, 2 placed; both idle: the autoscaler asks for max(4, 2) - 2 = 2 and names them.
+    body = cluster_dict(2, lo=0, hi=4, to_delete=["w0", "w1"])
+    body["spec"]["enableInTreeAutoscaling"] = True
+    rc = api.RayCluster.from_dict(body)
+    apply_defaults(rc)
+    idle = [worker_of(rc, f"w{i}") for i in range(2)]
+    a = decide_cluster(ClusterObserved(rc, [head_of(rc), *idle], room=lambda body, want, unbound: (want, None)), NOW)
+    assert sorted(d.name for d in a.deletes) == ["w0", "w1"] and not created(a, "Pod")
+    group = a.patches[0].patch["spec"]["workerGroupSpecs"][0]
+    assert group["replicas"] == 0 and group["scaleStrategy"]["workersToDelete"] == []
+    assert a.status["desiredWorkerReplicas"] == 0
+    # Without autoscaling, replicas is the user's: the group is topped up.
+    plain = cluster(replicas=2, lo=0, to_delete=["w0", "w1"])
+    b = decide_cluster(ClusterObserved(plain, [head_of(plain), *(worker_of(plain, f"w{i}") for i in range(2))]), NOW)
+    assert len(created(b, "Pod")) == 2
+
+
 def test_placement_leaves_out_cordoned_nodes_and_gpu_nodes_tainted_unhealthy() -> None:
     from gpufleet.controllers.ray import placement
 

@@ -151,12 +151,20 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
             if not is_being_deleted(p) and objects.uid_of(p) not in o.deleting and p not in alive:
                 _delete(a, p, "DeletedWorkerPod")  # a worker that ended is replaced
         doomed = set((group.scale_strategy.workers_to_delete if group.scale_strategy else None) or [])
+        dropped = False
         if doomed:
             cleared = True
             for p in alive:
                 if objects.name_of(p) in doomed:
                     _delete(a, p, "DeletedWorkerPod")
             alive = [p for p in alive if objects.name_of(p) not in doomed]
+            if autoscaled and want > max(len(alive), lo * hosts):
+                # The autoscaler lets idle workers go: nothing needs the workers of the same
+                # group that were never created for want of room (it counts from replicas,
+                # which still holds them), so they are dropped rather than made later, idle.
+                desired -= want - max(len(alive), lo * hosts)
+                want = max(len(alive), lo * hosts)
+                dropped = True
         diff = want - len(alive)
         if diff > 0 and head is not None:
             body = rp.worker_pod_body(cluster, spec, group, o.gang)
@@ -182,6 +190,8 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
         g = group.to_dict()
         if doomed:
             g["scaleStrategy"] = {**(g.get("scaleStrategy") or {}), "workersToDelete": []}
+        if dropped:
+            g["replicas"] = want // hosts
         groups_out.append(g)
     if cleared:
         a.patches.append(Patch(api.RayCluster, name, ns, {"spec": {"workerGroupSpecs": groups_out}}, owner=True))
