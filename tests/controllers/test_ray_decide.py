@@ -249,8 +249,10 @@ def test_the_head_runs_rays_autoscaler_as_its_sidecar_with_an_account_that_may_s
     assert head["spec"]["serviceAccountName"] == "rc"
     ray, sidecar = head["spec"]["containers"]
     assert sidecar["name"] == "autoscaler" and sidecar["image"] == ray["image"]
-    assert sidecar["args"] == ["ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) --cluster-namespace "
+    assert sidecar["args"] == ["export AUTOSCALER_METRIC_PORT=${GPUFLEET_PORT_AS_METRICS:-44217}; "
+                               "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) --cluster-namespace "
                                "$(RAY_CLUSTER_NAMESPACE) --gcs-address 127.0.0.1:${GPUFLEET_PORT_GCS_SERVER:-6379}"]
+    assert sidecar["ports"] == [{"name": "as-metrics", "containerPort": 44217, "protocol": "TCP"}]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}
     assert env["RAY_HEAD_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}} and env["KUBERAY_CRD_VER"] == "v1"
     assert {"name": "RAY_enable_autoscaler_v2", "value": "1"} in ray["env"]  # v2 unless v1 is asked for

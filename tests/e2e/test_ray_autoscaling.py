@@ -17,9 +17,8 @@ import time
 from typing import Any
 
 import pytest
-from test_ray import cluster_manifest, fleet, kubectl_for  # noqa: F401  (fleet: the fixture)
-
 from e2e_helpers import Fleet, process_pids
+from test_ray import cluster_manifest, fleet, kubectl_for  # noqa: F401  (fleet: the fixture)
 
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import transport_from_kubeconfig
@@ -89,6 +88,7 @@ async def test_autoscaling_0_to_4_to_0_and_only_what_fits(fleet: Fleet) -> None:
         head = await client.get("Pod", st["head"]["podName"], NS, raw=True)
         assert [c["name"] for c in head["spec"]["containers"]] == ["ray-head", "autoscaler"]
         assert head["spec"]["serviceAccountName"] == NAME
+        assert set(st["endpoints"]) == {"client", "dashboard", "gcs-server"}
         for kind in ("ServiceAccount", "Role", "RoleBinding"):
             assert (await client.get(kind, NAME, NS, raw=True))["metadata"]["name"] == NAME
 

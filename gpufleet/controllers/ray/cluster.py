@@ -265,7 +265,8 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
             head_info["serviceIP"] = svc_ip if svc_ip and svc_ip != "None" else ip
         ports = rp.head_ports(head)
         if ports:
-            status["endpoints"] = {k: str(v) for k, v in sorted(ports.items()) if k != rp.AGENT_PORT_NAME}
+            status["endpoints"] = {k: str(v) for k, v in sorted(ports.items())
+                                   if k not in (rp.AGENT_PORT_NAME, rp.AUTOSCALER_METRICS_PORT_NAME)}
     status["head"] = head_info
     gen = objects.meta(cluster, "generation")
     if gen is not None:

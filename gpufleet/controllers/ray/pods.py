@@ -215,6 +215,10 @@ def _pod(cluster: Any, spec: RayClusterSpec, role: str, group: WorkerGroupSpec |
 AUTOSCALER_CONTAINER = "autoscaler"
 LOGS_VOLUME = "ray-logs"
 LOGS_PATH = "/tmp/ray"
+# Ray's autoscaler serves its metrics on 44217 (AUTOSCALER_METRIC_PORT); declared, so that
+# where a node's pods share its network the agent hands it a free port instead.
+AUTOSCALER_METRICS_PORT_NAME = "as-metrics"
+AUTOSCALER_METRICS_PORT = 44217
 AUTOSCALER_RESOURCES = {"limits": {"cpu": "500m", "memory": "512Mi"},
                         "requests": {"cpu": "500m", "memory": "512Mi"}}
 
@@ -271,8 +275,11 @@ def autoscaler_container(cluster: Any, spec: RayClusterSpec, ray: dict[str, Any]
         "imagePullPolicy": (opts.image_pull_policy if opts is not None else None)
         or ray.get("imagePullPolicy") or "IfNotPresent",
         "command": ["/bin/bash", "-c", "--"],
-        "args": ["ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
+        "args": [f"export AUTOSCALER_METRIC_PORT=${{{_port_env(AUTOSCALER_METRICS_PORT_NAME)}:-"
+                 f"{AUTOSCALER_METRICS_PORT}}}; ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
                  f"--cluster-namespace $(RAY_CLUSTER_NAMESPACE) --gcs-address {gcs}"],
+        "ports": [{"name": AUTOSCALER_METRICS_PORT_NAME, "containerPort": AUTOSCALER_METRICS_PORT,
+                   "protocol": "TCP"}],
         "env": [*env, *((opts.env if opts is not None else None) or [])],
         "resources": (opts.resources if opts is not None else None) or json.loads(json.dumps(AUTOSCALER_RESOURCES)),
         "volumeMounts": [{"name": LOGS_VOLUME, "mountPath": LOGS_PATH},
