@@ -84,7 +84,7 @@ async def test_autoscaling_0_to_4_to_0_and_only_what_fits(fleet: Fleet) -> None:
             st = (await client.get("rayclusters", NAME, NS, raw=True)).get("status") or {}
             return st if st.get("state") == "ready" else None
 
-        st = await fleet.wait_until(head_ready, 120, "the autoscaling RayCluster's head to be ready")
+        st = await fleet.wait_until(head_ready, 180, "the autoscaling RayCluster's head to be ready")
         head = await client.get("Pod", st["head"]["podName"], NS, raw=True)
         assert [c["name"] for c in head["spec"]["containers"]] == ["ray-head", "autoscaler"]
         assert head["spec"]["serviceAccountName"] == NAME
