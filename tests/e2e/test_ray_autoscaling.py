@@ -63,8 +63,8 @@ def autoscaling_manifest(temp_dir: str) -> dict[str, Any]:
     return cluster
 
 
-# Up to five Ray nodes start (and stop) three times over on the machine's cores: about 165 s
-# on 2 idle cores, past the suite's 300 s when the machine is loaded.
+# A Ray head and six Ray workers (4, then 2) start on the machine's cores: about 165 s on 2
+# idle cores, past the suite's 300 s when the machine is loaded.
 @pytest.mark.timeout(600)
 async def test_autoscaling_0_to_4_to_0_and_only_what_fits(fleet: Fleet) -> None:  # noqa: F811
     kubectl = kubectl_for(fleet)
