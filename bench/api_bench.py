@@ -160,7 +160,7 @@ METRICS = [
 # --- the servers under test ------------------------------------------------------------------
 
 
-_LISTENING = re.compile(rb"listening on (https?://\S+)")
+_LISTENING = re.compile(rb"API server listening on (https?://\S+)")
 
 
 @contextlib.contextmanager

@@ -51,7 +51,7 @@ else:
 
 NAMESPACE = "default"
 perf = time.perf_counter
-_LISTENING = re.compile(rb"listening on (https?://\S+)")
+_LISTENING = re.compile(rb"API server listening on (https?://\S+)")
 
 
 # --- the cluster -----------------------------------------------------------------------------

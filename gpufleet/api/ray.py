@@ -45,6 +45,7 @@ DEPLOYMENT_INITIALIZING = "Initializing"
 DEPLOYMENT_RUNNING = "Running"
 DEPLOYMENT_COMPLETE = "Complete"
 DEPLOYMENT_FAILED = "Failed"
+DEPLOYMENT_SUSPENDING = "Suspending"
 DEPLOYMENT_SUSPENDED = "Suspended"
 # KubeRay's HTTPMode (the operator posting to the dashboard) is not served yet.
 SUBMISSION_MODES = ("K8sJobMode",)

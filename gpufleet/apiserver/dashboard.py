@@ -1,4 +1,5 @@
-"""The dashboard at ``/ui/``: the files of the single-page application, nothing else.
+"""The dashboard at ``/ui/``: the files of the single-page application (its watches, carried
+on one stream at ``/ui/watch``, are dashboardwatch.py's).
 
 They load without a token (as the Kubernetes Dashboard's do): the page holds no data. Every
 read the page makes is an API call with the user's own bearer token, so authentication,

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpufleet.api.registry import REGISTRY, Registry, ResourceType
 from gpufleet.api.selectors import FieldSelector, LabelSelector
-from gpufleet.apiserver import dashboard, discovery, handlers, versions
+from gpufleet.apiserver import dashboard, dashboardwatch, discovery, handlers, versions
 from gpufleet.apiserver.admission import (
     MutatingPlugin,
     UserInfo,
@@ -177,6 +177,8 @@ class ApiServer:
             return RawResponse(200, {"content-type": "text/plain"}, b"ok")
         if path == "/version":
             return _json_response(200, discovery.VERSION_INFO)
+        if path == dashboardwatch.PATH:  # the page's watches on one stream, each one a request of its own
+            return await dashboardwatch.serve(self.handle, req)
         if dashboard.is_dashboard(path):  # the page's files; its data calls carry the user's token
             return dashboard.serve(method, req.path)
         is_watch = _truthy(req.param("watch"))

@@ -399,3 +399,26 @@ def test_validation_names_the_field() -> None:
     assert any("spec.submissionMode" in e and "K8sJobMode" in e for e in errs), errs
     errs = [str(e) for e in validate(autoscaled(version="v3"))]
     assert any("spec.autoscalerOptions.version" in e and '"v1", "v2"' in e for e in errs), errs
+
+
+def test_a_suspended_rayjob_waits_gives_back_its_cluster_and_starts_over_when_resumed() -> None:
+    # Suspended before it started: nothing is made.
+    a = decide_job(JobObserved(rayjob(suspend=True, shutdownAfterJobFinishes=True), None, None, None, None), NOW)
+    assert a.status["jobDeploymentStatus"] == "Suspended" and not a.creates
+    # Suspended while running: Suspending while the cluster and submitter are deleted.
+    running = {"jobId": "train-01234", "rayClusterName": "train-bcdef", "jobDeploymentStatus": "Running",
+               "startTime": rfc3339(T0 - 5), "dashboardURL": "d:1"}
+    ready = {"metadata": {"name": "train-bcdef", "uid": "c"}, "status": {"state": "ready"}}
+    submitter = {"metadata": {"name": "train", "uid": "s"}}
+    job = rayjob(running, suspend=True, shutdownAfterJobFinishes=True)
+    a = decide_job(JobObserved(job, ready, submitter, "d:1", None), NOW)
+    assert a.status["jobDeploymentStatus"] == "Suspending"
+    assert sorted((d.kind.__name__, d.name) for d in a.deletes) == [("Job", "train"), ("RayCluster", "train-bcdef")]
+    job = rayjob(a.status, suspend=True, shutdownAfterJobFinishes=True)
+    a = decide_job(JobObserved(job, None, None, None, None), NOW)
+    assert a.status["jobDeploymentStatus"] == "Suspended" and not a.deletes
+    # Resumed: it starts over, a new cluster, the clock of activeDeadlineSeconds from now.
+    job = rayjob(a.status, suspend=False, shutdownAfterJobFinishes=True)
+    a = decide_job(JobObserved(job, None, None, None, None), NOW)
+    assert a.status["jobDeploymentStatus"] == "Initializing" and a.status["startTime"] == NOW.text
+    assert [rc["metadata"]["name"] for rc in created(a, "RayCluster")] == ["train-bcdef"]

@@ -7,7 +7,7 @@ the workloads and fleet views without a reload (the page's own watch); a job too
 any node shows the scheduler's reason and per-node diagnosis; a job over its queue's quota
 shows Kueue's reason in the queues view; a pod's log is followed live. A team token sees
 its own namespace and is refused another's. Last, 100 nodes of 8 GPUs are created through
-the API and the fleet view's first render of them is measured in the browser and printed.
+the API and the fleet view's first paint of them is measured in the browser and printed.
 
 Each view's screenshot is written to GPUFLEET_DASHBOARD_SCREENSHOTS when it is set (the
 README's pictures: `GPUFLEET_DASHBOARD_SCREENSHOTS=docs/dashboard`), else to tmp_path.
@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -222,6 +223,7 @@ async def test_dashboard_views_live_and_by_rbac(fleet: Fleet, shots: Path) -> No
             await page.screenshot(path=str(shots / "events.png"), full_page=True)
             await page.click("nav a:text-is('Charts')")
             await page.wait_for_selector("[data-testid=chart] canvas", timeout=WAIT_MS)
+            await asyncio.sleep(6)  # a few samples: the charts draw lines, not one point
             await page.screenshot(path=str(shots / "charts.png"), full_page=True)
             assert await page.evaluate("window.__sameDocument") is True, "the page reloaded"
 
@@ -240,6 +242,127 @@ async def test_dashboard_views_live_and_by_rbac(fleet: Fleet, shots: Path) -> No
         except Exception:
             for p in browser.contexts:
                 for pg in p.pages:
+                    print(f"--- page {pg.url} ---\n{await pg.inner_text('body')}")
+            raise
+        finally:
+            await browser.close()
+            await pw.stop()
+
+
+SLEEPER = ["sh", "-c", "while :; do sleep 1; done"]
+# Fails once (its first attempt), then runs: the gang restarts once, with the controller's reason.
+# The mark is in the job's checkpoint directory (the agent's, under the job's uid: new each run).
+FAIL_ONCE = ('d="$GPUFLEET_CHECKPOINT_DIR"; if [ ! -e "$d/failed-once" ]; then mkdir -p "$d"; '
+             'touch "$d/failed-once"; echo failing once; exit 1; fi; while :; do echo step; sleep 1; done')
+
+
+def container(name: str, command: list[str]) -> dict:
+    return {"name": name, "image": "localhost/gpufleet/busybox:1", "command": command}
+
+
+def elastic_job(ns: str) -> dict:
+    worker = {"replicas": 1, "restartPolicy": "OnFailure", "template": {"spec": {
+        "terminationGracePeriodSeconds": 1, "containers": [container("pytorch", ["sh", "-c", FAIL_ONCE])]}}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {
+        "name": "elastic", "namespace": ns, "annotations": {"gpufleet.io/elastic-autoscale": "false"}},
+        "spec": {"elasticPolicy": {"minReplicas": 1, "maxReplicas": 3, "rdzvBackend": "c10d"},
+                 "runPolicy": {"backoffLimit": 5}, "pytorchReplicaSpecs": {"Worker": worker}}}
+
+
+# A training loop's own metrics, as Prometheus text on its port ($PORT: the process runtime's
+# pods share the node's network, so the agent gives each port a host port of its own).
+TRAINER = """
+import http.server, os, time
+start = time.time()
+class Metrics(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        step = int((time.time() - start) / 0.5)
+        body = (f"# TYPE train_loss gauge\\ntrain_loss {2.0 / (1 + 0.1 * step):.4f}\\n"
+                f"# TYPE train_step gauge\\ntrain_step {step}\\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), Metrics).serve_forever()
+"""
+
+
+def trainer_job(ns: str) -> dict:
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "trainer", "namespace": ns}, "spec": {
+        "backoffLimit": 0, "template": {
+            "metadata": {"annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "metrics"}},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [{
+                **container("train", [sys.executable, "-c", TRAINER]),
+                "ports": [{"name": "metrics", "containerPort": 9400}]}]}}}}
+
+
+def ray_cluster(ns: str) -> dict:
+    template = {"spec": {"containers": [container("ray", SLEEPER)]}}
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "ray", "namespace": ns},
+            "spec": {"headGroupSpec": {"template": template},
+                     "workerGroupSpecs": [{"groupName": "cpu", "replicas": 1, "template": template}]}}
+
+
+def volcano_job(ns: str) -> dict:
+    return {"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job", "metadata": {"name": "vc", "namespace": ns},
+            "spec": {"minAvailable": 1, "schedulerName": "volcano", "tasks": [{"name": "main", "replicas": 1,
+                     "template": {"spec": {"restartPolicy": "Never", "containers": [container("main", SLEEPER)]}}}]}}
+
+
+async def test_workloads_of_every_kind_and_an_elastic_job(fleet: Fleet, shots: Path) -> None:
+    """RayClusters and Volcano Jobs in the workloads view; an elastic PyTorchJob's restart with
+    its reason, and its size over time as it is scaled while the page shows it."""
+    client = Client(transport_from_kubeconfig(fleet.kubeconfig))
+    async with client:
+        await fleet.nodes_ready(client)
+        ns = "research"
+        await client.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}, raw=True)
+        for obj in (elastic_job(ns), ray_cluster(ns), volcano_job(ns), trainer_job(ns)):
+            await client.create(obj, raw=True)
+        pw, browser = await browser_session(fleet)
+        try:
+            page = await new_page(browser, fleet)
+            await sign_in(page, fleet, fleet_token(fleet))
+            await page.click("nav a:text-is('Workloads')")
+            for kind, name in (("pytorchjobs", "elastic"), ("rayclusters", "ray"), ("vcjobs", "vc")):
+                await page.wait_for_selector(f"[data-testid=workload][data-kind={kind}][data-name={name}]",
+                                             timeout=WAIT_MS)
+            ray_row = page.locator("[data-testid=workload][data-kind=rayclusters][data-name=ray]")
+            assert "head + " in await ray_row.text_content()
+            await page.screenshot(path=str(shots / "workloads-kinds.png"), full_page=True)
+
+            # The elastic job: its first attempt fails, the gang restarts, and the reason is shown.
+            await page.click("[data-testid=workload][data-kind=pytorchjobs] a")
+            await page.wait_for_url(f"**/ui/workloads/pytorchjobs/{ns}/elastic", timeout=WAIT_MS)
+            restart = page.locator("[data-testid=restart]", has_text="PyTorchJobRestarting")
+            await restart.first.wait_for(timeout=40_000)
+            print("elastic restarted because:", await restart.first.text_content())
+            await page.locator("[data-testid=size]", has_text="1 Workers").wait_for(timeout=WAIT_MS)
+            # Scaled while the page shows it: the size follows, the chart draws it.
+            await client.patch("PyTorchJob", "elastic", {"spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 2}}}},
+                               ns, raw=True)
+            await page.locator("[data-testid=size]", has_text="2 Workers (elastic 1-3)").wait_for(timeout=WAIT_MS)
+            await page.wait_for_selector("[data-testid=elastic] canvas", timeout=WAIT_MS)
+            await page.wait_for_function(
+                "() => [...document.querySelectorAll('[data-testid=pod-row]')].filter(r => r.textContent.includes('Running')).length === 2",
+                timeout=40_000)
+            await asyncio.sleep(4.5)  # two more samples of the chart at the new size
+            await page.screenshot(path=str(shots / "workload-elastic.png"), full_page=True)
+
+            # A job's own metrics, scraped by its node's agent, charted as they come.
+            await page.goto(f"{fleet.url}/ui/workloads/jobs/{ns}/trainer")
+            charts = page.locator("[data-testid=workload-metrics] [data-testid=chart]")
+            await charts.filter(has_text="train_loss").locator("canvas").wait_for(timeout=40_000)
+            await charts.filter(has_text="train_step").wait_for(timeout=WAIT_MS)
+            await asyncio.sleep(7)  # a few scrapes: the loss falls
+            await page.screenshot(path=str(shots / "workload-metrics.png"), full_page=True)
+            # What ran here stops: the fleet is quiet again for the next test's measurement.
+            await client.delete("Namespace", ns, raw=True)
+        except Exception:
+            for c in browser.contexts:
+                for pg in c.pages:
                     print(f"--- page {pg.url} ---\n{await pg.inner_text('body')}")
             raise
         finally:
@@ -275,16 +398,46 @@ async def test_first_view_of_800_gpus(fleet: Fleet, shots: Path) -> None:
         gpus = SIM_NODES * SIM_GPUS + len(NODES) * GPUS_PER_NODE
     pw, browser = await browser_session(fleet)
     try:
-        page = await new_page(browser, fleet)
-        await page.add_init_script(f"sessionStorage.setItem('gpufleet.token', {json.dumps(fleet_token(fleet))})")
-        await page.goto(f"{fleet.url}/ui/fleet")
-        await page.wait_for_function("n => document.querySelectorAll('[data-testid=gpu]').length === n",
-                                     arg=gpus, timeout=WAIT_MS)
-        first = await page.evaluate("window.__fleetRendered")
-        tiles = await page.evaluate("performance.now()")
-        print(f"fleet view of {total} nodes / {gpus} GPUs: first render {first:.0f} ms after navigation "
-              f"(all tiles present at {tiles:.0f} ms)")
-        await page.screenshot(path=str(shots / "fleet-800.png"))
+        # Each load is a new browser context (a new connection, nothing cached): a user opening
+        # the dashboard. The first is printed on its own; the three together show the spread.
+        figures = []
+        for n in range(VIEW_LOADS):
+            page = await new_page(browser, fleet)
+            figures.append(await first_view(page, fleet, gpus))
+            if n == VIEW_LOADS - 1:
+                await page.screenshot(path=str(shots / "fleet-800.png"))
+            await page.context.close()
+        for n, f in enumerate(figures):
+            print(f"fleet view of {total} nodes / {gpus} GPUs, load {n + 1}: first view painted "
+                  f"{f['painted']:.0f} ms after navigation (drawn {f['drawn']:.0f} ms; lists asked at "
+                  f"{f['nodesStart']:.0f} ms, answered at {f['nodesEnd']:.0f} ms; every tile present at "
+                  f"{f['tiles']:.0f} ms; from the answer to the paint {f['painted'] - f['nodesEnd']:.0f} ms)")
+        painted = sorted(f["painted"] for f in figures)
+        print(f"fleet view first paint over {VIEW_LOADS} loads: median {painted[len(painted) // 2]:.0f} ms, "
+              f"min {painted[0]:.0f} ms, max {painted[-1]:.0f} ms")
     finally:
         await browser.close()
         await pw.stop()
+
+
+VIEW_LOADS = 3
+
+# When the browser painted the fleet summary (Element Timing: the summary is drawn in the
+# same frame as the first cards), when the view's effect ran, and when the node list came.
+FIRST_VIEW = """() => new Promise((done) => new PerformanceObserver((list) => {
+  const e = list.getEntries().find((x) => x.identifier === "fleet");
+  const nodes = performance.getEntriesByType("resource").find((r) => new URL(r.name).pathname === "/api/v1/nodes");
+  done({ painted: e ? e.renderTime : NaN, drawn: window.__fleetRendered,
+         nodesStart: nodes ? nodes.startTime : NaN, nodesEnd: nodes ? nodes.responseEnd : NaN });
+}).observe({ type: "element", buffered: true }))"""
+
+
+async def first_view(page, fleet: Fleet, gpus: int) -> dict:
+    await page.add_init_script(f"sessionStorage.setItem('gpufleet.token', {json.dumps(fleet_token(fleet))})")
+    await page.goto(f"{fleet.url}/ui/fleet")
+    await page.wait_for_function("n => document.querySelectorAll('[data-testid=gpu]').length === n",
+                                 arg=gpus, timeout=WAIT_MS)
+    tiles = await page.evaluate("performance.now()")
+    summary = await page.text_content("[data-testid=fleet-summary]")
+    assert f"{gpus} GPUs" in summary, summary
+    return {**await page.evaluate(FIRST_VIEW), "tiles": tiles}

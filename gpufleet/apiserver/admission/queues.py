@@ -3,7 +3,8 @@ jobs suspended, and the `get` columns of the queue kinds.
 
 Kueue sets ``suspend: true`` on every job carrying ``kueue.x-k8s.io/queue-name`` with a
 mutating webhook, so no pod of it exists before the queue admits it; the plugin does the
-same for batch Jobs (``spec.suspend``) and PyTorchJobs (``spec.runPolicy.suspend``).
+same for batch Jobs (``spec.suspend``), PyTorchJobs (``spec.runPolicy.suspend``), RayClusters
+and RayJobs (``spec.suspend``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 from gpufleet.api.kueue import GROUP, QUEUE_NAME_LABEL, QUOTA_RESERVED
+from gpufleet.api.validation.errors import INVALID, FieldError
 from gpufleet.apiserver.admission import AdmissionContext
+from gpufleet.apiserver.errors import invalid
 from gpufleet.apiserver.server import ApiServer
 from gpufleet.apiserver.tables import AGE_COLUMN, NAME_COLUMN, Column, age_cell, register_printer
 
@@ -19,6 +22,8 @@ from gpufleet.apiserver.tables import AGE_COLUMN, NAME_COLUMN, Column, age_cell,
 SUSPEND_PATHS: dict[tuple[str, str], tuple[str, ...]] = {
     ("batch", "Job"): ("spec", "suspend"),
     ("kubeflow.org", "PyTorchJob"): ("spec", "runPolicy", "suspend"),
+    ("ray.io", "RayCluster"): ("spec", "suspend"),
+    ("ray.io", "RayJob"): ("spec", "suspend"),
 }
 
 
@@ -28,13 +33,20 @@ class QueuedJobSuspender:
     name = "KueueSuspendQueuedJobs"
 
     async def admit(self, ctx: AdmissionContext, obj: dict[str, Any], old: dict[str, Any] | None) -> None:
-        if ctx.operation != "CREATE" or ctx.subresource:
+        if ctx.operation not in ("CREATE", "UPDATE") or ctx.subresource:
             return
         path = SUSPEND_PATHS.get((ctx.rt.group, ctx.rt.kind))
         if path is None:
             return
         labels = (obj.get("metadata") or {}).get("labels") or {}
         if not labels.get(QUEUE_NAME_LABEL):
+            return
+        if (ctx.rt.group, ctx.rt.kind) == ("ray.io", "RayJob"):
+            errors = queued_rayjob_errors(obj)
+            if errors:
+                raise invalid(ctx.rt, ctx.name or (obj.get("metadata") or {}).get("name", ""),
+                              [e.to_cause() for e in errors])
+        if ctx.operation != "CREATE":
             return
         node = obj
         for key in path[:-1]:
@@ -43,6 +55,20 @@ class QueuedJobSuspender:
                 child = node[key] = {}
             node = child
         node[path[-1]] = True
+
+
+def queued_rayjob_errors(job: dict[str, Any]) -> list[FieldError]:
+    """What Kueue's RayJob webhook refuses in a queued RayJob: the quota is held by the
+    cluster the job makes, so the job must make its own and delete it when done."""
+    spec = job.get("spec") or {}
+    errors = []
+    if not spec.get("shutdownAfterJobFinishes"):
+        errors.append(FieldError(INVALID, "spec.shutdownAfterJobFinishes", bool(spec.get("shutdownAfterJobFinishes")),
+                                 "a kueue managed job should delete the cluster after finishing"))
+    if spec.get("clusterSelector"):
+        errors.append(FieldError(INVALID, "spec.clusterSelector", spec["clusterSelector"],
+                                 "a kueue managed job should not use an existing cluster"))
+    return errors
 
 
 def install(api: ApiServer) -> None:

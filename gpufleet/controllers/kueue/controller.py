@@ -61,6 +61,7 @@ from gpufleet.controllers.kueue.kinds import (
     OWNER_UID_INDEX,
     JobKind,
     _pytorch_kind,
+    _ray_kinds,
     _rv,
     _wire,
 )
@@ -115,8 +116,9 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self.fair_sharing = fair_sharing
         self.kinds: dict[str, JobKind] = {"Job": BATCH_JOB}
         pytorch = _pytorch_kind()
-        if pytorch is not None and client.registry.by_api_version_kind(pytorch.api_version, pytorch.kind):
-            self.kinds[pytorch.kind] = pytorch
+        for extra in ([pytorch] if pytorch is not None else []) + _ray_kinds():
+            if client.registry.by_api_version_kind(extra.api_version, extra.kind):
+                self.kinds[extra.kind] = extra
         self.job_informers = {k: informers.informer(kind.model) for k, kind in self.kinds.items()}
         self.workloads = informers.informer(kq.Workload)
         self.workloads.add_indexer(OWNER_UID_INDEX, controller_uid)

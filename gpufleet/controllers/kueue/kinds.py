@@ -1,9 +1,11 @@
-"""The kinds of job a queue can hold (batch/v1 Job, kubeflow.org/v1 PyTorchJob): how the
+"""The kinds of job a queue can hold (batch/v1 Job, kubeflow.org/v1 PyTorchJob, ray.io/v1
+RayCluster and RayJob): how the
 controller reads a job's pod sets, suspends it and steers its pod templates; the Workload's
 name; and the condition helpers the job reconciler and the admission cycle share."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,6 +117,71 @@ def _pytorch_kind() -> JobKind | None:
         finished=lambda job: _true_condition_type(job, ("Succeeded", "Failed")),
         pod_set_of=pod_set_of,
     )
+
+
+def _ray_pod_sets(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Kueue's pod sets of a RayCluster spec: ``head`` (1) and one per worker group (its
+    replicas within minReplicas..maxReplicas, times numOfHosts; 0 while suspended)."""
+    from gpufleet.api import ray
+
+    head = (spec.get("headGroupSpec") or {}).get("template") or {}
+    out = [{"name": "head", "count": 1, "template": head}]
+    for g in spec.get("workerGroupSpecs") or []:
+        group = ray.WorkerGroupSpec.model_validate(g)
+        out.append({"name": g.get("groupName") or "", "count": ray.desired_replicas(group),
+                    "template": g.get("template") or {}})
+    return out
+
+
+def _ray_templates(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    out = {"head": spec.setdefault("headGroupSpec", {}).setdefault("template", {})}
+    for g in spec.get("workerGroupSpecs") or []:
+        out[g.get("groupName") or ""] = g.setdefault("template", {})
+    return out
+
+
+def _ray_pod_set_of(pod: Any) -> str:
+    labels = objects.labels_of(pod)
+    return "head" if labels.get("ray.io/node-type") == "head" else labels.get("ray.io/group", "")
+
+
+def _ray_kinds() -> list[JobKind]:
+    """RayCluster and RayJob, as Kueue's ray integrations read them. A RayJob's pod sets are
+    its rayClusterSpec's (the cluster is made only once the job is admitted), plus
+    ``submitter`` for the submitter Job of K8sJobMode."""
+    try:
+        from gpufleet.api import ray
+        from gpufleet.controllers.ray.job import SUBMITTER_RESOURCES
+    except ImportError:
+        return []
+
+    def job_pod_sets(job: dict[str, Any]) -> list[dict[str, Any]]:
+        spec = job.get("spec") or {}
+        out = _ray_pod_sets(spec.get("rayClusterSpec") or {})
+        if (spec.get("submissionMode") or "K8sJobMode") == "K8sJobMode":
+            template = spec.get("submitterPodTemplate") or {"spec": {"containers": [{
+                "name": "ray-job-submitter", "resources": copy.deepcopy(SUBMITTER_RESOURCES)}]}}
+            out.append({"name": "submitter", "count": 1, "template": template})
+        return out
+
+    def job_templates(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        spec = job.setdefault("spec", {})
+        return _ray_templates(spec.setdefault("rayClusterSpec", {}))
+
+    def job_finished(job: dict[str, Any]) -> str | None:
+        deployment = (job.get("status") or {}).get("jobDeploymentStatus")
+        return {ray.DEPLOYMENT_COMPLETE: "Succeeded", ray.DEPLOYMENT_FAILED: "Failed"}.get(deployment or "")
+
+    return [
+        JobKind(kind=ray.CLUSTER_KIND, api_version=ray.API_VERSION, model=ray.RayCluster,
+                suspend_path=("spec", "suspend"),
+                pod_sets=lambda job: _ray_pod_sets(job.get("spec") or {}),
+                templates=lambda job: _ray_templates(job.setdefault("spec", {})),
+                finished=lambda job: None, pod_set_of=_ray_pod_set_of),
+        JobKind(kind=ray.JOB_KIND, api_version=ray.API_VERSION, model=ray.RayJob,
+                suspend_path=("spec", "suspend"), pod_sets=job_pod_sets, templates=job_templates,
+                finished=job_finished, pod_set_of=_ray_pod_set_of),
+    ]
 
 
 def workload_name(kind: JobKind, job: Any) -> str:

@@ -10,10 +10,13 @@ after ``activeDeadlineSeconds`` (DeadlineExceeded). ``status.jobStatus`` is Ray'
 from the dashboard's job API; when the dashboard cannot be read, a submitter that
 completed (``ray job submit`` waits for the job and exits non-zero when it failed) stands
 for SUCCEEDED. With ``shutdownAfterJobFinishes`` the cluster (and the submitter) are
-deleted ``ttlSecondsAfterFinished`` after the end."""
+deleted ``ttlSecondsAfterFinished`` after the end. ``spec.suspend`` (a queue holding the job
+back): Suspending while the cluster and submitter are deleted, then Suspended; resumed, the
+job starts over from Initializing."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shlex
 from dataclasses import dataclass
@@ -32,6 +35,8 @@ ORIGIN_KIND_LABEL = "ray.io/originated-from-crd"
 ORIGIN_NAME_LABEL = "ray.io/originated-from-cr-name"
 SUBMISSION_ID_ENV = "RAY_JOB_SUBMISSION_ID"
 DASHBOARD_ENV = "RAY_DASHBOARD_ADDRESS"
+# The default submitter's resources, as KubeRay's (and so a queue's submitter pod set).
+SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 # How often a running job's status is read from the dashboard.
 POLL_SECONDS = 2.0
 
@@ -106,7 +111,7 @@ def submitter_body(job: Any, cluster: dict[str, Any], dashboard: str) -> dict[st
         container: dict[str, Any] = {
             "name": "ray-job-submitter", "image": head_container.get("image", ""),
             "command": submit_command(job),
-            "resources": {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+            "resources": copy.deepcopy(SUBMITTER_RESOURCES),
         }
         if head_container.get("securityContext"):
             container["securityContext"] = head_container["securityContext"]
@@ -126,6 +131,40 @@ def submitter_body(job: Any, cluster: dict[str, Any], dashboard: str) -> dict[st
 def _job_condition(job: dict[str, Any] | None, type_: str) -> bool:
     conds = ((job or {}).get("status") or {}).get("conditions") or []
     return any(c.get("type") == type_ and c.get("status") == "True" for c in conds)
+
+
+def _suspend(o: JobObserved, st: dict[str, Any], old: dict[str, Any], a: Actions, deployment: str) -> Actions:
+    """``spec.suspend`` (set by a queue that has not admitted the job, or took it back): as
+    KubeRay, a job that started goes Suspending while its cluster and submitter are deleted,
+    then Suspended; one that never started is Suspended at once. Setting suspend back to
+    false makes it start over with a new cluster."""
+    job = o.job
+    ns = objects.namespace_of(job)
+    if deployment in (api.DEPLOYMENT_NEW, api.DEPLOYMENT_SUSPENDED):
+        st["jobDeploymentStatus"] = api.DEPLOYMENT_SUSPENDED
+    else:
+        st["jobDeploymentStatus"] = api.DEPLOYMENT_SUSPENDING
+        alive = False
+        for kind, child in ((api.RayCluster, o.cluster if uses_own_cluster(job) else None),
+                            (BatchJob, o.submitter)):
+            if child is None:
+                continue
+            alive = True
+            if not is_being_deleted(child):
+                a.deletes.append(Delete(kind, objects.name_of(child), ns, uid=objects.uid_of(child),
+                                        propagation_policy="Foreground", must=False))
+        if not alive:
+            st["jobDeploymentStatus"] = api.DEPLOYMENT_SUSPENDED
+            st.pop("rayClusterStatus", None)
+            a.event("Normal", "Suspended", "The RayJob is suspended: its RayCluster and submitter are gone.")
+        else:
+            a.requeue(1.0)
+    gen = objects.meta(job, "generation")
+    if gen is not None:
+        st["observedGeneration"] = gen
+    if st != old:
+        a.status = st
+    return a
 
 
 def decide_job(o: JobObserved, now: Instant) -> Actions:
@@ -156,6 +195,12 @@ def decide_job(o: JobObserved, now: Instant) -> Actions:
                 a.requeue(end + ttl - now.wall)
         return a
 
+    if job.spec.suspend or deployment == api.DEPLOYMENT_SUSPENDING:
+        return _suspend(o, st, old, a, deployment)
+    if deployment == api.DEPLOYMENT_SUSPENDED:  # resumed: starts again with a new cluster
+        for field_name in ("startTime", "endTime", "dashboardURL", "rayClusterStatus", "reason", "message"):
+            st.pop(field_name, None)
+        deployment = api.DEPLOYMENT_NEW
     if deployment == api.DEPLOYMENT_NEW:
         st.update(jobId=job_id(job), rayClusterName=cluster_name(job), startTime=now.text,
                   jobStatus=st.get("jobStatus") or "", jobDeploymentStatus=api.DEPLOYMENT_INITIALIZING)
