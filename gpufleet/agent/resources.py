@@ -195,13 +195,23 @@ def port_env(requests: Sequence[PortRequest], ports: Mapping[str, int], containe
              host_network: bool) -> dict[str, str]:
     """PORT (the container's first port) and GPUFLEET_PORT_<NAME> for each of its ports: the
     host port when containers share the host's network (they must listen there), the
-    container port when the runtime publishes it."""
+    container port when the runtime publishes it. The named ports of the pod's other
+    containers come too (GPUFLEET_PORT_<NAME> only, a container's own winning): containers
+    of a pod share its network, so a sidecar reaches its neighbour's port as in Kubernetes
+    it would reach localhost:<containerPort> (e.g. Ray's autoscaler the head's GCS)."""
     env: dict[str, str] = {}
     for req in requests:
         if req.container != container:
             continue
         value = str(ports[req.key] if host_network else req.container_port)
         env.setdefault("PORT", value)
-        label = (req.name or str(req.container_port)).upper().replace("-", "_").replace(".", "_")
-        env[f"GPUFLEET_PORT_{label}"] = value
+        env[_port_label(req)] = value
+    for req in requests:
+        if req.container != container and req.name and (req.key in ports or not host_network):
+            env.setdefault(_port_label(req), str(ports[req.key] if host_network else req.container_port))
     return env
+
+
+def _port_label(req: PortRequest) -> str:
+    label = (req.name or str(req.container_port)).upper().replace("-", "_").replace(".", "_")
+    return f"GPUFLEET_PORT_{label}"

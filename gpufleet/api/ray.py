@@ -108,8 +108,13 @@ class AutoscalerOptions(K8sModel):
     upscaling_mode: str | None = Field(default=None, alias="upscalingMode")
     idle_timeout_seconds: int | None = Field(default=None, alias="idleTimeoutSeconds")
     image: str | None = None
+    image_pull_policy: str | None = Field(default=None, alias="imagePullPolicy")
     resources: dict[str, Any] | None = None
     env: list[dict[str, Any]] | None = None
+    env_from: list[dict[str, Any]] | None = Field(default=None, alias="envFrom")
+    volume_mounts: list[dict[str, Any]] | None = Field(default=None, alias="volumeMounts")
+    security_context: dict[str, Any] | None = Field(default=None, alias="securityContext")
+    version: str | None = Field(default=None, description="v1 or v2: which of Ray's autoscalers runs (v2 here when unset).")
 
 
 class RayClusterSpec(K8sModel):
@@ -255,6 +260,7 @@ class RayJobList(K8sModel):
 # -- small readers shared by the controllers, the printer and validation ----------------------
 
 MAX_REPLICAS = 2147483647
+AUTOSCALER_VERSIONS = ("v1", "v2")
 
 
 def worker_groups(spec: RayClusterSpec | None) -> list[WorkerGroupSpec]:
@@ -338,6 +344,9 @@ def validate_cluster_spec(spec: RayClusterSpec | None, path: str, errs: list[v.F
         if head.service_type is not None and head.service_type not in SERVICE_TYPES:
             errs.append(v.not_supported(f"{path}.headGroupSpec.serviceType", head.service_type, SERVICE_TYPES))
         _validate_template(head.template, f"{path}.headGroupSpec.template", errs)
+    opts = spec.autoscaler_options
+    if opts is not None and opts.version is not None and opts.version not in AUTOSCALER_VERSIONS:
+        errs.append(v.not_supported(f"{path}.autoscalerOptions.version", opts.version, AUTOSCALER_VERSIONS))
     seen: set[str] = set()
     for i, group in enumerate(worker_groups(spec)):
         gp = f"{path}.workerGroupSpecs[{i}]"

@@ -222,6 +222,8 @@ def test_ports_are_never_shared_and_env_names_them():
     env = port_env(reqs, a, "web", host_network=True)
     assert env == {"PORT": str(a["http"]), "GPUFLEET_PORT_HTTP": str(a["http"]), "GPUFLEET_PORT_9090": str(a["9090"])}
     assert port_env(reqs, a, "web", host_network=False)["PORT"] == "8080"
+    # A sidecar of the pod sees its neighbour's named ports (they share the network), no PORT.
+    assert port_env(reqs, a, "sidecar", host_network=True) == {"GPUFLEET_PORT_HTTP": str(a["http"])}
     fixed = [PortRequest("web", "http", "http", 8080, a["http"], "TCP")]
     with pytest.raises(PortsUnavailable, match="in use by another pod"):
         table.allocate("c", fixed)

@@ -218,6 +218,115 @@ def test_the_schedulers_reason_is_reported_once() -> None:
     assert not again.events
 
 
+# -- autoscaling ------------------------------------------------------------------------------
+
+
+def autoscaled(replicas: int = 0, **opts: Any) -> api.RayCluster:
+    body = cluster_dict(replicas, lo=0, hi=4)
+    body["spec"].update(enableInTreeAutoscaling=True, autoscalerOptions={"idleTimeoutSeconds": 5, **opts})
+    rc = api.RayCluster.from_dict(body)
+    apply_defaults(rc)
+    return rc
+
+
+def node(name: str, gpus: int = 2, *, cordoned: bool = False, taints: list[dict[str, Any]] | None = None) -> Any:
+    from gpufleet.api.k8s import Node
+
+    return Node.from_dict({"metadata": {"name": name}, "spec": {"unschedulable": cordoned, "taints": taints or []},
+                           "status": {"allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110",
+                                                      "nvidia.com/gpu": str(gpus)}}})
+
+
+def test_the_head_runs_rays_autoscaler_as_its_sidecar_with_an_account_that_may_scale() -> None:
+    rc = autoscaled()
+    a = decide_cluster(ClusterObserved(rc, []), NOW)
+    kinds = [c.body["kind"] for c in a.creates]
+    assert kinds[:3] == ["ServiceAccount", "Role", "RoleBinding"] and kinds.index("Pod") > 2
+    role = created(a, "Role")[0]
+    assert {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]} in role["rules"]
+    assert created(a, "RoleBinding")[0]["subjects"] == [{"kind": "ServiceAccount", "name": "rc", "namespace": "default"}]
+    head = created(a, "Pod")[0]
+    assert head["spec"]["serviceAccountName"] == "rc"
+    ray, sidecar = head["spec"]["containers"]
+    assert sidecar["name"] == "autoscaler" and sidecar["image"] == ray["image"]
+    assert sidecar["args"] == ["export AUTOSCALER_METRIC_PORT=${GPUFLEET_PORT_AS_METRICS:-44217}; "
+                               "ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) --cluster-namespace "
+                               "$(RAY_CLUSTER_NAMESPACE) --gcs-address 127.0.0.1:${GPUFLEET_PORT_GCS_SERVER:-6379}"]
+    assert sidecar["ports"] == [{"name": "as-metrics", "containerPort": 44217, "protocol": "TCP"}]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in sidecar["env"]}
+    assert env["RAY_HEAD_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}} and env["KUBERAY_CRD_VER"] == "v1"
+    assert {"name": "RAY_enable_autoscaler_v2", "value": "1"} in ray["env"]  # v2 unless v1 is asked for
+    assert {"name": "ray-logs", "mountPath": "/tmp/ray"} in sidecar["volumeMounts"]
+    v1 = created(decide_cluster(ClusterObserved(autoscaled(version="v1"), []), NOW), "Pod")[0]
+    assert not any(e["name"] == "RAY_enable_autoscaler_v2" for c in v1["spec"]["containers"] for e in c["env"])
+    # Without enableInTreeAutoscaling: no sidecar, no account.
+    plain = decide_cluster(ClusterObserved(cluster(), []), NOW)
+    assert not created(plain, "Role") and len(created(plain, "Pod")[0]["spec"]["containers"]) == 1
+
+
+def test_autoscaled_workers_are_created_only_as_far_as_the_scheduler_can_place_them() -> None:
+    from gpufleet.controllers.ray import placement
+
+    rc = autoscaled(replicas=4)
+    nodes = [node("node-a"), node("node-b", cordoned=True)]
+    head = head_of(rc)
+
+    def room(body: dict[str, Any], want: int, unbound: list[Any]) -> tuple[int, str | None]:
+        return placement.room(body, want, nodes, [head], unbound)
+
+    a = decide_cluster(ClusterObserved(rc, [head], room=room), NOW)
+    assert len([c for c in created(a, "Pod") if c["metadata"]["labels"]["ray.io/node-type"] == "worker"]) == 2
+    held = ("2 of 4 workers of group gpu cannot be placed: 0/2 nodes are available: "
+            "1 Insufficient nvidia.com/gpu, 1 node(s) were unschedulable.")
+    cond = {c["type"]: c for c in a.status["conditions"]}["ReplicaFailure"]
+    assert (cond["status"], cond["reason"], cond["message"]) == ("True", "Unschedulable", held)
+    assert a.status["reason"] == held and a.status["desiredWorkerReplicas"] == 4
+    assert [e.message for e in a.events] == [f"Workers not created: {held}"] and a.requeue_after
+    # The two made are still waiting to be bound: they take the room, no more are made.
+    mine = [worker_of(rc, f"w{i}", phase="Pending", ready=False) for i in range(2)]
+    for w in mine:
+        w.spec.node_name = None
+    again = decide_cluster(ClusterObserved(rc, [head, *mine], room=room, last_held=a.memo["last_held"]), NOW)
+    assert not created(again, "Pod") and not again.events
+    # Once everything fits, the condition clears.
+    nodes[1] = node("node-b")
+    placed = decide_cluster(ClusterObserved(rc, [head, *mine], room=room, last_held=held), NOW)
+    assert len(created(placed, "Pod")) == 2
+    rc.status = api.RayClusterStatus.from_dict(a.status)
+    cleared = decide_cluster(ClusterObserved(rc, [head, *mine], room=room), NOW)
+    assert {c["type"]: c["status"] for c in cleared.status["conditions"]}["ReplicaFailure"] == "False"
+
+
+def test_when_the_autoscaler_lets_idle_workers_go_the_ones_never_placed_go_too() -> None:
+    # 4 asked, 2 placed; both idle: the autoscaler asks for max(4, 2) - 2 = 2 and names them.
+    body = cluster_dict(2, lo=0, hi=4, to_delete=["w0", "w1"])
+    body["spec"]["enableInTreeAutoscaling"] = True
+    rc = api.RayCluster.from_dict(body)
+    apply_defaults(rc)
+    idle = [worker_of(rc, f"w{i}") for i in range(2)]
+    a = decide_cluster(ClusterObserved(rc, [head_of(rc), *idle], room=lambda body, want, unbound: (want, None)), NOW)
+    assert sorted(d.name for d in a.deletes) == ["w0", "w1"] and not created(a, "Pod")
+    group = a.patches[0].patch["spec"]["workerGroupSpecs"][0]
+    assert group["replicas"] == 0 and group["scaleStrategy"]["workersToDelete"] == []
+    assert a.status["desiredWorkerReplicas"] == 0
+    # Without autoscaling, replicas is the user's: the group is topped up.
+    plain = cluster(replicas=2, lo=0, to_delete=["w0", "w1"])
+    b = decide_cluster(ClusterObserved(plain, [head_of(plain), *(worker_of(plain, f"w{i}") for i in range(2))]), NOW)
+    assert len(created(b, "Pod")) == 2
+
+
+def test_placement_leaves_out_cordoned_nodes_and_gpu_nodes_tainted_unhealthy() -> None:
+    from gpufleet.controllers.ray import placement
+
+    rc = autoscaled(replicas=4)
+    body = rp.worker_pod_body(rc, rc.spec, rc.spec.worker_group_specs[0], True)
+    sick = [{"key": "gpufleet.io/gpu-unhealthy", "effect": "NoSchedule"}]
+    n, why = placement.room(body, 4, [node("a"), node("b", taints=sick), node("c", cordoned=True)], [])
+    assert n == 2 and "1 node(s) had untolerated taint {gpufleet.io/gpu-unhealthy: }" in why and \
+        "1 node(s) were unschedulable" in why
+    assert placement.room(body, 4, [node("a", 4)], []) == (4, None)
+
+
 # -- RayJob ---------------------------------------------------------------------------------
 
 
@@ -288,6 +397,8 @@ def test_validation_names_the_field() -> None:
     assert any("spec.rayClusterSpec" in e for e in errs) and any("spec.entrypoint" in e for e in errs), errs
     errs = [str(e) for e in validate(rayjob(submissionMode="HTTPMode"))]
     assert any("spec.submissionMode" in e and "K8sJobMode" in e for e in errs), errs
+    errs = [str(e) for e in validate(autoscaled(version="v3"))]
+    assert any("spec.autoscalerOptions.version" in e and '"v1", "v2"' in e for e in errs), errs
 
 
 def test_a_suspended_rayjob_waits_gives_back_its_cluster_and_starts_over_when_resumed() -> None:

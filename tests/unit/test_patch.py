@@ -541,6 +541,16 @@ def test_json_patch_operations():
     assert ops[-1]["value"]["name"] == "b"
 
 
+def test_json_patch_replace_of_a_missing_key_sets_it_as_kubernetes_does():
+    # evanphx/json-patch v4, which the Kubernetes API server applies JSON patches with: a
+    # replace of a key the object lacks sets it (Ray's autoscaler relies on it); a missing
+    # parent or list index is still an error.
+    result = json_patch(deployment(), [{"op": "replace", "path": "/spec/paused", "value": True}])
+    assert result["spec"]["paused"] is True
+    with pytest.raises(PatchError, match="operation 0"):
+        json_patch(deployment(), [{"op": "replace", "path": "/spec/template/spec/containers/5", "value": {}}])
+
+
 @pytest.mark.parametrize(
     ("ops", "fragment"),
     [

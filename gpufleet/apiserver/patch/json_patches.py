@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jsonpatch
+import jsonpointer
 
 from gpufleet.apiserver.patch.common import (
     MAX_JSON_PATCH_OPERATIONS,
@@ -68,6 +69,25 @@ def _diff(original: Mapping[str, Any], modified: Mapping[str, Any]) -> dict[str,
 # --------------------------------------------------------------------------- JSON patch
 
 
+def _as_kubernetes_applies(document: Any, op: Mapping[str, Any]) -> dict[str, Any]:
+    """The operation as Kubernetes applies it (evanphx/json-patch v4): a ``replace`` of a key
+    an object does not have sets it, as ``add`` would (Ray's autoscaler replaces
+    ``/spec/workerGroupSpecs/0/scaleStrategy`` on groups that never had one). Everything
+    else is RFC 6902's."""
+    out = copy_json(op)
+    path = out.get("path")
+    if out.get("op") != "replace" or not isinstance(path, str) or not path.startswith("/"):
+        return out
+    try:
+        pointer = jsonpointer.JsonPointer(path)
+        parent = jsonpointer.JsonPointer.from_parts(pointer.parts[:-1]).resolve(document)
+    except (jsonpointer.JsonPointerException, KeyError, IndexError, TypeError):
+        return out
+    if isinstance(parent, dict) and pointer.parts and pointer.parts[-1] not in parent:
+        out["op"] = "add"
+    return out
+
+
 def _describe_op(op: Mapping[str, Any]) -> str:
     return f"{op.get('op')!r} at {op.get('path')!r}"
 
@@ -88,7 +108,7 @@ def json_patch(target: Any, ops: Any) -> Any:
         # Operations are applied one at a time so that an error can name the one that failed.
         # The operation is copied so the values it adds are not shared with the caller's list.
         try:
-            document = jsonpatch.apply_patch(document, [copy_json(op)], in_place=True)
+            document = jsonpatch.apply_patch(document, [_as_kubernetes_applies(document, op)], in_place=True)
         except jsonpatch.JsonPatchTestFailed as exc:
             raise PatchError(f"JSON patch operation {index} ({_describe_op(op)}) failed: {exc}") from None
         except Exception as exc:  # the library reports bad operations with assorted exception types

@@ -28,6 +28,13 @@ Where gpufleet differs, and why:
   placed whole or not at all; an Event Unschedulable (and ``status.reason``) carries the
   scheduler's reason while Ray pods wait unplaced.
 
+Autoscaling (``enableInTreeAutoscaling``): the head gets Ray's own autoscaler as a sidecar
+(``ray kuberay-autoscaler``, v2 unless ``autoscalerOptions.version`` says v1) with a
+ServiceAccount, Role and RoleBinding named after the cluster; it scales the groups through
+``replicas`` and ``workersToDelete``. The controller creates only the workers the
+scheduler's filters can place now (``placement``) and reports the rest (condition
+ReplicaFailure, reason Unschedulable), so none waits as a Pending pod.
+
 RayJob: see ``job``. RayService: see ``service`` (the decision) and ``servicecontroller``.
 """
 

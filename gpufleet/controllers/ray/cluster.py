@@ -12,6 +12,7 @@ RayClusterProvisioned; an Event carries the scheduler's reason while pods wait u
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,9 @@ from gpufleet.controllers.pytorchjob.model import gang_wait_reason
 from gpufleet.controllers.ray import pods as rp
 
 UNSCHEDULABLE = "Unschedulable"
+HELD_RECHECK_S = 3.0
+# room(worker pod body, how many, this cluster's unbound pods) -> (how many fit, why not all)
+Room = Callable[[dict[str, Any], int, list[Any]], tuple[int, "str | None"]]
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,10 @@ class ClusterObserved:
     deleting: frozenset[str] = frozenset()  # uids of pods this controller is deleting
     last_wait: str | None = None  # the scheduler's reason last reported as an Event
     gang: bool = True  # whether to place the minimum through a PodGroup
+    # With enableInTreeAutoscaling, how many new workers the scheduler could place now
+    # (placement.room over the nodes and their pods); None: create them all.
+    room: Room | None = None
+    last_held: str | None = None  # the held-back workers' message last reported as an Event
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -89,6 +97,11 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
         return a
     ns, name, uid = objects.namespace_of(cluster), objects.name_of(cluster), objects.uid_of(cluster)
     suspended = bool(spec.suspend)
+    autoscaled = rp.autoscaling(spec)
+    if autoscaled:
+        # The autoscaler's identity and rights, before the head that runs it.
+        for body in rp.autoscaler_rbac_bodies(cluster, spec):
+            a.creates.append(Create(body, on_exists="ignore", memo=((body["kind"], ns, name), uid)))
     a.creates.append(Create(rp.head_service_body(cluster, spec), on_exists="ignore",
                             memo=(("svc", ns, name), uid)))
     if o.gang:
@@ -121,6 +134,7 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
     # -- worker groups ----------------------------------------------------------------
     ready = available = desired = lo_sum = hi_sum = 0
     cleared = False
+    held: list[str] = []  # workers not created because the scheduler could not place them
     groups_out: list[dict[str, Any]] = []
     all_workers_ready = True
     for group in api.worker_groups(spec):
@@ -137,17 +151,33 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
             if not is_being_deleted(p) and objects.uid_of(p) not in o.deleting and p not in alive:
                 _delete(a, p, "DeletedWorkerPod")  # a worker that ended is replaced
         doomed = set((group.scale_strategy.workers_to_delete if group.scale_strategy else None) or [])
+        dropped = False
         if doomed:
             cleared = True
             for p in alive:
                 if objects.name_of(p) in doomed:
                     _delete(a, p, "DeletedWorkerPod")
             alive = [p for p in alive if objects.name_of(p) not in doomed]
+            if autoscaled and want > max(len(alive), lo * hosts):
+                # The autoscaler lets idle workers go: nothing needs the workers of the same
+                # group that were never created for want of room (it counts from replicas,
+                # which still holds them), so they are dropped rather than made later, idle.
+                desired -= want - max(len(alive), lo * hosts)
+                want = max(len(alive), lo * hosts)
+                dropped = True
         diff = want - len(alive)
         if diff > 0 and head is not None:
-            for _ in range(diff):
-                a.creates.append(Create(rp.worker_pod_body(cluster, spec, group, o.gang), expect=True,
+            body = rp.worker_pod_body(cluster, spec, group, o.gang)
+            fit, why = diff, None
+            if autoscaled and o.room is not None:
+                unbound = [p for p in o.pods if _alive(p, o.deleting) and not (p.spec is not None and p.spec.node_name)]
+                fit, why = o.room(body, diff, unbound)
+            for i in range(fit):
+                a.creates.append(Create(body if i == 0 else json.loads(json.dumps(body)), expect=True,
                                         success_reason="CreatedWorkerPod", failure_reason="FailedToCreateWorkerPod"))
+            if fit < diff:
+                held.append(f"{diff - fit} of {want} workers of group {gname} cannot be placed"
+                            f"{': ' + why if why else ''}")
         elif diff < 0:
             for p in pods_to_delete(alive, -diff):
                 _delete(a, p, "DeletedWorkerPod")
@@ -160,6 +190,8 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
         g = group.to_dict()
         if doomed:
             g["scaleStrategy"] = {**(g.get("scaleStrategy") or {}), "workersToDelete": []}
+        if dropped:
+            g["replicas"] = want // hosts
         groups_out.append(g)
     if cleared:
         a.patches.append(Patch(api.RayCluster, name, ns, {"spec": {"workerGroupSpecs": groups_out}}, owner=True))
@@ -170,6 +202,14 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
     if reason and reason != o.last_wait:
         a.event("Warning", UNSCHEDULABLE, f"Ray pods wait to be placed: {reason}")
     a.memo["last_wait"] = reason
+    # Autoscaled groups: workers the fleet cannot place are not created (no pod stuck
+    # Pending); they are reported instead, and looked at again as the fleet changes.
+    held_text = "; ".join(held) or None
+    if held_text and held_text != o.last_held:
+        a.event("Warning", UNSCHEDULABLE, f"Workers not created: {held_text}")
+    a.memo["last_held"] = held_text
+    if held:
+        a.requeue(HELD_RECHECK_S)
 
     # -- status -------------------------------------------------------------------------
     old = dict(status_dict(cluster))
@@ -191,6 +231,10 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
                       "Suspended" if done else "Suspending", "", now.text)
     elif find_condition(conditions, api.CLUSTER_SUSPENDED) is not None:
         set_condition(conditions, api.CLUSTER_SUSPENDED, "False", "Resumed", "", now.text)
+    if held_text:
+        set_condition(conditions, api.REPLICA_FAILURE, "True", UNSCHEDULABLE, held_text, now.text)
+    elif (find_condition(conditions, api.REPLICA_FAILURE) or {}).get("reason") == UNSCHEDULABLE:
+        set_condition(conditions, api.REPLICA_FAILURE, "False", "AllWorkersPlaced", "", now.text)
     status["conditions"] = conditions
     status.update(readyWorkerReplicas=ready, availableWorkerReplicas=available, desiredWorkerReplicas=desired,
                   minWorkerReplicas=lo_sum, maxWorkerReplicas=hi_sum, **rp.desired_resources(spec))
@@ -207,8 +251,8 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
         status["state"] = state
     else:
         status.pop("state", None)
-    if reason:
-        status["reason"] = reason
+    if reason or held_text:
+        status["reason"] = reason or held_text
     else:
         status.pop("reason", None)
     head_info: dict[str, Any] = {"serviceName": rp.head_service_name(cluster)}
@@ -221,7 +265,8 @@ def decide_cluster(o: ClusterObserved, now: Instant) -> Actions:
             head_info["serviceIP"] = svc_ip if svc_ip and svc_ip != "None" else ip
         ports = rp.head_ports(head)
         if ports:
-            status["endpoints"] = {k: str(v) for k, v in sorted(ports.items()) if k != rp.AGENT_PORT_NAME}
+            status["endpoints"] = {k: str(v) for k, v in sorted(ports.items())
+                                   if k not in (rp.AGENT_PORT_NAME, rp.AUTOSCALER_METRICS_PORT_NAME)}
     status["head"] = head_info
     gen = objects.meta(cluster, "generation")
     if gen is not None:

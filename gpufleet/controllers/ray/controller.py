@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from gpufleet.api.k8s import ConfigMap, Pod, Service
+from gpufleet.api.k8s import ConfigMap, Node, Pod, Service
 from gpufleet.api.k8s import Job as BatchJob
 from gpufleet.api.ray import RayCluster, RayJob
 from gpufleet.client import objects
@@ -20,6 +20,7 @@ from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller
 from gpufleet.controllers.actions import Actions
 from gpufleet.controllers.base import OwnerController
+from gpufleet.controllers.ray import placement
 from gpufleet.controllers.ray import pods as rp
 from gpufleet.controllers.ray.cluster import ClusterObserved, decide_cluster
 from gpufleet.controllers.ray.job import JobObserved, decide_job
@@ -49,7 +50,9 @@ class RayClusterController(OwnerController):
         super().__init__(client, informers, **kwargs)
         self._deleting: set[str] = set()
         self._last_wait: dict[str, str | None] = {}
+        self._last_held: dict[str, str | None] = {}
         self.pod_informer = informers.informer(Pod)
+        self.node_informer = informers.informer(Node)
         self.service_informer = informers.informer(Service)
         index_by_controller(self.pod_informer)
         self.pod_informer.add_event_handler(self._pod_changed, self._pod_updated, self._pod_deleted)
@@ -70,10 +73,15 @@ class RayClusterController(OwnerController):
 
     def forget(self, key: str) -> None:
         self._last_wait.pop(key, None)
+        self._last_held.pop(key, None)
         ns, _, name = key.rpartition("/")
-        for kind in ("svc", "pg", "cm"):
+        for kind in ("svc", "pg", "cm", "ServiceAccount", "Role", "RoleBinding"):
             self.known.pop((kind, ns, name), None)
         self.known.pop(("cm", ns, f"{name}-head"), None)
+
+    def _room(self, body: dict[str, Any], want: int, unbound: list[Any]) -> tuple[int, str | None]:
+        """How many of ``want`` new workers the scheduler could place now (placement.room)."""
+        return placement.room(body, want, self.node_informer.list(), self.pod_informer.list(), unbound)
 
     async def sync(self, key: str, cluster: Any) -> Requeue | None:
         if cluster is None or not self.expectations.satisfied(key):
@@ -85,9 +93,12 @@ class RayClusterController(OwnerController):
             service=self.service_informer.get(f"{ns}/{rp.head_service_name(cluster)}"),
             deleting=frozenset(self._deleting),
             last_wait=self._last_wait.get(key),
+            room=self._room,
+            last_held=self._last_held.get(key),
         )
         actions = decide_cluster(observed, self.now())
         self._last_wait[key] = actions.memo.get("last_wait")
+        self._last_held[key] = actions.memo.get("last_held")
         if actions.empty:
             return self.requeue(actions)
         self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)

@@ -198,9 +198,127 @@ def _pod(cluster: Any, spec: RayClusterSpec, role: str, group: WorkerGroupSpec |
         ])
     params = dict(source.ray_start_params or {})
     env.append({"name": "KUBERAY_GEN_RAY_START_CMD", "value": ray_start_command(role, params, ray)})
+    if role == HEAD and autoscaling(spec):
+        if autoscaler_version(spec) == "v2":
+            # What makes `ray start --head` run the GCS side of autoscaler v2.
+            env.append({"name": "RAY_enable_autoscaler_v2", "value": "1"})
+        pspec.setdefault("serviceAccountName", service_account_name(cluster, spec))
+        _mount_logs(pspec, ray)
+        containers.append(autoscaler_container(cluster, spec, ray))
     _container_command(role, params, ray)
     _env(ray, env)
     return body
+
+
+# -- the autoscaler (enableInTreeAutoscaling) ----------------------------------------------
+
+AUTOSCALER_CONTAINER = "autoscaler"
+LOGS_VOLUME = "ray-logs"
+LOGS_PATH = "/tmp/ray"
+# Ray's autoscaler serves its metrics on 44217 (AUTOSCALER_METRIC_PORT); declared, so that
+# where a node's pods share its network the agent hands it a free port instead.
+AUTOSCALER_METRICS_PORT_NAME = "as-metrics"
+AUTOSCALER_METRICS_PORT = 44217
+AUTOSCALER_RESOURCES = {"limits": {"cpu": "500m", "memory": "512Mi"},
+                        "requests": {"cpu": "500m", "memory": "512Mi"}}
+
+
+def autoscaling(spec: RayClusterSpec) -> bool:
+    return bool(spec.enable_in_tree_autoscaling)
+
+
+def autoscaler_version(spec: RayClusterSpec) -> str:
+    """v1 or v2. Unset means v2 here (KubeRay: v1): v1 tells Ray nodes apart by IP, and
+    Ray pods of the process runtime share their node's address; v2 tells them apart by
+    pod name (RAY_CLOUD_INSTANCE_ID)."""
+    opts = spec.autoscaler_options
+    return (opts.version if opts is not None else None) or "v2"
+
+
+def service_account_name(cluster: Any, spec: RayClusterSpec) -> str:
+    """The head's service account, which the autoscaler calls the API as: the head
+    template's own, else one named after the cluster (as KubeRay)."""
+    head = spec.head_group_spec
+    tspec = head.template.spec if head is not None and head.template is not None else None
+    return (tspec.service_account_name if tspec is not None else None) or objects.name_of(cluster)
+
+
+def _mount_logs(pspec: dict[str, Any], ray: dict[str, Any]) -> None:
+    """The emptyDir KubeRay shares between the Ray container and the autoscaler (Ray's
+    logs, which the autoscaler writes its monitor.log beside)."""
+    volumes = pspec.setdefault("volumes", [])
+    if not any(v.get("name") == LOGS_VOLUME for v in volumes):
+        volumes.append({"name": LOGS_VOLUME, "emptyDir": {}})
+    mounts = ray.setdefault("volumeMounts", [])
+    if not any(m.get("mountPath") == LOGS_PATH for m in mounts):
+        mounts.append({"name": LOGS_VOLUME, "mountPath": LOGS_PATH})
+
+
+def autoscaler_container(cluster: Any, spec: RayClusterSpec, ray: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar running Ray's own autoscaler, as KubeRay adds it: `ray kuberay-autoscaler`
+    with the cluster's name and namespace, from the head's image (or autoscalerOptions'),
+    500m/512Mi unless autoscalerOptions says. It reaches the GCS at the head container's
+    port (GPUFLEET_PORT_GCS_SERVER where the node hands the ports out)."""
+    opts = spec.autoscaler_options
+    gcs = f"127.0.0.1:${{{_port_env(GCS_PORT_NAME)}:-6379}}"
+    env = [
+        {"name": "RAY_CLUSTER_NAME", "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{CLUSTER_LABEL}']"}}},
+        {"name": "RAY_CLUSTER_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "RAY_HEAD_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "KUBERAY_CRD_VER", "value": "v1"},
+    ]
+    if autoscaler_version(spec) == "v2":
+        env.append({"name": "RAY_enable_autoscaler_v2", "value": "1"})
+    container: dict[str, Any] = {
+        "name": AUTOSCALER_CONTAINER,
+        "image": (opts.image if opts is not None else None) or ray.get("image"),
+        "imagePullPolicy": (opts.image_pull_policy if opts is not None else None)
+        or ray.get("imagePullPolicy") or "IfNotPresent",
+        "command": ["/bin/bash", "-c", "--"],
+        "args": [f"export AUTOSCALER_METRIC_PORT=${{{_port_env(AUTOSCALER_METRICS_PORT_NAME)}:-"
+                 f"{AUTOSCALER_METRICS_PORT}}}; ray kuberay-autoscaler --cluster-name $(RAY_CLUSTER_NAME) "
+                 f"--cluster-namespace $(RAY_CLUSTER_NAMESPACE) --gcs-address {gcs}"],
+        "ports": [{"name": AUTOSCALER_METRICS_PORT_NAME, "containerPort": AUTOSCALER_METRICS_PORT,
+                   "protocol": "TCP"}],
+        "env": [*env, *((opts.env if opts is not None else None) or [])],
+        "resources": (opts.resources if opts is not None else None) or json.loads(json.dumps(AUTOSCALER_RESOURCES)),
+        "volumeMounts": [{"name": LOGS_VOLUME, "mountPath": LOGS_PATH},
+                         *((opts.volume_mounts if opts is not None else None) or [])],
+    }
+    if opts is not None and opts.env_from:
+        container["envFrom"] = list(opts.env_from)
+    if opts is not None and opts.security_context:
+        container["securityContext"] = dict(opts.security_context)
+    return container
+
+
+# KubeRay's Role for the autoscaler: read the cluster's pods, scale the RayCluster.
+AUTOSCALER_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods/resize"], "verbs": ["patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["get", "patch"]},
+]
+
+
+def autoscaler_rbac_bodies(cluster: Any, spec: RayClusterSpec) -> list[dict[str, Any]]:
+    """The ServiceAccount (unless the head template names its own), Role and RoleBinding
+    the autoscaler calls the API with, each named after the cluster, as KubeRay makes them."""
+    name, ns = objects.name_of(cluster), objects.namespace_of(cluster)
+    sa = service_account_name(cluster, spec)
+
+    def meta(n: str) -> dict[str, Any]:
+        return {"name": n, "namespace": ns, "labels": {CLUSTER_LABEL: name, CREATED_BY_LABEL: CREATED_BY},
+                "ownerReferences": [owner_reference(cluster, API_VERSION, CLUSTER_KIND)]}
+
+    out: list[dict[str, Any]] = []
+    if sa == name:
+        out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(name)})
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(name),
+                "rules": json.loads(json.dumps(AUTOSCALER_RULES))})
+    out.append({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(name),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
+    return out
 
 
 def head_pod_body(cluster: Any, spec: RayClusterSpec, gang: bool) -> dict[str, Any]:
