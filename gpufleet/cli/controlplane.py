@@ -262,16 +262,12 @@ class ControlPlane:
     async def _start_components_only(self) -> None:
         """The scheduler and controllers of an API server running elsewhere (another process,
         another machine): its kubeconfig gives the address, the CA and the credentials."""
-        from gpufleet.client.kubeconfig import load_kubeconfig, transport_from_config
+        from gpufleet.client.kubeconfig import transport_from_config
 
-        path = self.kubeconfig or (self.state_dir / "kubeconfig" if self.state_dir is not None else None)
-        config = load_kubeconfig(path)
-        self.ca_pem = config.ca_data or (Path(config.ca_file).read_bytes() if config.ca_file else None)
+        config, self.ca_pem, self.remote_gateway_url = _remote_settings(self.kubeconfig, self.state_dir)
         self.client = Client(transport_from_config(config))
         self.remote_url = config.server
         await self._wait_for_api()
-        if self.state_dir is not None and (self.state_dir / "gateway-url").exists():
-            self.remote_gateway_url = (self.state_dir / "gateway-url").read_text().strip() or None
         await self._start_components()
 
     async def _wait_for_api(self) -> None:
@@ -365,6 +361,20 @@ class ControlPlane:
             await self.store.close()
         if not self.run_apiserver and self.client is not None:
             await self.client.close()
+
+
+def _remote_settings(kubeconfig: Path | None, state_dir: Path | None) -> tuple[Any, bytes | None, str | None]:
+    """The kubeconfig (default <state_dir>/kubeconfig), the CA it trusts (what pods' service
+    account volumes get as ca.crt), and the gateway's address the API server's process left in
+    <state_dir>/gateway-url (None: no gateway)."""
+    from gpufleet.client.kubeconfig import load_kubeconfig
+
+    config = load_kubeconfig(kubeconfig or (state_dir / "kubeconfig" if state_dir is not None else None))
+    ca = config.ca_data or (Path(config.ca_file).read_bytes() if config.ca_file else None)
+    gateway_url = None
+    if state_dir is not None and (state_dir / "gateway-url").exists():
+        gateway_url = (state_dir / "gateway-url").read_text().strip() or None
+    return config, ca, gateway_url
 
 
 def tighten_state_dir(state: Path) -> None:

@@ -9,7 +9,7 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-from e2e_helpers import GPUFLEET, _kill_proc, running_fleet
+from e2e_helpers import GPUFLEET, Fleet, _kill_proc, running_fleet
 
 from gpufleet.client.api import Client
 from gpufleet.client.kubeconfig import transport_from_kubeconfig
@@ -25,6 +25,15 @@ def _deployment(name: str, replicas: int) -> dict:
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": "default"},
             "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": _pod(name)["spec"]}}}
+
+
+def _start_components(fleet: Fleet, log: Path) -> subprocess.Popen:
+    """`gpufleet server --components scheduler,controllers` on the API server's state dir
+    (its kubeconfig: the address, the CA, the admin token)."""
+    with open(log, "w") as out:
+        return subprocess.Popen(
+            [*GPUFLEET, "server", "--components", "scheduler,controllers", "--state-dir", str(fleet.state)],
+            stdout=out, stderr=subprocess.STDOUT, env=fleet.env, start_new_session=True)
 
 
 async def test_apiserver_and_components_in_separate_processes(tmp_path: Path) -> None:
@@ -44,10 +53,7 @@ async def test_apiserver_and_components_in_separate_processes(tmp_path: Path) ->
             assert not {"gpufleet-scheduler", "gpufleet-controller-manager"} & leases, leases
 
             log = tmp_path / "components.log"
-            with open(log, "w") as out:
-                components = subprocess.Popen(
-                    [*GPUFLEET, "server", "--components", "scheduler,controllers", "--state-dir", str(fleet.state)],
-                    stdout=out, stderr=subprocess.STDOUT, env=fleet.env, start_new_session=True)
+            components = _start_components(fleet, log)
 
             async def early_running() -> bool:
                 pod = await client.get("pods", "early", "default", raw=True)

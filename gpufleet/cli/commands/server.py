@@ -17,7 +17,6 @@ from gpufleet.cli.commands.serveroptions import (
     with_server_options,
 )
 
-
 COMPONENTS = ("apiserver", "scheduler", "controllers")
 
 
