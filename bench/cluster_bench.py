@@ -90,6 +90,9 @@ class Cluster:
         self.server: subprocess.Popen[bytes] | None = None
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
         self.container_pgids: set[int] = set()
+        # The environment of the server and agents (None: this process's; gang_bench runs
+        # a second cluster from another source tree through PYTHONPATH).
+        self.env: dict[str, str] | None = None
 
     # Arguments a subclass adds to `gpufleet server` (gang_bench runs it without a gateway).
     server_args: tuple[str, ...] = ()
@@ -105,7 +108,7 @@ class Cluster:
                "--state-dir", str(state), *self.server_args]
         with open(log_path, "wb") as log:
             # A session of its own so Ctrl-C reaches only the benchmark, which stops it in order.
-            self.server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log,
+            self.server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, env=self.env,
                                            start_new_session=True, preexec_fn=die_with_parent)
         assert self.server.stdout is not None
         deadline, buf = time.monotonic() + timeout, b""
@@ -132,7 +135,7 @@ class Cluster:
                "--gpus", str(gpus), "--gpu-model", "NVIDIA H100 80GB HBM3", "--runtime", "process",
                "--state-dir", str(state)]
         with open(state / "agent.log", "wb") as log:
-            self.agents[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+            self.agents[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                                  start_new_session=True, preexec_fn=die_with_parent)
 
     def client(self) -> Client:

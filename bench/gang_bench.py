@@ -4,6 +4,7 @@ and to all of them running, on gpufleet and on Ray 2.60, in one run on one machi
     .venv/bin/python bench/gang_bench.py                 # 3 runs of each, about 2-3 minutes on 2 cores
     .venv/bin/python bench/gang_bench.py --quick         # 1 run of each, about a minute
     .venv/bin/python bench/gang_bench.py --skip-ray --runs 5
+    .venv/bin/python bench/gang_bench.py --skip-ray --workloads podgroup --compare-src ../main   # before/after
 
 gpufleet: the real `gpufleet server` (SQLite, scheduler, controllers) and 8 `gpufleet agent`
 processes with the simulated runtime, 8 declared GPUs each, as subprocesses. Per run, each
@@ -18,7 +19,14 @@ of these, in a fresh namespace:
 The PodGroup and PyTorchJob rows run only where the server serves those kinds (asked through
 discovery); otherwise the output says so. Timed from just before the first create request, to
 the arrival on a watch (opened and confirmed before that) of the event showing the last pod
-with spec.nodeName set ("bound"), and with status.phase Running ("running").
+with spec.nodeName set ("bound"), and with status.phase Running ("running"). Also from the
+watch's event of the last member created (by the bench, or by the PyTorchJob controller) to
+that of the last member bound, and the spread from the first member bound to the last (a
+gang bound in one transaction: its members' events arrive together).
+
+--compare-src DIR runs a second gpufleet cluster from another source tree (a checkout of
+main, say) beside the first, the same workloads interleaved run by run, and prints the two
+side by side: a change's before and after from one run on one machine.
 
 Ray (bench/ray_peer.py, in Ray's own virtual environment, created on first use): a
 `ray.cluster_utils.Cluster` of a head node without GPUs and 8 nodes with num_gpus=8. Per run:
@@ -210,14 +218,25 @@ class SimCluster(Cluster):
         if (server_dir / "join-token").exists():
             cmd += ["--token-file", str(server_dir / "join-token")]
         with open(state / "agent.log", "wb") as log:
-            self.agents[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+            self.agents[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                                  start_new_session=True, preexec_fn=die_with_parent)
 
 
+def source_env(src: str | None) -> dict[str, str] | None:
+    """The environment that runs gpufleet from the source tree ``src`` (None: this one)."""
+    if src is None:
+        return None
+    root = Path(src).expanduser().resolve()
+    if not (root / "gpufleet" / "cli" / "main.py").exists():
+        raise SystemExit(f"--compare-src {src}: no gpufleet source tree there (gpufleet/cli/main.py)")
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
 @contextlib.contextmanager
-def sim_cluster(nodes: int, gpus: int, runtime: str) -> Iterator[SimCluster]:
+def sim_cluster(nodes: int, gpus: int, runtime: str, src: str | None = None) -> Iterator[SimCluster]:
     root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-gang-"))
     c = SimCluster(root, runtime)
+    c.env = source_env(src)
     try:
         c.start_server()
         for i in range(nodes):
@@ -318,6 +337,7 @@ class Tracker:
     """Per pod, when the watch first showed it bound and running."""
 
     expected: int
+    created: dict[str, float] = field(default_factory=dict)
     bound: dict[str, float] = field(default_factory=dict)
     running: dict[str, float] = field(default_factory=dict)
     placement: dict[str, tuple[str, str]] = field(default_factory=dict)
@@ -327,6 +347,7 @@ class Tracker:
 
     def see(self, obj: dict[str, Any], now: float) -> None:
         name = obj["metadata"]["name"]
+        self.created.setdefault(name, now)
         node = (obj.get("spec") or {}).get("nodeName")
         if node and name not in self.bound:
             self.bound[name] = now
@@ -401,6 +422,10 @@ async def gpufleet_run(client: Client, w: Workload, ns: str, within: float) -> d
         "first_bound_s": min(tracker.bound.values()) - t0,
         "bound_s": max(tracker.bound.values()) - t0,
         "bound_after_submitted_s": max(tracker.bound.values()) - t0 - t_submitted,
+        # From the watch's event of the last member created (by the bench or a controller)
+        # to its event of the last member bound; and from the first bound to the last.
+        "bound_after_last_created_s": max(tracker.bound.values()) - max(tracker.created.values()),
+        "bind_spread_s": max(tracker.bound.values()) - min(tracker.bound.values()),
         "running_s": max(tracker.running.values()) - t0,
         "nodes_used": len({node for node, _ in tracker.placement.values()}),
         "distinct_gpus": len(gpus),
@@ -433,9 +458,9 @@ def cpu_busy(seconds: float) -> float:
 
 async def run(args: argparse.Namespace, ray_python: Path | None) -> dict[str, Any]:
     size = args.nodes * args.gpus_per_node
-    result: dict[str, Any] = {"gpufleet": {}, "ray": [], "notes": [], "startup": {}}
+    result: dict[str, Any] = {"gpufleet": {}, "compare": {}, "ray": [], "notes": [], "startup": {}}
     with contextlib.ExitStack() as stack:
-        c = client = None
+        c = client = compare = None
         if not args.skip_gpufleet:
             print(f"gpufleet: server + {args.nodes} agents ({args.runtime} runtime) ...", flush=True)
             t = perf()
@@ -443,11 +468,22 @@ async def run(args: argparse.Namespace, ray_python: Path | None) -> dict[str, An
             client = c.client()
             await wait_nodes_ready(client, list(c.agents), within=120)
             result["startup"]["gpufleet"] = perf() - t
+            if args.compare_src:
+                print(f"gpufleet from {args.compare_src}: server + {args.nodes} agents ...", flush=True)
+                t = perf()
+                cc = stack.enter_context(sim_cluster(args.nodes, args.gpus_per_node, args.runtime,
+                                                     args.compare_src))
+                compare = cc.client()
+                await wait_nodes_ready(compare, list(cc.agents), within=120)
+                result["startup"]["gpufleet (compared)"] = perf() - t
             served = {
                 "podgroup": await serves(client, "scheduling.x-k8s.io", "v1alpha1", "PodGroup"),
                 "pytorchjob": await serves(client, "kubeflow.org", "v1", "PyTorchJob"),
             }
             wls, notes = workloads(size, args.gpus_per_node, served)
+            if args.workloads:
+                wanted = set(args.workloads.split(","))
+                wls = [w for w in wls if w.key in wanted]
             result["notes"] += notes
             result["labels"] = {w.key: w.label for w in wls}
         peer = None
@@ -482,9 +518,25 @@ async def run(args: argparse.Namespace, ray_python: Path | None) -> dict[str, An
                             result["notes"].append(f"{w.label}: failed, left out of later runs: {exc}")
                             wls.remove(w)
                         else:
-                            print(f"  bound {r['bound_s']:.3f} s, running {r['running_s']:.3f} s", flush=True)
+                            print(f"  bound {r['bound_s']:.3f} s, running {r['running_s']:.3f} s, "
+                                  f"last created -> all bound {r['bound_after_last_created_s']:.3f} s, "
+                                  f"first -> last bound {r['bind_spread_s']:.3f} s", flush=True)
                             result["gpufleet"].setdefault(w.key, []).append(r)
                         await clean_namespace(client, ns)
+                        if compare is None or w not in wls:
+                            continue
+                        print(f"run {i + 1}/{args.runs}: gpufleet from {args.compare_src}, {w.label} ...", flush=True)
+                        try:
+                            r = await gpufleet_run(compare, w, ns, args.timeout)
+                        except Exception as exc:
+                            print(f"  failed: {exc}", flush=True)
+                            result["notes"].append(f"{w.label} from {args.compare_src}: failed: {exc}")
+                        else:
+                            print(f"  bound {r['bound_s']:.3f} s, running {r['running_s']:.3f} s, "
+                                  f"last created -> all bound {r['bound_after_last_created_s']:.3f} s, "
+                                  f"first -> last bound {r['bind_spread_s']:.3f} s", flush=True)
+                            result["compare"].setdefault(w.key, []).append(r)
+                        await clean_namespace(compare, ns)
                 if peer is not None:
                     print(f"run {i + 1}/{args.runs}: Ray, {size} bundles + {size} actors ...", flush=True)
                     try:
@@ -503,6 +555,8 @@ async def run(args: argparse.Namespace, ray_python: Path | None) -> dict[str, An
                 await peer.stop()
             if client is not None:
                 await client.close()
+            if compare is not None:
+                await compare.close()
     return result
 
 
@@ -549,9 +603,23 @@ def render(result: dict[str, Any], args: argparse.Namespace) -> str:
             f"| Ray {RAY_VERSION}, placement group {size} x {{GPU: 1}} {args.ray_strategy} + {size} actors "
             f"| - | - | {_s(ray_bound)} | - | {_s(ray_running)} | | "
             f"| {min(x['nodes_used'] for x in result['ray'])} | {min(x['distinct_gpus'] for x in result['ray'])} |")
+    if result.get("compare"):
+        lines += ["", f"This tree against {args.compare_src}, same runs interleaved; seconds, median; "
+                      "ratio = compared / this tree (above 1: this tree is faster)", "",
+                  "| workload | figure | this tree | compared | ratio |", "|---|---|---|---|---|"]
+        figures = [("bound_after_last_created_s", "last member created -> all bound"),
+                   ("bind_spread_s", "first bound -> last bound"),
+                   ("bound_after_submitted_s", "all bound - submitted"), ("bound_s", "all bound")]
+        for key, runs in result["gpufleet"].items():
+            other = result["compare"].get(key) or []
+            for fig, what in figures:
+                a, b = median(runs, fig), median(other, fig)
+                lines.append(f"| {labels.get(key, key)} | {what} | {_s(a)} | {_s(b)} | {_ratio(b, a)} |")
     lines += ["", "Per run (all bound / all running, s):"]
     for key, runs in result["gpufleet"].items():
         lines.append(f"  gpufleet {key:<14} " + "  ".join(f"{x['bound_s']:.3f}/{x['running_s']:.3f}" for x in runs))
+    for key, runs in result.get("compare", {}).items():
+        lines.append(f"  compared {key:<14} " + "  ".join(f"{x['bound_s']:.3f}/{x['running_s']:.3f}" for x in runs))
     if result["ray"]:
         lines.append(f"  Ray {'':<19} " + "  ".join(f"{x['bound_s']:.3f}/{x['running_s']:.3f}" for x in result["ray"]))
     st = result["startup"]
@@ -578,6 +646,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=120, help="seconds one run may take")
     p.add_argument("--skip-ray", action="store_true")
     p.add_argument("--skip-gpufleet", action="store_true")
+    p.add_argument("--workloads", help="comma-separated keys of the workloads to run "
+                   "(pods, podgroup, pytorchjob-1, pytorchjob-8; default: all)")
+    p.add_argument("--compare-src", help="also run a second gpufleet cluster from this source tree (its "
+                   "PYTHONPATH), the same workloads interleaved, and print the two side by side "
+                   "(e.g. a checkout of main: before and after a change, in one run)")
     p.add_argument("--json", help="also write the raw figures to this file")
     args = p.parse_args(argv)
     if args.quick:

@@ -137,7 +137,7 @@ class InstrumentedStore:
     """A store whose calls are timed into ``etcd_request_duration_seconds``; anything else
     is the wrapped store's."""
 
-    _TIMED = ("create", "get", "update", "delete", "list", "list_json", "history", "revision", "watch")
+    _TIMED = ("create", "get", "update", "update_many", "delete", "list", "list_json", "history", "revision", "watch")
 
     def __init__(self, store: Any, metrics: ApiMetrics) -> None:
         self._store = store

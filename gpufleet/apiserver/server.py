@@ -31,6 +31,7 @@ from gpufleet.apiserver.admission import (
 from gpufleet.apiserver.admission.podsecurity import PodSecurityConfig
 from gpufleet.apiserver.apimetrics import InstrumentedStore
 from gpufleet.apiserver.customresources import CustomResources
+from gpufleet.apiserver.decoding import parse_body
 from gpufleet.apiserver.errors import (
     ApiException,
     internal,
@@ -77,6 +78,13 @@ async def _decided(rec: RequestRecord, verdict: Awaitable[bool]) -> bool:
     allowed = await verdict
     rec.decision = "allow" if allowed else "forbid"
     return allowed
+
+
+def _bindings_collection(info: RequestInfo) -> bool:
+    """A create in a namespace's core ``bindings`` collection (Kubernetes' POST
+    /api/v1/namespaces/{ns}/bindings): served by ``bind_pods``, not by a stored kind."""
+    return (info.is_resource_request and info.group == "" and info.resource == "bindings" and info.verb == "create"
+            and bool(info.namespace) and not info.name and not info.subresource)
 
 
 class ApiServer:
@@ -203,6 +211,10 @@ class ApiServer:
 
     async def _serve(self, req: RawRequest, rec: RequestRecord, info: RequestInfo, user: UserInfo, path: str,
                      method: str) -> RawResponse:
+        bindings = _bindings_collection(info)
+        if bindings:
+            # Binding pods is one right however many are bound at once: pods/binding.
+            info = dataclasses.replace(info, resource="pods", subresource="binding")
         if self.authorizer is not None and path not in ("/healthz", "/readyz", "/livez", "/version"):
             allowed = await _decided(rec, self.authorizer(user, info))
             if allowed and info.verb == "get" and info.resource == "pods" and info.subresource in STREAMING:
@@ -227,6 +239,8 @@ class ApiServer:
                 raise ApiException(403, "Forbidden", msg, details)
         if not info.is_resource_request:
             return await self._non_resource(req, path)
+        if bindings:
+            return _json_response(201, await self.bind_pods(info.namespace, await parse_body(req), user))
         ext = self.extra_groups.get((info.group, info.version))
         if ext is not None:
             return await ext(req, info)
@@ -347,6 +361,12 @@ class ApiServer:
 
     async def bind_pod(self, rt: ResourceType, ns: str, name: str, binding: Any, user: UserInfo) -> dict[str, Any]:
         return await binding_subresource.bind(self.generic, rt, ns, name, binding, user)
+
+    async def bind_pods(self, ns: str, body: Any, user: UserInfo) -> dict[str, Any]:
+        """POST /api/v1/namespaces/{ns}/bindings: a Binding, or a List of them bound together."""
+        rt = self.registry.by_resource("", "v1", "pods")
+        assert rt is not None
+        return await binding_subresource.bind_all(self.generic, rt, ns, body, user)
 
     async def evict_pod(self, rt: ResourceType, ns: str, name: str, eviction: Any, user: UserInfo) -> dict[str, Any]:
         options = check_delete_options(eviction.get("deleteOptions") if isinstance(eviction, dict) else None)

@@ -1,5 +1,7 @@
 """Assembles a control plane in one process: store, API server (HTTP and in-process),
-and the controllers, all on one event loop."""
+and the controllers, all on one event loop; or a part of one (``components``): the API
+server alone, or the scheduler and controllers alone, reaching an API server over HTTP
+with a kubeconfig as the node agents do."""
 
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ class ControlPlane:
     state_dir: Path | None = None
     run_controllers: bool = True
     run_scheduler: bool | None = None  # default: with the controllers
+    # False: no store, API server or gateway here; the scheduler and controllers use the API
+    # server that `kubeconfig` (default <state_dir>/kubeconfig) names, over HTTP.
+    run_apiserver: bool = True
+    kubeconfig: Path | None = None
+    api_wait: float = 60.0  # seconds to wait for that API server to answer at start
     clock: Clock = REAL_CLOCK
     store: Store | None = None
     api: ApiServer | None = None
@@ -111,6 +118,9 @@ class ControlPlane:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_requests_inflight: int = 400
     max_mutating_requests_inflight: int = 200
+    # Components only: the API server's address, and its gateway's (<state_dir>/gateway-url).
+    remote_url: str | None = None
+    remote_gateway_url: str | None = None
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
@@ -158,6 +168,9 @@ class ControlPlane:
                         join_policy=JoinPolicy(self.max_node_gpus, list(self.node_name_allowed)))
 
     async def start(self) -> None:
+        if not self.run_apiserver:
+            await self._start_components_only()
+            return
         if self.state_dir is not None:
             tighten_state_dir(self.state_dir)
         codec = None
@@ -238,10 +251,47 @@ class ControlPlane:
                 self._stoppables.append(gateway)
                 if self.state_dir is not None:
                     write_private(self.state_dir / "gateway-url", gateway.url + "\n")
+        await self._start_components()
+
+    async def _start_components(self) -> None:
         if self.run_controllers:
             await self._run_leading(CONTROLLER_MANAGER_LEASE, "controller manager", self._new_controller_manager)
         if self.run_scheduler if self.run_scheduler is not None else self.run_controllers:
             await self._run_leading(SCHEDULER_LEASE, "scheduler", self._new_scheduler)
+
+    async def _start_components_only(self) -> None:
+        """The scheduler and controllers of an API server running elsewhere (another process,
+        another machine): its kubeconfig gives the address, the CA and the credentials."""
+        from gpufleet.client.kubeconfig import transport_from_config
+
+        config, self.ca_pem, self.remote_gateway_url = _remote_settings(self.kubeconfig, self.state_dir)
+        self.client = Client(transport_from_config(config))
+        self.remote_url = config.server
+        await self._wait_for_api()
+        await self._start_components()
+
+    async def _wait_for_api(self) -> None:
+        """Until the API server answers /readyz (it may be starting too), within api_wait."""
+        assert self.client is not None
+        deadline = asyncio.get_running_loop().time() + self.api_wait
+        while True:
+            try:
+                resp = await self.client.raw_request("GET", "/readyz", raise_for_status=False)
+                if resp.status == 200:
+                    return
+                why = f"/readyz answered {resp.status}"
+            except Exception as exc:  # refused, TLS, DNS: the server may not listen yet
+                why = str(exc)
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(f"the API server at {self.remote_url} did not answer within "
+                                   f"{self.api_wait:.0f} s ({why})")
+            await asyncio.sleep(0.5)
+
+    @property
+    def gateway_url(self) -> str | None:
+        if self.gateway is not None:
+            return self.gateway.url
+        return self.remote_gateway_url
 
     def _new_controller_manager(self) -> Any:
         from gpufleet.controllers.manager import ControllerManager
@@ -251,7 +301,7 @@ class ControlPlane:
             options["local_path_node_path"] = self.local_path_dir
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
                                  hpa_rate_watch=self.hpa_rate_watch,
-                                 hpa_gateway_url=self.gateway.url if self.gateway is not None else None,
+                                 hpa_gateway_url=self.gateway_url,
                                  root_ca=self.ca_pem, **options)
 
     def _new_scheduler(self) -> Any:
@@ -277,7 +327,8 @@ class ControlPlane:
         elector = LeaderElector(self.client, config, clock=self.clock, on_started_leading=term.start,
                                 on_stopped_leading=term.stop,
                                 on_new_leader=lambda holder: log.info("%s: the leader is now %s", what, holder),
-                                holder_gone=_dead_on_this_host if self.store_url.startswith("sqlite:") else None)
+                                holder_gone=_dead_on_this_host
+                                if self.run_apiserver and self.store_url.startswith("sqlite:") else None)
         self.electors.append(elector)
         self._stoppables.append(elector)
         elector.start()
@@ -308,6 +359,22 @@ class ControlPlane:
             self.api.telemetry.close()  # the last audit lines reach the file
         if self.store is not None:
             await self.store.close()
+        if not self.run_apiserver and self.client is not None:
+            await self.client.close()
+
+
+def _remote_settings(kubeconfig: Path | None, state_dir: Path | None) -> tuple[Any, bytes | None, str | None]:
+    """The kubeconfig (default <state_dir>/kubeconfig), the CA it trusts (what pods' service
+    account volumes get as ca.crt), and the gateway's address the API server's process left in
+    <state_dir>/gateway-url (None: no gateway)."""
+    from gpufleet.client.kubeconfig import load_kubeconfig
+
+    config = load_kubeconfig(kubeconfig or (state_dir / "kubeconfig" if state_dir is not None else None))
+    ca = config.ca_data or (Path(config.ca_file).read_bytes() if config.ca_file else None)
+    gateway_url = None
+    if state_dir is not None and (state_dir / "gateway-url").exists():
+        gateway_url = (state_dir / "gateway-url").read_text().strip() or None
+    return config, ca, gateway_url
 
 
 def tighten_state_dir(state: Path) -> None:

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpufleet.store._rows import Codec, Events, list_page, stamped_json
-from gpufleet.store.base import Expired, ListResult, WatchEvent
+from gpufleet.store.base import Expired, ListResult, Update, WatchEvent
 from gpufleet.utils.clock import Clock
 from gpufleet.utils.tasks import cancel_and_wait
 
@@ -419,6 +419,13 @@ class StoreBase(HousekeepingMixin):
         and publish it; returns its revision and the stored text of the object it leaves."""
         raise NotImplementedError
 
+    async def _write_many(
+        self, resource: str, writes: list[tuple[str, str, str, int | None]],
+    ) -> list[int]:  # pragma: no cover - provided by the backend
+        """Write one MODIFIED event per (namespace, name, text, expected revision), all in one
+        transaction or none, and publish them; returns their revisions."""
+        raise NotImplementedError
+
     async def _list_rows(
         self, resource: str, namespace: str | None, after: tuple[str, str] | None, limit: int | None,
         node: str | None = None,
@@ -492,6 +499,19 @@ class StoreBase(HousekeepingMixin):
         text = self._codec.encode(resource, namespace, name, obj)
         rev, _ = await self._write_one("MODIFIED", resource, namespace, name, text, ttl, expected_revision)
         return self._codec.decode(resource, namespace, name, text, rev)
+
+    async def update_many(self, resource: str, updates: list[Update]) -> list[dict[str, Any]]:
+        """All or none, in one transaction; one MODIFIED event per object (see Store)."""
+        if not updates:
+            return []
+        keys = [(u.namespace, u.name) for u in updates]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"update_many of {resource}: an object is named twice")
+        texts = [self._codec.encode(resource, u.namespace, u.name, u.object) for u in updates]
+        revs = await self._write_many(
+            resource, [(u.namespace, u.name, t, u.expected_revision) for u, t in zip(updates, texts, strict=True)])
+        return [self._codec.decode(resource, u.namespace, u.name, t, r)
+                for u, t, r in zip(updates, texts, revs, strict=True)]
 
     async def delete(
         self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None

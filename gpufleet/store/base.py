@@ -83,6 +83,17 @@ class ListResult:
     next_key: tuple[str, str] | None = None
 
 
+@dataclass(frozen=True)
+class Update:
+    """One object of ``Store.update_many``: its new state and, for a compare-and-swap, the
+    revision the caller read (None: any)."""
+
+    namespace: str
+    name: str
+    object: dict[str, Any]
+    expected_revision: int | None = None
+
+
 class Watch(Protocol):
     """An open watch: iterate it for events in revision order; close() to stop."""
 
@@ -120,6 +131,11 @@ class Store(Protocol):
     ) -> dict[str, Any]:
         """Replace an object. With ``expected_revision`` it is a compare-and-swap: raises
         Conflict when the stored revision differs. Raises NotFound."""
+
+    async def update_many(self, resource: str, updates: list[Update]) -> list[dict[str, Any]]:
+        """Replace several objects of one resource in one transaction: all are stored, at
+        consecutive revisions in the order given, or none is (the first Conflict or NotFound
+        is raised). Watchers get one MODIFIED event per object, as for ``update``."""
 
     async def delete(
         self, resource: str, namespace: str, name: str, *, expected_revision: int | None = None

@@ -402,6 +402,27 @@ class PostgresStore(StoreBase):
                                           self._codec)])
         return rev, value
 
+    async def _write_many(self, resource: str, writes: list[tuple[str, str, str, int | None]]) -> list[int]:
+        events: Events = []
+        async with self._pool.connection() as conn:
+            async with conn.transaction():  # an exception below rolls every write back
+                for namespace, name, text, expected in writes:
+                    if _has_nul(resource, namespace, name):
+                        raise not_found(resource, namespace, name)
+                    cur = await conn.execute(
+                        "SELECT * FROM gpufleet_write(%s, %s, %s, %s, %s::json, %s, %s::float8, %s::bigint)",
+                        ("MODIFIED", resource, namespace, name, text, False, None, expected),
+                    )
+                    status, rev, prev_rev, prev_text = await cur.fetchone()  # type: ignore[misc]
+                    if status == "missing":
+                        raise not_found(resource, namespace, name)
+                    if status == "conflict":
+                        raise conflict(self._codec, resource, namespace, name, prev_rev, expected, prev_text)
+                    events.append(event_from_row(rev, "MODIFIED", resource, namespace, name, text, prev_rev,
+                                                 prev_text, self._codec))
+        self._hub.publish(events)
+        return [ev.revision for ev in events]
+
     async def sweep_expired(self) -> int:
         now = self._clock.now()
         total = 0

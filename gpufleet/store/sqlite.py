@@ -318,30 +318,50 @@ class SQLiteStore(StoreBase):
                 )
                 return (new, text), [event_from_row(new, "ADDED", resource, namespace, name, text, None, None,
                                                     self._codec)]
-            prev_rev, prev_text, prev_expires = self._current(db, resource, namespace, name)
-            if expected is not None and prev_rev != expected:
-                raise conflict(self._codec, resource, namespace, name, prev_rev, expected, prev_text)
             if type_ == "DELETED":
+                prev_rev, prev_text, _ = self._current(db, resource, namespace, name)
+                if expected is not None and prev_rev != expected:
+                    raise conflict(self._codec, resource, namespace, name, prev_rev, expected, prev_text)
                 return (new, prev_text), [
                     self._delete_row(db, new, resource, namespace, name, prev_rev, prev_text)
                 ]
             assert text is not None
-            db.execute(
-                "UPDATE objects SET revision = ?, value = ?, expires_at = ?"
-                " WHERE resource = ? AND namespace = ? AND name = ?",
-                (new, text, prev_expires if ttl is None else expires_at, resource, namespace, name),
-            )
-            db.execute(
-                f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'MODIFIED', ?, ?, ?, ?, ?, ?)",
-                (new, resource, namespace, name, text, prev_rev, prev_text),
-            )
-            ev = event_from_row(new, "MODIFIED", resource, namespace, name, text, prev_rev, prev_text,
-                                self._codec)
+            ev = self._modify_row(db, new, resource, namespace, name, text, ttl, expected)
             return (new, text), [ev]
 
         result = self._write(op)
         await asyncio.sleep(0)
         return result
+
+    async def _write_many(self, resource: str, writes: list[tuple[str, str, str, int | None]]) -> list[int]:
+        def op(db: sqlite3.Connection, rev: int) -> tuple[list[int], Events]:
+            events = [self._modify_row(db, rev + i, resource, namespace, name, text, None, expected)
+                      for i, (namespace, name, text, expected) in enumerate(writes, start=1)]
+            return [ev.revision for ev in events], events
+
+        result = self._write(op)
+        await asyncio.sleep(0)
+        return result
+
+    def _modify_row(
+        self, db: sqlite3.Connection, new: int, resource: str, namespace: str, name: str, text: str,
+        ttl: float | None, expected: int | None,
+    ) -> WatchEvent:
+        """Replace the object (compare-and-swap on ``expected``) at revision ``new``; ttl None
+        keeps its expiry."""
+        prev_rev, prev_text, prev_expires = self._current(db, resource, namespace, name)
+        if expected is not None and prev_rev != expected:
+            raise conflict(self._codec, resource, namespace, name, prev_rev, expected, prev_text)
+        db.execute(
+            "UPDATE objects SET revision = ?, value = ?, expires_at = ?"
+            " WHERE resource = ? AND namespace = ? AND name = ?",
+            (new, text, prev_expires if ttl is None else self._expiry(ttl), resource, namespace, name),
+        )
+        db.execute(
+            f"INSERT INTO events ({_EVENT_COLUMNS}) VALUES (?, 'MODIFIED', ?, ?, ?, ?, ?, ?)",
+            (new, resource, namespace, name, text, prev_rev, prev_text),
+        )
+        return event_from_row(new, "MODIFIED", resource, namespace, name, text, prev_rev, prev_text, self._codec)
 
     def _current(
         self, db: sqlite3.Connection, resource: str, namespace: str, name: str

@@ -288,6 +288,33 @@ async def test_spec_node_name_needs_pods_binding(cp: ControlPlane) -> None:
         assert (await send(alice, "POST", PODS.format(ns="team-a"), pod("pinned", nodeName="gpu-7"))).status == 201
 
 
+async def test_bulk_bindings_need_pods_binding(cp: ControlPlane) -> None:
+    """A List of Bindings to .../bindings binds pods as pods/{name}/binding does: edit may
+    not, whoever RBAC lets create pods/binding may."""
+    bindings = {"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name}, "target": {"name": "gpu-7"}}
+        for name in ("a", "b")]}
+    path = "/api/v1/namespaces/team-a/bindings"
+    async with connect(cp, cp.admin_token) as admin, await team(cp, admin) as alice:
+        for name in ("a", "b"):
+            assert (await send(alice, "POST", PODS.format(ns="team-a"), pod(name))).status == 201
+        resp = await send(alice, "POST", path, bindings)
+        assert status_of(resp) == (403, "Forbidden", 'pods is forbidden: User "alice" cannot create resource '
+                                                     '"pods/binding" in API group "" in the namespace "team-a"')
+        assert not (await alice.get("pods", "a", "team-a", raw=True))["spec"].get("nodeName")
+        await admin.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                            "metadata": {"name": "binder", "namespace": "team-a"},
+                            "rules": [{"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}]},
+                           raw=True)
+        await admin.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                            "metadata": {"name": "alice-binds", "namespace": "team-a"},
+                            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "binder"},
+                            "subjects": [{"kind": "User", "name": "alice"}]}, raw=True)
+        assert (await send(alice, "POST", path, bindings)).status == 201
+        for name in ("a", "b"):
+            assert (await alice.get("pods", name, "team-a", raw=True))["spec"]["nodeName"] == "gpu-7"
+
+
 async def test_the_rendezvous_port_annotation_is_the_control_planes_only(cp: ControlPlane) -> None:
     async with connect(cp, cp.admin_token) as admin, await team(cp, admin) as alice:
         body = pod("squat", containers=[{"name": "pytorch", "image": "x", "ports": [

@@ -3,7 +3,9 @@ SQLite), the real scheduler and node agents running the simulated runtime."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -283,3 +285,58 @@ async def test_the_preemptor_waits_for_its_victims_to_terminate(cluster):
     await client.delete("pods", "victim", NS, grace_period_seconds=0)
     await eventually(lambda: client.get("pods", "urgent", NS), lambda p: p.spec.node_name == "quiet")
     assert cluster.scheduler_under_test.stats["preemptions"] == 1
+
+
+async def test_a_gang_is_bound_in_one_request_and_one_transaction(cluster):
+    """The members' bindings reach the API as one List (one transaction): their binding
+    writes take consecutive revisions, and each member still gets its own watch event and
+    its Scheduled event."""
+    client = cluster.client
+    await cluster.add_node("node-0")
+    binder = cluster.scheduler_under_test.framework.binders[0]
+    before = dict(binder.batcher().stats)
+    await client.create(pod_group("gang", 4))
+    members = [await client.create(member("gang", i, 2)) for i in range(4)]
+    start = max(int(p.metadata.resource_version) for p in members)
+    bound = await eventually(lambda: group_pods(client, "gang"),
+                             lambda pods: len(pods) == 4 and all(p.spec.node_name for p in pods))
+    assert {p.spec.node_name for p in bound} == {"node-0"}
+    # The revision of each member's binding write, read from the history.
+    first_bound: dict[str, int] = {}
+    resp = await client.raw_request("GET", f"/api/v1/namespaces/{NS}/pods", params={
+        "watch": "true", "resourceVersion": str(start), "timeoutSeconds": "1"})
+    for line in resp.body.splitlines():
+        ev = json.loads(line)
+        obj = ev["object"]
+        if ev["type"] == "MODIFIED" and obj["spec"].get("nodeName"):
+            first_bound.setdefault(obj["metadata"]["name"], int(obj["metadata"]["resourceVersion"]))
+    revisions = sorted(first_bound.values())
+    assert len(revisions) == 4 and revisions == list(range(revisions[0], revisions[0] + 4)), first_bound
+    stats = binder.batcher().stats
+    assert stats["bulk_requests"] - before["bulk_requests"] == 1
+    assert stats["fallbacks"] == before["fallbacks"]
+    events = await eventually(
+        lambda: client.list("events", NS),
+        lambda evs: {e.involved_object.name for e in evs if e.reason == "Scheduled"} >= {p.metadata.name for p in bound})
+    assert events
+
+
+async def test_a_failed_batch_binds_each_pod_on_its_own(cluster):
+    """One pod of a batch bound meanwhile: the List is refused whole, then every pod is sent
+    alone, so the others are bound and that one gets its own Conflict."""
+    from gpufleet.client.errors import Conflict
+    from gpufleet.scheduler.plugins.defaultbinder import BindingBatcher, binding_body
+    from gpufleet.scheduler.snapshot import PodInfo
+
+    client = cluster.client
+    pods = [await client.create(pending_pod(f"solo-{i}", 0, scheduler_name="someone-else")) for i in range(3)]
+    await client.raw_request("POST", f"/api/v1/namespaces/{NS}/pods/solo-1/binding",
+                             json=binding_body(PodInfo(pods[1]), "node-x"))
+    batcher = BindingBatcher(client)
+    results = await asyncio.gather(*(batcher.bind(NS, binding_body(PodInfo(p), "node-y")) for p in pods),
+                                   return_exceptions=True)
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], Conflict), results
+    assert batcher.stats == {"requests": 4, "bulk_requests": 1, "fallbacks": 1}
+    got = {p.metadata.name: p.spec.node_name for p in await client.list("pods", NS)}
+    assert got == {"solo-0": "node-y", "solo-1": "node-x", "solo-2": "node-y"}

@@ -16,6 +16,7 @@ from gpufleet.store.base import (
     Expired,
     NotFound,
     Store,
+    Update,
     Watch,
     WatchEvent,
     open_store,
@@ -144,6 +145,58 @@ async def test_compare_and_swap(store: Store) -> None:
         await store.delete("pods", "default", "a", expected_revision=rv(a))
     assert await store.get("pods", "default", "a") == b
     assert rv(await store.delete("pods", "default", "a", expected_revision=rv(b))) == rv(b) + 1
+
+
+async def test_update_many_in_one_transaction(store: Store) -> None:
+    """update_many stores every object at consecutive revisions, one MODIFIED event each, in
+    the order given, and its answers are what a get reads back."""
+    created = [await store.create("pods", "ns", n, pod(n)) for n in ("a", "b", "c")]
+    await store.create("pods", "other", "x", pod("x", "other"))
+    w = await store.watch("pods", "ns", await store.revision())
+    out = await store.update_many("pods", [
+        Update("ns", "c", pod("c", node="n1"), rv(created[2])),
+        Update("ns", "a", pod("a", node="n1"), rv(created[0])),
+        Update("ns", "b", pod("b", node="n2")),
+    ])
+    start = rv(created[-1]) + 2  # after the create in "other"
+    assert [rv(o) for o in out] == [start, start + 1, start + 2]
+    assert [o["spec"] for o in out] == [{"node": "n1"}, {"node": "n1"}, {"node": "n2"}]
+    for o in out:
+        assert await store.get("pods", "ns", o["metadata"]["name"]) == o
+    events = await take(w, 3)
+    assert [(e.type, e.name, e.revision) for e in events] == [
+        ("MODIFIED", "c", start), ("MODIFIED", "a", start + 1), ("MODIFIED", "b", start + 2)]
+    assert [e.prev for e in events] == [created[2], created[0], created[1]]
+    assert await store.update_many("pods", []) == []
+    await w.close()
+
+
+async def test_update_many_is_all_or_nothing(store: Store) -> None:
+    """One stale revision or one missing object: nothing is stored, no revision is used, no
+    event is sent, and the error names the object that failed."""
+    a = await store.create("pods", "ns", "a", pod("a"))
+    b = await store.create("pods", "ns", "b", pod("b"))
+    b2 = await store.update("pods", "ns", "b", pod("b", v=2))
+    before = await store.revision()
+    w = await store.watch("pods", None, before)
+    with pytest.raises(Conflict) as conflict:
+        await store.update_many("pods", [Update("ns", "a", pod("a", node="n"), rv(a)),
+                                         Update("ns", "b", pod("b", node="n"), rv(b))])
+    assert conflict.value.current == b2
+    with pytest.raises(NotFound, match="gone"):
+        await store.update_many("pods", [Update("ns", "a", pod("a", node="n"), rv(a)),
+                                         Update("ns", "gone", pod("gone", node="n"))])
+    with pytest.raises(ValueError, match="named twice"):
+        await store.update_many("pods", [Update("ns", "a", pod("a")), Update("ns", "a", pod("a"))])
+    assert await store.revision() == before
+    assert await store.get("pods", "ns", "a") == a
+    assert await store.get("pods", "ns", "b") == b2
+    # The next write takes the next revision, and is the first event the watch sees.
+    c = await store.create("pods", "ns", "c", pod("c"))
+    assert rv(c) == before + 1
+    (ev,) = await take(w, 1)
+    assert (ev.type, ev.name) == ("ADDED", "c")
+    await w.close()
 
 
 async def test_concurrent_cas_exactly_one_wins(make_store: MakeStore) -> None:
