@@ -26,8 +26,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from hypothesis import HealthCheck, settings
 from oci_images import ensure_images
 from oci_registry import LocalRegistry, local_registry
+
+# Property tests check what is computed, never how fast: no per-example deadline and no
+# too-slow health check, which a loaded 2-core machine trips at random.
+settings.register_profile("gpufleet", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gpufleet")
+
 
 _PG_BIN_GLOBS = ["/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/usr/pgsql-*/bin"]
 
