@@ -158,7 +158,7 @@ class GangCycles:
                 f"pod group {group}: {existing} of minMember {min_member} members exist; waiting for the "
                 f"rest (scheduleTimeoutSeconds {timeout})"
             )
-            self._reject_gang(gang, message, {COSCHEDULING}, cycle)
+            self._reject_gang(gang, message, {COSCHEDULING}, cycle, wait=f"members-missing:{group}")
             self._observe("unschedulable", start, profile)
             return None
         self._refresh_snapshot(qpi.pod_info, own_group=group)
@@ -231,12 +231,14 @@ class GangCycles:
         plugins: set[str],
         cycle: int,
         diagnosis: str | None = None,
+        wait: str | None = None,
     ) -> None:
-        """Every member back to the queue, waiting on the same events, with the same reason."""
+        """Every member back to the queue, waiting on the same events, with the same reason
+        (``wait``: see Reporter.gang_member)."""
         for q in gang:
             q.unschedulable_plugins = set(plugins)
             self.queue.add_unschedulable_if_not_present(q, cycle)
-            self._spawn(self.reporter.gang_member(q.pod_info, message, diagnosis), f"report:{q.pod_info.key}")
+            self._spawn(self.reporter.gang_member(q.pod_info, message, diagnosis, wait), f"report:{q.pod_info.key}")
 
     def _gang_unsuccessful(self, group: str, pg: pg_api.PodGroup, why: str) -> None:
         """Start (or check) the group's schedule timeout; past it, say so and start over."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,9 @@ POD_SCHEDULED = "PodScheduled"
 REASON_UNSCHEDULABLE = "Unschedulable"
 REASON_SCHEDULING_GATED = "SchedulingGated"
 GATED_MESSAGE = "Scheduling is blocked due to non-empty scheduling gates"
+# Gang members whose last reported wait is remembered (a member bound or deleted is forgotten
+# as newer ones push it out).
+MAX_REMEMBERED_WAITS = 100_000
 # Lines of the per-node breakdown kept on the pod; enough to see the pattern on a big cluster.
 DIAGNOSIS_LINES = 20
 
@@ -52,6 +56,11 @@ class Reporter:
         self.recorder = recorder
         self.clock = clock
         self.latest = latest
+        # Pod UID -> the kind of wait its last gang Event reported (oldest first, bounded).
+        self._waits: OrderedDict[str, str] = OrderedDict()
+        # Pod key -> the PodScheduled=False verdict waiting for its write; pods being written.
+        self._pending_conditions: dict[str, tuple[PodInfo, str, str, str | None]] = {}
+        self._condition_writers: set[str] = set()
 
     async def unschedulable(self, pod_info: PodInfo, error: FitError) -> None:
         message = error.message
@@ -60,9 +69,26 @@ class Reporter:
         diagnosis = "\n".join(error.node_breakdown(DIAGNOSIS_LINES)) or None
         await self.set_pod_scheduled_false(pod_info, REASON_UNSCHEDULABLE, message, diagnosis)
 
-    async def gang_member(self, pod_info: PodInfo, message: str, diagnosis: str | None) -> None:
-        await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)
+    async def gang_member(self, pod_info: PodInfo, message: str, diagnosis: str | None,
+                          wait: str | None = None) -> None:
+        """A gang member sent back. ``wait`` names a kind of wait whose message changes on its
+        own (a gang still missing members: "k of minMember n members exist" with every
+        arrival): its Event is recorded when the member starts that wait, not again on every
+        arrival (a gang of n members arriving one by one would cost n(n-1)/2 Events); the
+        PodScheduled condition still carries the current message."""
+        uid = pod_info.pod.metadata.uid if pod_info.pod.metadata is not None else None
+        if wait is None or uid is None or self._waits.get(uid) != wait:
+            await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)
+        if uid is not None:
+            self._remember_wait(uid, wait)
         await self.set_pod_scheduled_false(pod_info, REASON_UNSCHEDULABLE, message, diagnosis)
+
+    def _remember_wait(self, uid: str, wait: str | None) -> None:
+        self._waits.pop(uid, None)
+        if wait is not None:
+            self._waits[uid] = wait
+            while len(self._waits) > MAX_REMEMBERED_WAITS:
+                self._waits.popitem(last=False)
 
     async def gated(self, pod_info: PodInfo) -> None:
         await self.set_pod_scheduled_false(pod_info, REASON_SCHEDULING_GATED, GATED_MESSAGE)
@@ -70,7 +96,27 @@ class Reporter:
     async def set_pod_scheduled_false(
         self, pod_info: PodInfo, reason: str, message: str, diagnosis: str | None = None
     ) -> None:
-        """PodScheduled=False with this reason and message, written only when it changed."""
+        """PodScheduled=False with this reason and message, written only when it changed.
+        The writes of one pod are made one at a time and the latest verdict wins: verdicts
+        that come while one is being written replace each other (a gang member is sent back
+        on every arrival of another member; only the last message needs to land)."""
+        key = pod_info.key
+        self._pending_conditions[key] = (pod_info, reason, message, diagnosis)
+        if key in self._condition_writers:
+            return
+        self._condition_writers.add(key)
+        try:
+            while key in self._pending_conditions:
+                await self._write_pod_scheduled_false(*self._pending_conditions.pop(key))
+        except BaseException:
+            self._pending_conditions.pop(key, None)
+            raise
+        finally:
+            self._condition_writers.discard(key)
+
+    async def _write_pod_scheduled_false(
+        self, pod_info: PodInfo, reason: str, message: str, diagnosis: str | None
+    ) -> None:
         pod = self.latest(pod_info) or pod_info.pod
         conditions = (pod.status.conditions if pod.status else None) or []
         previous = next((c for c in conditions if c.type == POD_SCHEDULED), None)

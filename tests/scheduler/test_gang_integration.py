@@ -203,6 +203,33 @@ async def test_late_members_are_waited_for_and_the_wait_times_out(cluster):
     assert {p.spec.node_name for p in pods} == {"node-0"}
 
 
+async def test_a_member_waiting_for_the_rest_gets_one_event_and_the_current_count(cluster):
+    # Each arrival sends every waiting member back with a new count: the condition says the
+    # current one, the Event is recorded once, when the member's wait starts.
+    client = cluster.client
+    await cluster.add_node("node-0")
+    await client.create(pod_group("slow", 4))
+    for i in range(3):
+        await client.create(member("slow", i, 1))
+        await eventually(
+            lambda: group_pods(client, "slow"),
+            lambda pods, n=i + 1: len(pods) == n and all(
+                (scheduled_condition(p).message if scheduled_condition(p) else "").startswith(
+                    f"pod group default/slow: {n} of minMember 4 members exist") for p in pods),
+        )
+    events = [e for e in await client.list("events", NS)
+              if e.reason == "FailedScheduling" and e.involved_object.name.startswith("slow-")]
+    per_member = {name: sum(e.count or 1 for e in events if e.involved_object.name == name)
+                  for name in {e.involved_object.name for e in events}}
+    assert per_member == {"slow-0": 1, "slow-1": 1, "slow-2": 1}, per_member
+    first = next(e for e in events if e.involved_object.name == "slow-0")
+    assert first.message.startswith("pod group default/slow: 1 of minMember 4 members exist")
+
+    await client.create(member("slow", 3, 1))
+    await eventually(lambda: group_pods(client, "slow"), lambda pods: len(pods) == 4 and all(
+        p.spec.node_name for p in pods))
+
+
 async def test_a_high_priority_pod_preempts_a_low_one(cluster):
     client = cluster.client
     await cluster.add_node("node-0")
