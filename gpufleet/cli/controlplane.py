@@ -295,8 +295,9 @@ class ControlPlane:
 
     def _new_controller_manager(self) -> Any:
         from gpufleet.controllers.manager import ControllerManager
+        from gpufleet.scheduler.placement import room
 
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"worker_room": room}
         if self.local_path_dir is not None:
             options["local_path_node_path"] = self.local_path_dir
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -101,6 +102,12 @@ class ControllerOptions:
     local_path_node_path: str = DEFAULT_NODE_PATH
     # How often the garbage collector looks for kinds to watch in discovery (CRDs made or deleted).
     gc_resync_period: float = 10.0
+    # How many of N pods like a given one the scheduler could place now, and what stops the
+    # rest: ``room(pod_body, n, nodes, pods, waiting) -> (count, reason)``
+    # (gpufleet.scheduler.placement.room, handed in by the command that wires the control
+    # plane). An autoscaled RayCluster creates only the workers that fit; None: it creates
+    # every worker its autoscaler asks for.
+    worker_room: Callable[..., tuple[int, str | None]] | None = None
     # Which controllers run (names from ALL_CONTROLLERS).
     enabled: tuple[str, ...] = field(default=ALL_CONTROLLERS)
 
@@ -171,7 +178,7 @@ class ControllerManager:
             "podgroup": common,
             "volcanojob": {**common, "recorder": recorder("vc-controller-manager")},
             "volcanoqueue": {**common, "recorder": recorder("vc-scheduler")},
-            "raycluster": {**common, "recorder": recorder("raycluster-controller")},
+            "raycluster": {**common, "recorder": recorder("raycluster-controller"), "room": opts.worker_room},
             "rayjob": {**common, "recorder": recorder("rayjob-controller")},
             "rayservice": {**common, "recorder": recorder("rayservice-controller")},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},

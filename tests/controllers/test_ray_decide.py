@@ -265,7 +265,7 @@ def test_the_head_runs_rays_autoscaler_as_its_sidecar_with_an_account_that_may_s
 
 
 def test_autoscaled_workers_are_created_only_as_far_as_the_scheduler_can_place_them() -> None:
-    from gpufleet.controllers.ray import placement
+    from gpufleet.scheduler import placement
 
     rc = autoscaled(replicas=4)
     nodes = [node("node-a"), node("node-b", cordoned=True)]
@@ -316,7 +316,7 @@ def test_when_the_autoscaler_lets_idle_workers_go_the_ones_never_placed_go_too()
 
 
 def test_placement_leaves_out_cordoned_nodes_and_gpu_nodes_tainted_unhealthy() -> None:
-    from gpufleet.controllers.ray import placement
+    from gpufleet.scheduler import placement
 
     rc = autoscaled(replicas=4)
     body = rp.worker_pod_body(rc, rc.spec, rc.spec.worker_group_specs[0], True)

@@ -32,7 +32,8 @@ Autoscaling (``enableInTreeAutoscaling``): the head gets Ray's own autoscaler as
 (``ray kuberay-autoscaler``, v2 unless ``autoscalerOptions.version`` says v1) with a
 ServiceAccount, Role and RoleBinding named after the cluster; it scales the groups through
 ``replicas`` and ``workersToDelete``. The controller creates only the workers the
-scheduler's filters can place now (``placement``) and reports the rest (condition
+scheduler's filters can place now (``gpufleet.scheduler.placement``, handed in as the
+manager's ``worker_room``) and reports the rest (condition
 ReplicaFailure, reason Unschedulable), so none waits as a Pending pod.
 
 RayJob: see ``job``. RayService: see ``service`` (the decision) and ``servicecontroller``.

@@ -47,7 +47,8 @@ class ClusterObserved:
     last_wait: str | None = None  # the scheduler's reason last reported as an Event
     gang: bool = True  # whether to place the minimum through a PodGroup
     # With enableInTreeAutoscaling, how many new workers the scheduler could place now
-    # (placement.room over the nodes and their pods); None: create them all.
+    # (gpufleet.scheduler.placement.room over the nodes and their pods, handed in by the
+    # controller manager); None: create them all.
     room: Room | None = None
     last_held: str | None = None  # the held-back workers' message last reported as an Event
     extra: dict[str, Any] = field(default_factory=dict)

@@ -5,6 +5,7 @@ snapshot a sync decides on, and applying the decision (``cluster.decide_cluster`
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -20,7 +21,6 @@ from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller
 from gpufleet.controllers.actions import Actions
 from gpufleet.controllers.base import OwnerController
-from gpufleet.controllers.ray import placement
 from gpufleet.controllers.ray import pods as rp
 from gpufleet.controllers.ray.cluster import ClusterObserved, decide_cluster
 from gpufleet.controllers.ray.job import JobObserved, decide_job
@@ -46,8 +46,11 @@ class RayClusterController(OwnerController):
     kind = "RayCluster"
     owner_model = RayCluster
 
-    def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
+    def __init__(self, client: Client, informers: SharedInformerFactory, *,
+                 room: Callable[..., tuple[int, str | None]] | None = None, **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
+        # ControllerOptions.worker_room: how many new workers the scheduler could place now.
+        self.room = room
         self._deleting: set[str] = set()
         self._last_wait: dict[str, str | None] = {}
         self._last_held: dict[str, str | None] = {}
@@ -80,8 +83,10 @@ class RayClusterController(OwnerController):
         self.known.pop(("cm", ns, f"{name}-head"), None)
 
     def _room(self, body: dict[str, Any], want: int, unbound: list[Any]) -> tuple[int, str | None]:
-        """How many of ``want`` new workers the scheduler could place now (placement.room)."""
-        return placement.room(body, want, self.node_informer.list(), self.pod_informer.list(), unbound)
+        """How many of ``want`` new workers the scheduler could place now (the manager's
+        ``worker_room``: gpufleet.scheduler.placement.room)."""
+        assert self.room is not None
+        return self.room(body, want, self.node_informer.list(), self.pod_informer.list(), unbound)
 
     async def sync(self, key: str, cluster: Any) -> Requeue | None:
         if cluster is None or not self.expectations.satisfied(key):
@@ -93,7 +98,7 @@ class RayClusterController(OwnerController):
             service=self.service_informer.get(f"{ns}/{rp.head_service_name(cluster)}"),
             deleting=frozenset(self._deleting),
             last_wait=self._last_wait.get(key),
-            room=self._room,
+            room=self._room if self.room is not None else None,
             last_held=self._last_held.get(key),
         )
         actions = decide_cluster(observed, self.now())

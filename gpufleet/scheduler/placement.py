@@ -7,7 +7,10 @@ each taking what it would take. What stops them is the scheduler's own message, 
 node selectors all say no here as they do to the scheduler).
 
 An autoscaled RayCluster's controller creates only that many workers, so a worker the
-fleet cannot run is never left as a pod stuck Pending (kuberay #1108, ray #45195)."""
+fleet cannot run is never left as a pod stuck Pending (kuberay #1108, ray #45195). The
+controllers do not import the scheduler: `gpufleet up` / `gpufleet server` hand ``room`` to
+the controller manager (``ControllerOptions.worker_room``), as the cluster autoscaler of
+Kubernetes runs the scheduler's framework as a library."""
 
 from __future__ import annotations
 
