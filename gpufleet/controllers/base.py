@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from gpufleet.api.k8s import Pod
 from gpufleet.api.selectors import LabelSelector
 from gpufleet.client import objects
 from gpufleet.client.api import Client
@@ -136,6 +137,8 @@ class OwnerController(KeyedController):
         self.expectations = Expectations(self.clock)
         # What apply remembers of objects it created (memo keys), so a sync does not rewrite them.
         self.known: dict[Any, Any] = {}
+        # UIDs of child pods this controller deleted and has not yet seen go (decide_pods).
+        self._deleting: set[str] = set()
 
     # -- children's events ------------------------------------------------------------------
 
@@ -238,15 +241,30 @@ class OwnerController(KeyedController):
     def forget(self, key: str) -> None:
         """Drop what the controller remembers about the owner ``key``, which is gone."""
 
+    async def decide_pods(self, key: str, owner: Any, decide: Callable[[], Actions],
+                          remember: Callable[[Actions, Outcome], None] | None = None) -> Requeue | None:
+        """The sync of a controller whose decision makes and deletes pods: nothing while
+        creations it made are not seen yet, then ``decide()``; the pods it deletes are kept in
+        ``_deleting`` (a controller drops a uid when it sees the pod go) and the decision is
+        applied (``apply_decision``, ``remember`` told what was done)."""
+        if not self.expectations.satisfied(key):
+            return None
+        actions = decide()
+        if actions.empty:
+            return self.requeue(actions)
+        self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)
+        return await self.apply_decision(key, owner, actions, remember)
+
     async def apply_decision(self, key: str, owner: Any, actions: Actions,
-                             remember: Callable[[Actions, Outcome], None]) -> Requeue | None:
+                             remember: Callable[[Actions, Outcome], None] | None = None) -> Requeue | None:
         """Apply a sync's decision, hand ``remember`` what was done (also when a write failed
         after others went through), and answer what the work queue does next: again at once
         after a Conflict, later after another refusal (``retry_later``), else as the decision
         asked."""
         try:
             outcome = await self.act(key, owner, actions, raise_errors=False)
-            remember(actions, outcome)
+            if remember is not None:
+                remember(actions, outcome)
             if outcome.error is not None:
                 raise outcome.error
         except Conflict:

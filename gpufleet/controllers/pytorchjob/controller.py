@@ -40,7 +40,6 @@ class PyTorchJobController(OwnerController):
         # Job key -> what the controller remembers of it between syncs.
         self.memory: dict[str, Memory] = {}
         # Uids of pods this controller deleted itself (scale-down, restarts, cleanup).
-        self._deleting: set[str] = set()
         self.job_informer = self.owners
         self.pod_informer = informers.informer(Pod)
         self.node_informer = informers.informer(Node)
@@ -105,13 +104,8 @@ class PyTorchJobController(OwnerController):
         )
 
     async def sync(self, key: str, job: Any) -> Requeue | None:
-        if not self.expectations.satisfied(key):
-            return None
-        actions = decide(self.observe(key, job), self.now())
-        if actions.empty:
-            return self.requeue(actions)
-        self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)
-        return await self.apply_decision(key, job, actions, lambda a, o: self._remember(key, a, o))
+        return await self.decide_pods(key, job, lambda: decide(self.observe(key, job), self.now()),
+                                      lambda a, o: self._remember(key, a, o))
 
     def _remember(self, key: str, actions: Actions, outcome: Outcome) -> None:
         m = self.memory.get(key, Memory())

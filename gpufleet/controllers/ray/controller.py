@@ -16,7 +16,6 @@ from gpufleet.api.ray import RayCluster, RayJob
 from gpufleet.client import objects
 from gpufleet.client.api import Client
 from gpufleet.client.controller import Requeue
-from gpufleet.client.errors import ApiError, Conflict
 from gpufleet.client.informer import SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller
 from gpufleet.controllers.actions import Actions
@@ -26,19 +25,6 @@ from gpufleet.controllers.ray.cluster import ClusterObserved, decide_cluster
 from gpufleet.controllers.ray.job import JobObserved, decide_job
 
 log = logging.getLogger(__name__)
-
-
-async def _apply(controller: OwnerController, key: str, owner: Any, actions: Actions) -> Requeue | None:
-    """Apply a decision; a Conflict looks again at once, another refusal later."""
-    try:
-        outcome = await controller.act(key, owner, actions, raise_errors=False)
-        if outcome.error is not None:
-            raise outcome.error
-    except Conflict:
-        return Requeue()
-    except ApiError as e:
-        return controller.retry_later(key, e)
-    return controller.requeue(actions)
 
 
 class RayClusterController(OwnerController):
@@ -51,7 +37,6 @@ class RayClusterController(OwnerController):
         super().__init__(client, informers, **kwargs)
         # ControllerOptions.worker_room: how many new workers the scheduler could place now.
         self.room = room
-        self._deleting: set[str] = set()
         self._last_wait: dict[str, str | None] = {}
         self._last_held: dict[str, str | None] = {}
         self.pod_informer = informers.informer(Pod)
@@ -89,8 +74,11 @@ class RayClusterController(OwnerController):
         return self.room(body, want, self.node_informer.list(), self.pod_informer.list(), unbound)
 
     async def sync(self, key: str, cluster: Any) -> Requeue | None:
-        if cluster is None or not self.expectations.satisfied(key):
+        if cluster is None:
             return None
+        return await self.decide_pods(key, cluster, lambda: self._decide(key, cluster))
+
+    def _decide(self, key: str, cluster: Any) -> Actions:
         ns = objects.namespace_of(cluster)
         observed = ClusterObserved(
             cluster=cluster,
@@ -104,10 +92,7 @@ class RayClusterController(OwnerController):
         actions = decide_cluster(observed, self.now())
         self._last_wait[key] = actions.memo.get("last_wait")
         self._last_held[key] = actions.memo.get("last_held")
-        if actions.empty:
-            return self.requeue(actions)
-        self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)
-        return await _apply(self, key, cluster, actions)
+        return actions
 
 
 class RayJobController(OwnerController):
@@ -192,4 +177,4 @@ class RayJobController(OwnerController):
         actions = decide_job(observed, self.now())
         if actions.empty:
             return self.requeue(actions)
-        return await _apply(self, key, job, actions)
+        return await self.apply_decision(key, job, actions)

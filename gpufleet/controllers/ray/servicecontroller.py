@@ -25,7 +25,6 @@ from gpufleet.client.informer import NAMESPACE_INDEX, SharedInformerFactory
 from gpufleet.controllers._common import CONTROLLER_UID_INDEX, index_by_controller, is_being_deleted
 from gpufleet.controllers.base import OwnerController
 from gpufleet.controllers.ray import pods as rp
-from gpufleet.controllers.ray.controller import _apply
 from gpufleet.controllers.ray.service import (
     PROXY_HEALTH_PATH,
     SERVE_API_PATH,
@@ -175,7 +174,7 @@ class RayServiceController(OwnerController):
         actions = decide_service(observed, self.now())
         self._doomed[key] = actions.memo.get("doomed", {})
         deploys: list[ServeDeploy] = actions.memo.get("deploy") or []
-        result = self.requeue(actions) if actions.empty else await _apply(self, key, service, actions)
+        result = self.requeue(actions) if actions.empty else await self.apply_decision(key, service, actions)
         for d in deploys:
             await self._deploy(key, service, d)
         return result

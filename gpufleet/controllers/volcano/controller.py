@@ -26,7 +26,6 @@ class VolcanoJobController(OwnerController):
     def __init__(self, client: Client, informers: SharedInformerFactory, **kwargs: Any) -> None:
         super().__init__(client, informers, **kwargs)
         self.memory: dict[str, Memory] = {}
-        self._deleting: set[str] = set()
         self.pod_informer = informers.informer(Pod)
         self.node_informer = informers.informer(Node)
         self.podgroup_informer = informers.informer(vc.VolcanoPodGroup)
@@ -77,13 +76,8 @@ class VolcanoJobController(OwnerController):
         )
 
     async def sync(self, key: str, job: Any) -> Requeue | None:
-        if not self.expectations.satisfied(key):
-            return None
-        actions = decide(self.observe(key, job), self.now())
-        if actions.empty:
-            return self.requeue(actions)
-        self._deleting.update(d.uid for d in actions.deletes if d.kind is Pod and d.uid)
-        return await self.apply_decision(key, job, actions, lambda a, o: self._remember(key, a, o))
+        return await self.decide_pods(key, job, lambda: decide(self.observe(key, job), self.now()),
+                                      lambda a, o: self._remember(key, a, o))
 
     def _remember(self, key: str, actions: Actions, outcome: Outcome) -> None:
         m = self.memory.get(key, Memory())
