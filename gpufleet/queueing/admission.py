@@ -31,9 +31,11 @@ Amounts are integers: cpu in millicores, every other resource in whole units.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gpufleet.api.gpu import GPU_RESOURCE
+from gpufleet.queueing import policies
 from gpufleet.queueing.quota import Quotas, Usage, usage_of, workload_usage
 from gpufleet.queueing.shape import FreeState, PodDemand, ShapeMiss, merge_selectors, place, shape_message
 from gpufleet.queueing.workloads import (
@@ -97,14 +99,18 @@ class Cycle:
         nodes: Iterable[NodeInfo],
         *,
         fair_sharing: bool = False,
+        now: float | None = None,
     ) -> None:
         self.queues = dict(queues)
         self.flavors = dict(flavors)
+        self.result = CycleResult()
+        workloads = list(workloads)
+        if now is not None:
+            self.queues, workloads, self.result.requeue_after = ranked(self.queues, workloads, now)
         self.workloads = {wl.key: wl for wl in workloads}
         self.nodes = {n.name: n for n in nodes}
         self.fair_sharing = fair_sharing
         self.quotas = Quotas(self.queues)
-        self.result = CycleResult()
         # Assignments made this pass, on top of the workloads' own.
         self._admitted: dict[str, Assignment] = {}
         self._evicting = {wl.key for wl in self.workloads.values() if wl.evicting and wl.admission is not None}
@@ -527,9 +533,49 @@ def schedule(
     nodes: Iterable[NodeInfo],
     *,
     fair_sharing: bool = False,
+    now: float | None = None,
 ) -> CycleResult:
-    """One admission pass; see the module's doc for the rules."""
-    return Cycle(queues, flavors, workloads, nodes, fair_sharing=fair_sharing).run()
+    """One admission pass; see the module's doc for the rules. With ``now``, the ClusterQueues'
+    queueing policies (``gpufleet.queueing.policies``) order their workloads."""
+    return Cycle(queues, flavors, workloads, nodes, fair_sharing=fair_sharing, now=now).run()
+
+
+def standing(wl: WorkloadInfo) -> policies.Standing:
+    """A workload as the queueing policies see it."""
+    holding = wl.admission is not None and not wl.evicting
+    return policies.Standing(
+        key=wl.key, priority=wl.priority, gpus=wl.gpus, admitted=holding,
+        admitted_at=wl.admitted_at if holding else None, stored_service=wl.attained,
+        waiting_since=wl.timestamp, total_steps=wl.total_steps,
+        progress=wl.progress if isinstance(wl.progress, policies.Progress) else None)
+
+
+def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo], now: float,
+           ) -> tuple[dict[str, ClusterQueueInfo], list[WorkloadInfo], float | None]:
+    """Apply the ClusterQueues' queueing policies: each workload of a policy's queue gets its
+    rank as its priority, and the queue preempts within itself by that rank (strictly lower
+    ranks only). Returns the queues, the workloads, and the seconds until a rank changes."""
+    out_queues = dict(queues)
+    by_queue: dict[str, list[WorkloadInfo]] = {}
+    for wl in workloads:
+        cq = queues.get(wl.cluster_queue)
+        if cq is not None and cq.policy:
+            by_queue.setdefault(cq.name, []).append(wl)
+    if not by_queue:
+        return out_queues, workloads, None
+    changed: dict[str, WorkloadInfo] = {}
+    soonest: float | None = None
+    for name, members in by_queue.items():
+        cq = queues[name]
+        out_queues[name] = dataclasses.replace(cq, within_cluster_queue="LowerPriority")
+        standings = [standing(wl) for wl in members]
+        for wl, s in zip(members, standings, strict=True):
+            changed[wl.key] = dataclasses.replace(wl, priority=policies.rank(cq.policy, s, now))
+        if any(wl.admission is None for wl in members):
+            after = policies.next_change(cq.policy, standings, now)
+            if after is not None:
+                soonest = after if soonest is None else min(soonest, after)
+    return out_queues, [changed.get(wl.key, wl) for wl in workloads], soonest
 
 
 # -- small helpers ----------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from gpufleet.controllers._common import (
 )
 from gpufleet.controllers.kueue.kinds import _conditions, _is_true, _set, _wire
 from gpufleet.queueing import admission as adm
+from gpufleet.queueing import policies
 from gpufleet.utils.clock import rfc3339
 
 
@@ -108,6 +109,20 @@ def _preemptor(cond: dict[str, Any] | None) -> str:
         return ""
     m = _PREEMPTOR.search(cond.get("message") or "")
     return m.group(1) if m else ""
+
+
+def _float_annotation(obj: Any, key: str) -> float:
+    try:
+        return max(0.0, float((objects.meta(obj, "annotations") or {}).get(key) or 0.0))
+    except ValueError:
+        return 0.0
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _same_status(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -219,10 +234,15 @@ class AdmissionCycle:
         if spec.fair_sharing is not None and spec.fair_sharing.weight is not None:
             weight = float(parse_quantity(spec.fair_sharing.weight))
         inactive = ""
+        raw_policy = (objects.meta(cq, "annotations") or {}).get(policies.POLICY_ANNOTATION)
+        policy = policies.parse_policy(raw_policy)
         if missing:
             inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
         elif spec.stop_policy not in (None, "None"):
             inactive = f"stopPolicy is {spec.stop_policy}"
+        elif policy is None:
+            inactive = (f"metadata.annotations[{policies.POLICY_ANNOTATION}]: Unsupported value: {raw_policy!r}: "
+                        f"supported values: {', '.join(policies.POLICIES)}")
         return adm.ClusterQueueInfo(
             name=objects.name_of(cq),
             groups=groups,
@@ -236,6 +256,7 @@ class AdmissionCycle:
             within_cluster_queue=p.within_cluster_queue or "Never",
             when_can_borrow=(spec.flavor_fungibility.when_can_borrow if spec.flavor_fungibility else None) or "Borrow",
             inactive=inactive,
+            policy=policy or "",
         )
 
     def _workload_info(self, wl: Any, status: dict[str, Any], placed: dict[str, list[adm.Placement]],
@@ -283,6 +304,9 @@ class AdmissionCycle:
             bound = bound_per_set.get(owner, {})
             unbound = {ps.name: max(0, ps.count - bound.get(ps.name, 0)) for ps in wl.spec.pod_sets}
         reserved = find_condition(conditions, kq.QUOTA_RESERVED)
+        admitted_at = timestamp((reserved or {}).get("lastTransitionTime")) or 0.0
+        evicting = admission is not None and evicted is not None and evicted.get("status") == "True"
+        total_steps, progress = self._job_progress(wl, admitted_at if admission is not None and not evicting else None)
         return adm.WorkloadInfo(
             key=objects.object_key(wl),
             cluster_queue=cq_name,
@@ -290,34 +314,57 @@ class AdmissionCycle:
             priority=wl.spec.priority or 0,
             timestamp=ts,
             admission=assignment,
-            admitted_at=timestamp((reserved or {}).get("lastTransitionTime")) or 0.0,
-            evicting=admission is not None and evicted is not None and evicted.get("status") == "True",
+            admitted_at=admitted_at,
+            evicting=evicting,
             placed=placed.get(owner, []),
             unbound=unbound,
             problem=problem,
             preempted_by=_preemptor(find_condition(conditions, kq.PREEMPTED)),
+            attained=_float_annotation(wl, policies.ATTAINED_ANNOTATION),
+            total_steps=total_steps,
+            progress=progress,
         )
+
+    def _job_progress(self, wl: Any, run: float | None) -> tuple[int | None, policies.Progress | None]:
+        """The steps the Workload's job declares, and its progress (the steps it reports,
+        folded into what was measured before: a step's time)."""
+        job = self._owner_job(wl)
+        annotations = (objects.meta(job, "annotations") or {}) if job is not None else {}
+        total = _int_or_none(annotations.get(policies.TOTAL_STEPS_ANNOTATION))
+        key = objects.object_key(wl)
+        prev = self.progress.get(key)
+        done = _int_or_none(annotations.get(policies.STEPS_DONE_ANNOTATION))
+        if done is None:
+            return total, prev
+        now = self.clock.now()
+        known = policies.measure(prev, done, run, now)
+        self.progress[key] = known
+        return total, known
 
     async def _cycle(self) -> Requeue | None:
         queues, flavors, workloads, nodes, models = self._snapshot()
         # Declaring a fairSharing weight on any ClusterQueue turns fair sharing on, too.
         fair = self.fair_sharing or any(cq.spec is not None and cq.spec.fair_sharing is not None
                                         for cq in self.cluster_queues.list())
-        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair)
+        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair, now=self.clock.now())
         now = now_text(self.clock)
         infos = {w.key: w for w in workloads}
+        for key in set(self.progress) - set(infos):
+            del self.progress[key]
         for key, wl in models.items():
             # Deactivated while holding quota: stopped like a preempted one.
             if wl.spec.active is False and not infos[key].evicting:
                 await self._evict(wl, adm.Preemption("", "InactiveWorkload", "The workload is deactivated"), now,
-                                  reason="InactiveWorkload")
+                                  reason="InactiveWorkload", info=infos[key])
         for key, assignment in result.admitted.items():
             await self._admit(models[key], infos[key], assignment, key in result.borrowing, now)
         for key, pre in result.preempted.items():
-            await self._evict(models[key], pre, now)
+            await self._evict(models[key], pre, now, info=infos[key])
         for key, wait in result.waiting.items():
             await self._pending(models[key], wait, now)
         await self._queue_statuses(queues, workloads, result)
+        if result.requeue_after is not None:
+            return Requeue(after=max(result.requeue_after, 0.001))
         return None
 
     async def _admit(self, wl: Any, info: adm.WorkloadInfo, assignment: adm.Assignment, borrowing: bool,
@@ -345,7 +392,15 @@ class AdmissionCycle:
         await self.recorder.record(wl, NORMAL, "QuotaReserved", message + (" (borrowing)" if borrowing else ""))
         await self.recorder.record(wl, NORMAL, "Admitted", f"Admitted by ClusterQueue {info.cluster_queue}")
 
-    async def _evict(self, wl: Any, pre: adm.Preemption, now: str, *, reason: str = "Preempted") -> None:
+    async def _evict(self, wl: Any, pre: adm.Preemption, now: str, *, reason: str = "Preempted",
+                     info: adm.WorkloadInfo | None = None) -> None:
+        if info is not None and info.admission is not None and not info.evicting and info.gpus:
+            # The run ends: its GPU-time joins the Workload's attained service.
+            service = policies.attained(info.gpus, info.attained, info.admitted_at, self.clock.now())
+            body = _wire(wl)
+            body["metadata"].setdefault("annotations", {})[policies.ATTAINED_ANNOTATION] = f"{service:.3f}"
+            wl = await self.client.update(body)
+            self._written[objects.object_key(wl)] = wl
         status = status_dict(wl)
         conditions = _conditions(status)
         _set(conditions, kq.EVICTED, "True", reason, pre.message, now)
