@@ -127,6 +127,11 @@ class Cycle:
         # Bumped whenever the state changes; attempts are cached per version.
         self._version = 0
         self._attempts: dict[str, tuple[int, _Attempt]] = {}
+        self._shape_attempts: dict[tuple, tuple[int, _Attempt]] = {}
+        # Shape -> (version, highest priority) for which no victims were found: a workload of
+        # that shape and no higher priority finds none either while the state is the same.
+        self._no_victims: dict[tuple, tuple[int, int]] = {}
+        self._targets: dict[tuple, Assignment | None] = {}
 
     # -- state views ------------------------------------------------------------------------
 
@@ -228,8 +233,18 @@ class Cycle:
         cached = self._attempts.get(wl.key)
         if cached is not None and cached[0] == self._version:
             return cached[1]
+        # A pending workload's attempt depends on the state and its pod sets only: workloads
+        # of the same shape in the same queue share it (hundreds waiting, a few shapes).
+        shape = _shape(wl) if wl.admission is None else None
+        if shape is not None:
+            same = self._shape_attempts.get(shape)
+            if same is not None and same[0] == self._version:
+                self._attempts[wl.key] = same
+                return same[1]
         attempt = self._assign(wl, cq)
         self._attempts[wl.key] = (self._version, attempt)
+        if shape is not None:
+            self._shape_attempts[shape] = (self._version, attempt)
         return attempt
 
     def _assign(self, wl: WorkloadInfo, cq: ClusterQueueInfo) -> _Attempt:
@@ -404,10 +419,33 @@ class Cycle:
                 exclude.add(c.key)
         return removed
 
+    def _target_of(self, wl: WorkloadInfo, cq: ClusterQueueInfo) -> Assignment | None:
+        """``_target``, once per shape: it depends on the quotas and the nodes only."""
+        shape = _shape(wl)
+        if shape not in self._targets:
+            self._targets[shape] = self._target(wl, cq)
+        return self._targets[shape]
+
     def _preempt(self, wl: WorkloadInfo, cq: ClusterQueueInfo) -> tuple[list[WorkloadInfo], str, int]:
-        target = self._target(wl, cq)
+        if cq.within_cluster_queue == "Never" and (not cq.cohort or (
+                cq.reclaim_within_cohort == "Never" and cq.borrow_within_cohort == "Never")):
+            return [], "", 0  # this queue never preempts
+        target = self._target_of(wl, cq)
         if target is None:
             return [], "", 0
+        memo = None
+        if cq.within_cluster_queue == "LowerPriority" and not cq.cohort and not self._gone_for(wl):
+            memo = _shape(wl)
+            failed = self._no_victims.get(memo)
+            if failed is not None and failed[0] == self._version and failed[1] >= wl.priority:
+                return [], "", 0
+        victims, why, too_high = self._preempt_for(wl, cq, target)
+        if memo is not None and not victims and not too_high:
+            self._no_victims[memo] = (self._version, wl.priority)
+        return victims, why, too_high
+
+    def _preempt_for(self, wl: WorkloadInfo, cq: ClusterQueueInfo, target: Assignment,
+                     ) -> tuple[list[WorkloadInfo], str, int]:
         gone = self._gone_for(wl)
         same, other, too_high = self._candidates(wl, cq, target)
         usage = self._usage(gone)
@@ -454,7 +492,7 @@ class Cycle:
         reason = "couldn't assign flavors to the pod sets: " + "; ".join(dict.fromkeys(attempt.messages))
         # Room that preempted workloads are about to give back is not taken twice.
         gone = self._gone_for(wl)
-        target = self._target(wl, cq)
+        target = self._target_of(wl, cq)
         if gone and target is not None and self._fits(wl, target, gone, True)[0]:
             self.result.waiting[wl.key] = Wait(
                 WAIT_PREEMPTING, f"waiting for {len(gone)} preempted workload(s) to stop; {reason}")
@@ -592,6 +630,13 @@ def uncovered_message(wl: WorkloadInfo, cq: ClusterQueueInfo) -> str:
         if res is not None:
             reasons.append(f"couldn't assign flavors to pod set {ps.name}: resource {res} unavailable in ClusterQueue")
     return "; ".join(reasons)
+
+
+def _shape(wl: WorkloadInfo) -> tuple:
+    """What an attempt to place a pending workload depends on besides the state."""
+    return (wl.cluster_queue, tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())),
+                                     tuple(sorted(ps.node_selector.items())), ps.same_gpu_group, ps.tolerations)
+                                    for ps in wl.pod_sets))
 
 
 def _order(wl: WorkloadInfo) -> tuple:

@@ -162,6 +162,10 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self._announced: dict[str, str] = {}
         # Workload key -> what is known of its job's progress (queueing policies).
         self.progress: dict[str, Any] = {}
+        # Workload key -> (resourceVersion, what the cycle parsed of it at that version).
+        self._parsed: dict[str, tuple[int, Any]] = {}
+        # Workload key -> (resourceVersion, wait kind, message) last written as its wait.
+        self._pending_memo: dict[str, tuple[int, str, str]] = {}
 
     async def start(self) -> None:
         await self.jobs.start()

@@ -4,6 +4,7 @@ evictions, why the others wait) and the queues' status."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -39,7 +40,7 @@ from gpufleet.controllers._common import (
     status_dict,
     timestamp,
 )
-from gpufleet.controllers.kueue.kinds import _conditions, _is_true, _set, _wire
+from gpufleet.controllers.kueue.kinds import _conditions, _is_true, _rv, _set, _wire
 from gpufleet.queueing import admission as adm
 from gpufleet.queueing import policies
 from gpufleet.utils.clock import rfc3339
@@ -197,19 +198,26 @@ class AdmissionCycle:
 
         workloads: list[adm.WorkloadInfo] = []
         models: dict[str, Any] = {}
+        parsed: dict[str, tuple[int, Any]] = {}
         for cached in self.workloads.list():
             key = objects.object_key(cached)
             wl = self._fresh(self.workloads, key)
             if wl is None or wl.spec is None or is_being_deleted(wl):
                 continue
-            status = status_dict(wl)
-            if _is_true(status, kq.FINISHED):
-                continue
-            if wl.spec.active is False and status.get("admission") is None:
-                continue  # deactivated: not queued until spec.active is true again
-            info = self._workload_info(wl, status, placed, bound_per_set)
+            # What a Workload says is read once per resourceVersion: a pass over hundreds of
+            # waiting Workloads, most unchanged since the last pass, parses only the changed.
+            rv = _rv(wl)
+            seen = self._parsed.get(key)
+            if seen is None or seen[0] != rv:
+                seen = (rv, self._parse(wl))
+            parsed[key] = seen
+            part = seen[1]
+            if part is None:
+                continue  # finished, or deactivated: not queued until spec.active is true again
+            info = self._workload_info(wl, part, placed, bound_per_set)
             workloads.append(info)
             models[key] = wl
+        self._parsed = parsed
         return queues, flavors, workloads, list(nodes.values()), models
 
     def _queue_info(self, cq: Any, flavors: dict[str, adm.FlavorInfo]) -> adm.ClusterQueueInfo:
@@ -259,30 +267,15 @@ class AdmissionCycle:
             policy=policy or "",
         )
 
-    def _workload_info(self, wl: Any, status: dict[str, Any], placed: dict[str, list[adm.Placement]],
-                       bound_per_set: dict[str, dict[str, int]]) -> adm.WorkloadInfo:
-        ns = objects.namespace_of(wl)
-        problem = ""
-        cq_name = ""
-        lq = self.local_queues.get(f"{ns}/{wl.spec.queue_name}") if wl.spec.queue_name else None
+    def _parse(self, wl: Any) -> adm.WorkloadInfo | None:
+        """The parts of a Workload's WorkloadInfo that only the Workload decides; None when it
+        is not queued (finished, or deactivated without holding quota)."""
+        status = status_dict(wl)
+        if _is_true(status, kq.FINISHED):
+            return None
         admission = status.get("admission")
-        if admission is not None:
-            cq_name = admission.get("clusterQueue", "")
-        elif lq is None:
-            problem = f"LocalQueue {wl.spec.queue_name} doesn't exist"
-        else:
-            cq_name = (lq.spec.cluster_queue if lq.spec is not None else "") or ""
-            cq = self.cluster_queues.get(cq_name)
-            if cq is None:
-                problem = f"ClusterQueue {cq_name} doesn't exist"
-            elif lq.spec is not None and lq.spec.stop_policy not in (None, "None"):
-                problem = f"LocalQueue {wl.spec.queue_name} is stopped"
-            else:
-                ns_obj = self.namespaces.get(ns)
-                sel = cq.spec.namespace_selector if cq.spec is not None else None
-                if sel is not None and ns_obj is not None and not LabelSelector.from_dict(sel.to_dict()).matches(
-                        objects.labels_of(ns_obj)):
-                    problem = f"namespace {ns} doesn't match ClusterQueue {cq_name}'s namespaceSelector"
+        if wl.spec.active is False and admission is None:
+            return None
         pod_sets = []
         for ps in wl.spec.pod_sets:
             spec = ps.template.spec or PodSpec(containers=[])
@@ -295,35 +288,61 @@ class AdmissionCycle:
         ts = timestamp(objects.meta(wl, "creationTimestamp")) or 0.0
         if evicted is not None and evicted.get("status") == "True":
             ts = timestamp(evicted.get("lastTransitionTime")) or ts
-        owner = controller_uid(wl) or ""
         assignment = None
-        unbound: dict[str, int] = {}
         if admission is not None:
             assignment = {psa["name"]: dict(psa.get("flavors") or {}) for psa in admission.get("podSetAssignments")
                           or []}
-            bound = bound_per_set.get(owner, {})
-            unbound = {ps.name: max(0, ps.count - bound.get(ps.name, 0)) for ps in wl.spec.pod_sets}
         reserved = find_condition(conditions, kq.QUOTA_RESERVED)
-        admitted_at = timestamp((reserved or {}).get("lastTransitionTime")) or 0.0
-        evicting = admission is not None and evicted is not None and evicted.get("status") == "True"
-        total_steps, progress = self._job_progress(wl, admitted_at if admission is not None and not evicting else None)
         return adm.WorkloadInfo(
             key=objects.object_key(wl),
-            cluster_queue=cq_name,
+            cluster_queue=admission.get("clusterQueue", "") if admission is not None else "",
             pod_sets=pod_sets,
             priority=wl.spec.priority or 0,
             timestamp=ts,
             admission=assignment,
-            admitted_at=admitted_at,
-            evicting=evicting,
-            placed=placed.get(owner, []),
-            unbound=unbound,
-            problem=problem,
+            admitted_at=timestamp((reserved or {}).get("lastTransitionTime")) or 0.0,
+            evicting=admission is not None and evicted is not None and evicted.get("status") == "True",
             preempted_by=_preemptor(find_condition(conditions, kq.PREEMPTED)),
             attained=_float_annotation(wl, policies.ATTAINED_ANNOTATION),
-            total_steps=total_steps,
-            progress=progress,
         )
+
+    def _workload_info(self, wl: Any, part: adm.WorkloadInfo, placed: dict[str, list[adm.Placement]],
+                       bound_per_set: dict[str, dict[str, int]]) -> adm.WorkloadInfo:
+        """``part`` (from ``_parse``) completed with what other objects say: the queue (or why
+        there is none), the pods bound, the job's progress."""
+        ns = objects.namespace_of(wl)
+        problem = ""
+        cq_name = part.cluster_queue
+        lq = self.local_queues.get(f"{ns}/{wl.spec.queue_name}") if wl.spec.queue_name else None
+        if part.admission is not None:
+            pass
+        elif lq is None:
+            problem = f"LocalQueue {wl.spec.queue_name} doesn't exist"
+        else:
+            cq_name = (lq.spec.cluster_queue if lq.spec is not None else "") or ""
+            cq = self.cluster_queues.get(cq_name)
+            if cq is None:
+                problem = f"ClusterQueue {cq_name} doesn't exist"
+            elif lq.spec is not None and lq.spec.stop_policy not in (None, "None"):
+                problem = f"LocalQueue {wl.spec.queue_name} is stopped"
+            else:
+                ns_obj = self.namespaces.get(ns)
+                sel = cq.spec.namespace_selector if cq.spec is not None else None
+                if sel is not None and ns_obj is not None and sel.match_labels is None and \
+                        sel.match_expressions is None:
+                    pass  # the empty selector matches every namespace
+                elif sel is not None and ns_obj is not None and not LabelSelector.from_dict(sel.to_dict()).matches(
+                        objects.labels_of(ns_obj)):
+                    problem = f"namespace {ns} doesn't match ClusterQueue {cq_name}'s namespaceSelector"
+        owner = controller_uid(wl) or ""
+        unbound: dict[str, int] = {}
+        if part.admission is not None:
+            bound = bound_per_set.get(owner, {})
+            unbound = {ps.name: max(0, ps.count - bound.get(ps.name, 0)) for ps in part.pod_sets}
+        running = part.admission is not None and not part.evicting
+        total_steps, progress = self._job_progress(wl, part.admitted_at if running else None)
+        return dataclasses.replace(part, cluster_queue=cq_name, placed=placed.get(owner, []), unbound=unbound,
+                                   problem=problem, total_steps=total_steps, progress=progress)
 
     def _job_progress(self, wl: Any, run: float | None) -> tuple[int | None, policies.Progress | None]:
         """The steps the Workload's job declares, and its progress (the steps it reports,
@@ -410,6 +429,14 @@ class AdmissionCycle:
         await self.recorder.record(wl, NORMAL, reason, pre.message)
 
     async def _pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
+        key = objects.object_key(wl)
+        memo = (_rv(wl), wait.kind, wait.message)
+        if self._pending_memo.get(key) == memo:
+            return  # this very wait was already written (or found there) and announced
+        await self._write_pending(wl, wait, now)
+        self._pending_memo[key] = memo
+
+    async def _write_pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
         status = status_dict(wl)
         conditions = _conditions(status)
         if _set(conditions, kq.QUOTA_RESERVED, "False", wait.kind, wait.message, now):
