@@ -101,6 +101,11 @@ def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
     return {DEFAULT_GROUP: gpus}
 
 
+# Pending workloads whose reason stands but whose message changed (the quota short by a
+# different amount, say) are rewritten at most this many per pass, the first in queue order:
+# with hundreds waiting, every admission would otherwise rewrite every one of them.
+PENDING_REFRESHES_PER_PASS = 16
+
 _PREEMPTOR = re.compile(r"accommodate a workload \(([^)\s]+)\)")
 
 
@@ -379,8 +384,11 @@ class AdmissionCycle:
             await self._admit(models[key], infos[key], assignment, key in result.borrowing, now)
         for key, pre in result.preempted.items():
             await self._evict(models[key], pre, now, info=infos[key])
+        refreshes = PENDING_REFRESHES_PER_PASS
         for key, wait in result.waiting.items():
-            await self._pending(models[key], wait, now)
+            refreshes -= await self._pending(models[key], wait, now, refresh=refreshes > 0)
+        for key in set(self._pending_memo) - set(infos):
+            del self._pending_memo[key]
         await self._queue_statuses(queues, workloads, result)
         if result.requeue_after is not None:
             return Requeue(after=max(result.requeue_after, 0.001))
@@ -428,13 +436,22 @@ class AdmissionCycle:
         await self._write_status(wl, {**status, "conditions": conditions})
         await self.recorder.record(wl, NORMAL, reason, pre.message)
 
-    async def _pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
+    async def _pending(self, wl: Any, wait: adm.Wait, now: str, *, refresh: bool = True) -> int:
+        """Write why ``wl`` waits. Returns 1 when that was only a new message for the same
+        reason (a refresh, of which a pass makes at most ``PENDING_REFRESHES_PER_PASS``, in
+        queue order), else 0."""
         key = objects.object_key(wl)
-        memo = (_rv(wl), wait.kind, wait.message)
-        if self._pending_memo.get(key) == memo:
-            return  # this very wait was already written (or found there) and announced
+        rv = _rv(wl)
+        memo = (rv, wait.kind, wait.message)
+        last = self._pending_memo.get(key)
+        if last == memo:
+            return 0  # this very wait was already written (or found there) and announced
+        message_only = last is not None and last[0] == rv and last[1] == wait.kind
+        if message_only and not refresh:
+            return 0  # the reason stands; its message is refreshed by a later pass
         await self._write_pending(wl, wait, now)
-        self._pending_memo[key] = memo
+        self._pending_memo[key] = (_rv(self._fresh(self.workloads, key) or wl), wait.kind, wait.message)
+        return 1 if message_only else 0
 
     async def _write_pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
         status = status_dict(wl)
