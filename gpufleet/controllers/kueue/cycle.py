@@ -204,8 +204,11 @@ class AdmissionCycle:
         workloads: list[adm.WorkloadInfo] = []
         models: dict[str, Any] = {}
         parsed: dict[str, tuple[int, Any]] = {}
-        for cached in self.workloads.list():
-            key = objects.object_key(cached)
+        finished: dict[str, Any] = {}
+        for key, cached in self.workloads.items():
+            if self._finished.get(key) is cached and key not in self._written:
+                finished[key] = cached  # the very object found finished before: still is
+                continue
             wl = self._fresh(self.workloads, key)
             if wl is None or wl.spec is None or is_being_deleted(wl):
                 continue
@@ -218,11 +221,15 @@ class AdmissionCycle:
             parsed[key] = seen
             part = seen[1]
             if part is None:
-                continue  # finished, or deactivated: not queued until spec.active is true again
+                # Finished, or deactivated: not queued until spec.active is true again.
+                if wl is cached:
+                    finished[key] = cached
+                continue
             info = self._workload_info(wl, part, placed, bound_per_set)
             workloads.append(info)
             models[key] = wl
         self._parsed = parsed
+        self._finished = finished
         return queues, flavors, workloads, list(nodes.values()), models
 
     def _queue_info(self, cq: Any, flavors: dict[str, adm.FlavorInfo]) -> adm.ClusterQueueInfo:
