@@ -159,14 +159,20 @@ def next_change(policy: str, standings: Iterable[Standing], now: float) -> float
     admitted workload reaching its next level, a pending one starving); None when never."""
     if policy != ATTAINED_SERVICE:
         return None  # remaining service only falls while running: that changes no decision
+    standings = [s for s in standings if s.gpus > 0]
+    # A pending workload at level p may preempt admitted ones above p: an admitted workload
+    # reaching level L + 1 matters only when some pending one is at level L or below.
+    lowest = math.inf
+    for s in standings:
+        if not s.admitted:
+            lowest = min(lowest, 0 if starving(s.stored_service, s.gpus, s.waiting_since, now)
+                         else level(s.stored_service))
     soonest = math.inf
     for s in standings:
-        if s.gpus <= 0:
-            continue
         if s.admitted:
             service = attained(s.gpus, s.stored_service, s.admitted_at, now)
             lv = level(service)
-            if lv < len(LEVELS):
+            if lv < len(LEVELS) and lv >= lowest:
                 soonest = min(soonest, (LEVELS[lv] - service) / s.gpus + 1e-3)
         else:
             service = s.stored_service

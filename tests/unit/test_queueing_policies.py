@@ -76,7 +76,10 @@ def test_a_starving_workload_goes_back_to_the_first_level():
 
 def test_next_change_is_the_next_threshold_or_the_starvation_time():
     running = standing(8, admitted_at=NOW - 100)  # 800 GPU-s, next level at 3,600
-    assert p.next_change(p.ATTAINED_SERVICE, [running], NOW) == pytest.approx(350.0, abs=0.01)
+    fresh = standing(1)  # pending at level 0: it may preempt running once that is at level 1
+    assert p.next_change(p.ATTAINED_SERVICE, [running, fresh], NOW) == pytest.approx(350.0, abs=0.01)
+    # With nothing pending at running's level or below, its crossing changes no decision.
+    assert p.next_change(p.ATTAINED_SERVICE, [running], NOW) is None
     waiting = standing(8, stored=8 * 7_200, since=NOW - 3_600)  # starves 8 h after it was stopped
     assert p.next_change(p.ATTAINED_SERVICE, [waiting], NOW) == pytest.approx(7 * 3_600, abs=0.01)
     assert p.next_change(p.SHORTEST_REMAINING, [running], NOW) is None
@@ -145,7 +148,7 @@ def test_attained_service_orders_pending_by_level_then_age():
 
 def test_attained_service_asks_to_be_woken_when_a_level_is_crossed():
     running = wl("ns/run", 8, admitted_at=NOW - 100)
-    waiting = wl("ns/wait", 8, ts=NOW, attained=4_000.0)
+    waiting = wl("ns/wait", 8, ts=NOW, attained=1_000.0)  # level 0: may preempt level 1
     r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [running, waiting], node(), now=NOW)
     assert r.requeue_after == pytest.approx(350.0, abs=0.01)  # running reaches level 1 then
 
