@@ -74,6 +74,10 @@ class Indexer:
     def keys(self) -> list[str]:
         return list(self._items)
 
+    def items(self) -> list[tuple[str, Any]]:
+        """(key, object) pairs; an object is replaced, never changed, when it is updated."""
+        return list(self._items.items())
+
     def by_index(self, name: str, value: str) -> list[Any]:
         return [self._items[k] for k in sorted(self.index_keys(name, value))]
 
@@ -178,6 +182,9 @@ class Informer:
 
     def list(self) -> list[Any]:
         return self.indexer.list()
+
+    def items(self) -> list[tuple[str, Any]]:
+        return self.indexer.items()
 
     def by_index(self, name: str, value: str) -> list[Any]:
         return self.indexer.by_index(name, value)

@@ -31,9 +31,11 @@ Amounts are integers: cpu in millicores, every other resource in whole units.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 
 from gpufleet.api.gpu import GPU_RESOURCE
+from gpufleet.queueing import policies
 from gpufleet.queueing.quota import Quotas, Usage, usage_of, workload_usage
 from gpufleet.queueing.shape import FreeState, PodDemand, ShapeMiss, merge_selectors, place, shape_message
 from gpufleet.queueing.workloads import (
@@ -97,14 +99,18 @@ class Cycle:
         nodes: Iterable[NodeInfo],
         *,
         fair_sharing: bool = False,
+        now: float | None = None,
     ) -> None:
         self.queues = dict(queues)
         self.flavors = dict(flavors)
+        self.result = CycleResult()
+        workloads = list(workloads)
+        if now is not None:
+            self.queues, workloads, self.result.requeue_after = ranked(self.queues, workloads, now)
         self.workloads = {wl.key: wl for wl in workloads}
         self.nodes = {n.name: n for n in nodes}
         self.fair_sharing = fair_sharing
         self.quotas = Quotas(self.queues)
-        self.result = CycleResult()
         # Assignments made this pass, on top of the workloads' own.
         self._admitted: dict[str, Assignment] = {}
         self._evicting = {wl.key for wl in self.workloads.values() if wl.evicting and wl.admission is not None}
@@ -121,6 +127,11 @@ class Cycle:
         # Bumped whenever the state changes; attempts are cached per version.
         self._version = 0
         self._attempts: dict[str, tuple[int, _Attempt]] = {}
+        self._shape_attempts: dict[tuple, tuple[int, _Attempt]] = {}
+        # Shape -> (version, highest priority) for which no victims were found: a workload of
+        # that shape and no higher priority finds none either while the state is the same.
+        self._no_victims: dict[tuple, tuple[int, int]] = {}
+        self._targets: dict[tuple, Assignment | None] = {}
 
     # -- state views ------------------------------------------------------------------------
 
@@ -222,8 +233,18 @@ class Cycle:
         cached = self._attempts.get(wl.key)
         if cached is not None and cached[0] == self._version:
             return cached[1]
+        # A pending workload's attempt depends on the state and its pod sets only: workloads
+        # of the same shape in the same queue share it (hundreds waiting, a few shapes).
+        shape = _shape(wl) if wl.admission is None else None
+        if shape is not None:
+            same = self._shape_attempts.get(shape)
+            if same is not None and same[0] == self._version:
+                self._attempts[wl.key] = same
+                return same[1]
         attempt = self._assign(wl, cq)
         self._attempts[wl.key] = (self._version, attempt)
+        if shape is not None:
+            self._shape_attempts[shape] = (self._version, attempt)
         return attempt
 
     def _assign(self, wl: WorkloadInfo, cq: ClusterQueueInfo) -> _Attempt:
@@ -398,10 +419,33 @@ class Cycle:
                 exclude.add(c.key)
         return removed
 
+    def _target_of(self, wl: WorkloadInfo, cq: ClusterQueueInfo) -> Assignment | None:
+        """``_target``, once per shape: it depends on the quotas and the nodes only."""
+        shape = _shape(wl)
+        if shape not in self._targets:
+            self._targets[shape] = self._target(wl, cq)
+        return self._targets[shape]
+
     def _preempt(self, wl: WorkloadInfo, cq: ClusterQueueInfo) -> tuple[list[WorkloadInfo], str, int]:
-        target = self._target(wl, cq)
+        if cq.within_cluster_queue == "Never" and (not cq.cohort or (
+                cq.reclaim_within_cohort == "Never" and cq.borrow_within_cohort == "Never")):
+            return [], "", 0  # this queue never preempts
+        target = self._target_of(wl, cq)
         if target is None:
             return [], "", 0
+        memo = None
+        if cq.within_cluster_queue == "LowerPriority" and not cq.cohort and not self._gone_for(wl):
+            memo = _shape(wl)
+            failed = self._no_victims.get(memo)
+            if failed is not None and failed[0] == self._version and failed[1] >= wl.priority:
+                return [], "", 0
+        victims, why, too_high = self._preempt_for(wl, cq, target)
+        if memo is not None and not victims and not too_high:
+            self._no_victims[memo] = (self._version, wl.priority)
+        return victims, why, too_high
+
+    def _preempt_for(self, wl: WorkloadInfo, cq: ClusterQueueInfo, target: Assignment,
+                     ) -> tuple[list[WorkloadInfo], str, int]:
         gone = self._gone_for(wl)
         same, other, too_high = self._candidates(wl, cq, target)
         usage = self._usage(gone)
@@ -448,7 +492,7 @@ class Cycle:
         reason = "couldn't assign flavors to the pod sets: " + "; ".join(dict.fromkeys(attempt.messages))
         # Room that preempted workloads are about to give back is not taken twice.
         gone = self._gone_for(wl)
-        target = self._target(wl, cq)
+        target = self._target_of(wl, cq)
         if gone and target is not None and self._fits(wl, target, gone, True)[0]:
             self.result.waiting[wl.key] = Wait(
                 WAIT_PREEMPTING, f"waiting for {len(gone)} preempted workload(s) to stop; {reason}")
@@ -527,9 +571,49 @@ def schedule(
     nodes: Iterable[NodeInfo],
     *,
     fair_sharing: bool = False,
+    now: float | None = None,
 ) -> CycleResult:
-    """One admission pass; see the module's doc for the rules."""
-    return Cycle(queues, flavors, workloads, nodes, fair_sharing=fair_sharing).run()
+    """One admission pass; see the module's doc for the rules. With ``now``, the ClusterQueues'
+    queueing policies (``gpufleet.queueing.policies``) order their workloads."""
+    return Cycle(queues, flavors, workloads, nodes, fair_sharing=fair_sharing, now=now).run()
+
+
+def standing(wl: WorkloadInfo) -> policies.Standing:
+    """A workload as the queueing policies see it."""
+    holding = wl.admission is not None and not wl.evicting
+    return policies.Standing(
+        key=wl.key, priority=wl.priority, gpus=wl.gpus, admitted=holding,
+        admitted_at=wl.admitted_at if holding else None, stored_service=wl.attained,
+        waiting_since=wl.timestamp, total_steps=wl.total_steps,
+        progress=wl.progress if isinstance(wl.progress, policies.Progress) else None)
+
+
+def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo], now: float,
+           ) -> tuple[dict[str, ClusterQueueInfo], list[WorkloadInfo], float | None]:
+    """Apply the ClusterQueues' queueing policies: each workload of a policy's queue gets its
+    rank as its priority, and the queue preempts within itself by that rank (strictly lower
+    ranks only). Returns the queues, the workloads, and the seconds until a rank changes."""
+    out_queues = dict(queues)
+    by_queue: dict[str, list[WorkloadInfo]] = {}
+    for wl in workloads:
+        cq = queues.get(wl.cluster_queue)
+        if cq is not None and cq.policy:
+            by_queue.setdefault(cq.name, []).append(wl)
+    if not by_queue:
+        return out_queues, workloads, None
+    changed: dict[str, WorkloadInfo] = {}
+    soonest: float | None = None
+    for name, members in by_queue.items():
+        cq = queues[name]
+        out_queues[name] = dataclasses.replace(cq, within_cluster_queue="LowerPriority")
+        standings = [standing(wl) for wl in members]
+        for wl, s in zip(members, standings, strict=True):
+            changed[wl.key] = dataclasses.replace(wl, priority=policies.rank(cq.policy, s, now))
+        if any(wl.admission is None for wl in members):
+            after = policies.next_change(cq.policy, standings, now)
+            if after is not None:
+                soonest = after if soonest is None else min(soonest, after)
+    return out_queues, [changed.get(wl.key, wl) for wl in workloads], soonest
 
 
 # -- small helpers ----------------------------------------------------------------------------------
@@ -546,6 +630,13 @@ def uncovered_message(wl: WorkloadInfo, cq: ClusterQueueInfo) -> str:
         if res is not None:
             reasons.append(f"couldn't assign flavors to pod set {ps.name}: resource {res} unavailable in ClusterQueue")
     return "; ".join(reasons)
+
+
+def _shape(wl: WorkloadInfo) -> tuple:
+    """What an attempt to place a pending workload depends on besides the state."""
+    return (wl.cluster_queue, tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())),
+                                     tuple(sorted(ps.node_selector.items())), ps.same_gpu_group, ps.tolerations)
+                                    for ps in wl.pod_sets))
 
 
 def _order(wl: WorkloadInfo) -> tuple:

@@ -62,6 +62,8 @@ class ClusterQueueInfo:
     borrow_max_priority: int | None = None
     within_cluster_queue: str = "Never"
     when_can_borrow: str = "Borrow"
+    # The queueing policy (gpufleet.queueing.policies); "" is Kueue's order.
+    policy: str = ""
     # Why the queue admits nothing (stopped, a flavor missing); empty when active.
     inactive: str = ""
 
@@ -130,6 +132,15 @@ class WorkloadInfo:
     problem: str = ""
     # Evicting: the workload it makes room for, when known.
     preempted_by: str = ""
+    # For the queueing policies: GPU-seconds held in runs that are over, the steps the job
+    # declares and what is known of its progress (a policies.Progress).
+    attained: float = 0.0
+    total_steps: int | None = None
+    progress: object | None = None
+
+    @property
+    def gpus(self) -> int:
+        return sum(ps.gpus * ps.count for ps in self.pod_sets)
 
 
 @dataclass
@@ -166,3 +177,5 @@ class CycleResult:
     borrowing: set[str] = field(default_factory=set)
     preempted: dict[str, Preemption] = field(default_factory=dict)
     waiting: dict[str, Wait] = field(default_factory=dict)
+    # Seconds until time alone can change a decision (a queueing policy's ranks); None: never.
+    requeue_after: float | None = None

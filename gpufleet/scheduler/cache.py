@@ -200,6 +200,10 @@ class SchedulerCache:
     def get_pod(self, pod: k8s.Pod | PodInfo) -> PodInfo | None:
         return self._pods.get(cache_key(pod))
 
+    def expiring(self) -> bool:
+        """Whether an assumption can expire (a TTL is set and one is held)."""
+        return self.ttl is not None and bool(self._assumed)
+
     def cleanup_expired(self, now: float | None = None) -> list[PodInfo]:
         """Drop assumptions whose binding finished more than ``ttl`` ago and that the
         informer never confirmed; returns them."""

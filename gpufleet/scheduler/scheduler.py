@@ -80,7 +80,7 @@ from gpufleet.scheduler.gangcycle import GangCycles
 from gpufleet.scheduler.preemption import VICTIMS_KEY, Candidate
 from gpufleet.scheduler.preemptor import Preemptor
 from gpufleet.scheduler.profile import Profile
-from gpufleet.scheduler.queue import QueueClosed, QueuedPodInfo, SchedulingQueue
+from gpufleet.scheduler.queue import BACKOFF, UNSCHEDULABLE, QueueClosed, QueuedPodInfo, SchedulingQueue
 from gpufleet.scheduler.reporting import Reporter
 from gpufleet.scheduler.snapshot import PodInfo, Snapshot
 from gpufleet.scheduler.volumes import StorageTracker
@@ -182,6 +182,8 @@ class Scheduler(GangCycles):
         )
         self.recorder = EventRecorder(client, self.profile.scheduler_name, clock=clock)
         self.flush_interval = flush_interval
+        # Set after scheduling cycles: wakes housekeeping that had nothing to look after.
+        self._housekeeping_wake = asyncio.Event()
         # Scheduling cycles run back to back for at most this long (seconds) and this many
         # before the loop yields to the rest of the process.
         self.batch_budget = batch_budget
@@ -438,6 +440,7 @@ class Scheduler(GangCycles):
                 if cycles >= self.max_batch or self.clock.monotonic() >= deadline:
                     break
                 qpi = self.queue.pop_nowait()
+            self._housekeeping_wake.set()
             # Let informer events and the bindings in: a long queue must not starve them.
             await asyncio.sleep(0)
 
@@ -589,9 +592,22 @@ class Scheduler(GangCycles):
 
     # -- periodic work -------------------------------------------------------------------------
 
+    def _housekeeping_idle(self) -> bool:
+        """Nothing for housekeeping to look after: no pod backing off or unschedulable, no
+        assumption that can expire, no gang waiting. Only a scheduling cycle changes that."""
+        pending = self.queue.pending()
+        return (not pending[BACKOFF] and not pending[UNSCHEDULABLE] and not self.gangs.waiting
+                and not self.cache.expiring())
+
     async def _housekeeping(self) -> None:
         ticks = 0
         while True:
+            if self._housekeeping_idle():
+                # Idle, it sleeps until a scheduling cycle: a quiet cluster (or a replay in
+                # virtual time) is not woken every flush interval for nothing.
+                self._housekeeping_wake.clear()
+                await self._housekeeping_wake.wait()
+                continue
             await self.clock.sleep(self.flush_interval)
             ticks += 1
             try:

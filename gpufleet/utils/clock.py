@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -85,7 +86,10 @@ class VirtualClock:
             await asyncio.sleep(0)
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._timers, (self._now + seconds, next(self._seq), fut))
+        # At least the next representable time: a sleep shorter than the clock's resolution
+        # would otherwise wake at the same instant and be slept again, forever.
+        deadline = max(self._now + seconds, math.nextafter(self._now, math.inf))
+        heapq.heappush(self._timers, (deadline, next(self._seq), fut))
         await fut
 
     def next_deadline(self) -> float | None:

@@ -40,3 +40,39 @@ def test_a_bad_row_names_the_field(tmp_path: Path):
     p.write_text("submit_time,gpus,duration\n0,two,10\n")
     with pytest.raises(TraceError, match=r"row 1: field 'gpus'='two' is not a number"):
         read_trace(p)
+
+
+def _times(result) -> dict[str, tuple[float | None, float | None]]:
+    return {j.trace.name: (j.first_start, j.finished) for j in result.jobs}
+
+
+async def test_attained_service_lets_a_short_job_overtake_a_long_one():
+    jobs = read_trace(TRACES / "overtake.csv")  # long: 8 GPUs x 20,000 s; short at 1,000 s
+    fifo = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo")
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service")
+    assert _times(fifo) == {"long": (0.0, 20000.0), "short": (20000.0, 20300.0)}
+    # long has 8,000 GPU-s at 1,000 s (level 1): the new job (level 0) preempts it, and long
+    # resumes from its checkpoint when short is done.
+    assert _times(las) == {"long": (0.0, 20300.0), "short": (1000.0, 1300.0)}
+    assert las.figures()["preemptions"] == 1 and fifo.figures()["preemptions"] == 0
+
+
+async def test_shortest_remaining_service_keeps_a_nearly_done_job_running():
+    jobs = read_trace(TRACES / "nearly-done.csv")  # 8 GPUs x 20,000 steps; 5,000 steps at 19,000 s
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service")
+    srs = await simulate(jobs, nodes=1, gpus_per_node=8, policy="shortest-remaining-service")
+    # Attained service only knows the runner has had a lot: the newcomer preempts it.
+    assert _times(las) == {"nearly-done": (0.0, 25000.0), "newcomer": (19000.0, 24000.0)}
+    # Shortest remaining service runs the unmeasured newcomer for its two progress reports
+    # (its first step, and 60 s later), measures 1 s a step, and gives the GPUs back to the
+    # job that has 1,000 steps left; the newcomer resumes from its checkpoint after it.
+    times = _times(srs)
+    assert times["nearly-done"] == (0.0, pytest.approx(20061.0))
+    assert times["newcomer"] == (19000.0, pytest.approx(25000.0))
+    assert srs.figures()["preemptions"] == 2
+
+
+async def test_restart_overhead_is_charged_on_the_resumed_job():
+    jobs = read_trace(TRACES / "overtake.csv")
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", restart_overhead=60.0)
+    assert _times(las) == {"long": (0.0, 20360.0), "short": (1000.0, 1300.0)}

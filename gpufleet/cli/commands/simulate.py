@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
     def simulate(
         trace: Annotated[Path, typer.Option("--trace", help="Muri's Philly CSV (ms) or the generic CSV/JSON (s).")],
         nodes: Annotated[str, typer.Option("--nodes", help="NODESxGPUS, e.g. 8x8.")] = "8x8",
-        policy: Annotated[str, typer.Option("--policy", help="fifo, priority or fair-share.")] = "fifo",
+        policy: Annotated[str, typer.Option("--policy", help=(
+            "fifo, priority, fair-share, attained-service or shortest-remaining-service."))] = "fifo",
         restart_overhead: Annotated[float, typer.Option("--restart-overhead",
                                                         help="Seconds every restart spends before progressing.")] = 0.0,
         limit: Annotated[int | None, typer.Option("--limit", help="Only the first N jobs (by submit time).")] = None,

@@ -26,6 +26,7 @@ from gpufleet.api.kueue import QUEUE_NAME_LABEL
 from gpufleet.cli.simulate.trace import TraceJob
 from gpufleet.client import Conflict, NotFound
 from gpufleet.client.informer import Informer
+from gpufleet.queueing import policies
 from gpufleet.utils.clock import VirtualClock, rfc3339
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,10 @@ NAMESPACE = "default"
 KUEUE = "kueue.x-k8s.io/v1beta1"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 FLAVOR = "default-flavor"
-POLICIES = ("fifo", "priority", "fair-share")
+POLICIES = ("fifo", "priority", "fair-share", policies.ATTAINED_SERVICE, policies.SHORTEST_REMAINING)
+# A job reports its steps when a run has made progress and again this much later (the speed
+# admission measures from the two), and when it is stopped (its checkpoint).
+PROGRESS_PROBE_SECONDS = 60.0
 
 
 @dataclass
@@ -115,8 +119,10 @@ class SimulatedNodes:
     work is done, and finish off pods being deleted (a preemption), keeping the progress."""
 
     def __init__(self, client: Any, clock: VirtualClock, jobs: dict[str, JobRecord], restart_overhead: float,
-                 on_finish: Callable[[JobRecord], None]) -> None:
+                 on_finish: Callable[[JobRecord], None], *, report_progress: bool = False) -> None:
         self.client = client
+        self.report_progress = report_progress
+        self._reporters: dict[str, asyncio.Task[None]] = {}
         self.clock = clock
         self.jobs = jobs
         self.restart_overhead = restart_overhead
@@ -130,7 +136,7 @@ class SimulatedNodes:
         await self.informer.start()
 
     async def stop(self) -> None:
-        for t in [*self._timers.values(), *self._tasks]:
+        for t in [*self._timers.values(), *self._reporters.values(), *self._tasks]:
             t.cancel()
         await self.informer.stop()
 
@@ -168,6 +174,44 @@ class SimulatedNodes:
         end = job.run_start + job.run_overhead + max(0.0, job.trace.duration - job.work_done)
         self._spawn(self._report(pod, "Running"))
         self._timers[pod] = asyncio.ensure_future(self._finish_at(job, pod, end))
+        if self.report_progress and job.trace.steps and job.trace.name not in self._reporters:
+            self._reporters[job.trace.name] = asyncio.ensure_future(self._progress_reports(job))
+
+    def _steps(self, job: JobRecord) -> int:
+        """The steps the job has done (checkpointed and in the run in progress)."""
+        work = job.work_done
+        if job.run_start is not None:
+            work += max(0.0, self.clock.now() - job.run_start - job.run_overhead)
+        step = job.trace.step_time or 1.0
+        return min(job.trace.steps or 0, int(work / step + 1e-9))
+
+    async def _progress_reports(self, job: JobRecord) -> None:
+        """What the job's trainer reports while a run goes on: its step once past the restart
+        overhead with a first step done, and again ``PROGRESS_PROBE_SECONDS`` later."""
+        assert job.run_start is not None
+        step = job.trace.step_time or 1.0
+        first = job.run_start + job.run_overhead + step
+        await self.clock.sleep(first - self.clock.now())
+        await self._report_steps(job)
+        await self.clock.sleep(PROGRESS_PROBE_SECONDS)
+        await self._report_steps(job)
+
+    async def _report_steps(self, job: JobRecord) -> None:
+        steps = str(self._steps(job))
+        for _ in range(10):
+            try:
+                body = await self.client.get("jobs", job.trace.name, NAMESPACE, raw=True)
+            except NotFound:
+                return
+            annotations = body["metadata"].setdefault("annotations", {})
+            if annotations.get(policies.STEPS_DONE_ANNOTATION) == steps:
+                return
+            annotations[policies.STEPS_DONE_ANNOTATION] = steps
+            try:
+                await self.client.update(body)
+                return
+            except Conflict:
+                continue
 
     def _held(self, job: JobRecord, pod: str) -> None:
         """Count the GPU-time the pod held in this run."""
@@ -186,6 +230,11 @@ class SimulatedNodes:
             job.work_done = min(job.work_done, job.trace.duration)
             job.preemptions += 1
             job.run_start = None
+            reporter = self._reporters.pop(job.trace.name, None)
+            if reporter is not None:
+                reporter.cancel()
+            if self.report_progress and job.trace.steps:
+                self._spawn(self._report_steps(job))
 
     async def _finish_at(self, job: JobRecord, pod: str, end: float) -> None:
         await self.clock.sleep(end - self.clock.now())
@@ -195,6 +244,9 @@ class SimulatedNodes:
         job.succeeded.add(pod)
         if len(job.succeeded) >= job.pods and job.finished is None:
             job.finished = self.clock.now()
+            reporter = self._reporters.pop(job.trace.name, None)
+            if reporter is not None:
+                reporter.cancel()
             job.work_done = job.trace.duration
             self.on_finish(job)
         await self._report(pod, "Succeeded")
@@ -272,7 +324,10 @@ def queue_objects(policy: str, gpus: int, teams: list[str]) -> list[dict[str, An
         if policy == "priority":
             spec["preemption"] = {"withinClusterQueue": "LowerPriority",
                                   **({"reclaimWithinCohort": "LowerPriority"} if len(teams) > 1 else {})}
-        objs.append({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": {"name": team}, "spec": spec})
+        meta: dict[str, Any] = {"name": team}
+        if policy in (policies.ATTAINED_SERVICE, policies.SHORTEST_REMAINING):
+            meta["annotations"] = {policies.POLICY_ANNOTATION: policy}
+        objs.append({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": meta, "spec": spec})
         objs.append({"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": team, "namespace": NAMESPACE},
                      "spec": {"clusterQueue": team}})
     return objs
@@ -284,9 +339,12 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
         "name": "main", "image": "sim", "resources": {"limits": {GPU_RESOURCE: str(gpus)}}}]}}
     if policy == "priority":
         template["spec"]["priorityClassName"] = f"sim-{job.priority}"
+    meta: dict[str, Any] = {"name": job.name, "namespace": NAMESPACE, "labels": {QUEUE_NAME_LABEL: queue}}
+    if policy == policies.SHORTEST_REMAINING and job.steps:
+        meta["annotations"] = {policies.TOTAL_STEPS_ANNOTATION: str(job.steps)}
     return {
         "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": job.name, "namespace": NAMESPACE, "labels": {QUEUE_NAME_LABEL: queue}},
+        "metadata": meta,
         "spec": {"parallelism": pods, "completions": pods, "completionMode": "NonIndexed",
                  "backoffLimit": 1000, "template": template},
     }
@@ -343,7 +401,8 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
         await manager.start()
         scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None)
         await scheduler.start()
-        sim = SimulatedNodes(client, clock, records, restart_overhead, on_finish)
+        sim = SimulatedNodes(client, clock, records, restart_overhead, on_finish,
+                             report_progress=policy == policies.SHORTEST_REMAINING)
         await sim.start()
 
         async def submit() -> None:

@@ -65,6 +65,7 @@ from gpufleet.controllers.kueue.kinds import (
     _rv,
     _wire,
 )
+from gpufleet.queueing.policies import STEPS_DONE_ANNOTATION, TOTAL_STEPS_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,11 @@ def pod_usage_view(pod: Any) -> tuple[Any, ...]:
     annotations = objects.meta(pod, "annotations") or {}
     return (pod.spec.node_name, pod_is_terminal(pod), annotations.get(GPU_INDICES_ANNOTATION),
             is_being_deleted(pod))
+
+
+def _progress_view(job: Any) -> tuple[Any, Any]:
+    annotations = objects.meta(job, "annotations") or {}
+    return annotations.get(TOTAL_STEPS_ANNOTATION), annotations.get(STEPS_DONE_ANNOTATION)
 
 
 # -- the controller -----------------------------------------------------------------------------------
@@ -156,6 +162,14 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self._written: dict[str, Any] = {}
         # Workload key -> wait kind last announced with an Event.
         self._announced: dict[str, str] = {}
+        # Workload key -> what is known of its job's progress (queueing policies).
+        self.progress: dict[str, Any] = {}
+        # Workload key -> (resourceVersion, what the cycle parsed of it at that version).
+        self._parsed: dict[str, tuple[int, Any]] = {}
+        # Workload key -> the informer's object, when it was not queued (finished, inactive).
+        self._finished: dict[str, Any] = {}
+        # Workload key -> (resourceVersion, wait kind, message) last written as its wait.
+        self._pending_memo: dict[str, tuple[int, str, str]] = {}
 
     async def start(self) -> None:
         await self.jobs.start()
@@ -172,7 +186,13 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         def enqueue(obj: Any) -> None:
             self.job_queue.add(f"{kind_name}:{objects.object_key(obj)}")
 
-        return enqueue, lambda old, new: enqueue(new), enqueue
+        def updated(old: Any, new: Any) -> None:
+            enqueue(new)
+            # A job's reported progress orders the shortest-remaining-service queues.
+            if _progress_view(old) != _progress_view(new):
+                self._poke(new)
+
+        return enqueue, updated, enqueue
 
     def _poke(self, obj: Any = None) -> None:
         kind = type(obj).__name__ if obj is not None else "Workload"

@@ -4,6 +4,7 @@ evictions, why the others wait) and the queues' status."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -39,8 +40,9 @@ from gpufleet.controllers._common import (
     status_dict,
     timestamp,
 )
-from gpufleet.controllers.kueue.kinds import _conditions, _is_true, _set, _wire
+from gpufleet.controllers.kueue.kinds import _conditions, _is_true, _rv, _set, _wire
 from gpufleet.queueing import admission as adm
+from gpufleet.queueing import policies
 from gpufleet.utils.clock import rfc3339
 
 
@@ -99,6 +101,11 @@ def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
     return {DEFAULT_GROUP: gpus}
 
 
+# Pending workloads whose reason stands but whose message changed (the quota short by a
+# different amount, say) are rewritten at most this many per pass, the first in queue order:
+# with hundreds waiting, every admission would otherwise rewrite every one of them.
+PENDING_REFRESHES_PER_PASS = 16
+
 _PREEMPTOR = re.compile(r"accommodate a workload \(([^)\s]+)\)")
 
 
@@ -108,6 +115,20 @@ def _preemptor(cond: dict[str, Any] | None) -> str:
         return ""
     m = _PREEMPTOR.search(cond.get("message") or "")
     return m.group(1) if m else ""
+
+
+def _float_annotation(obj: Any, key: str) -> float:
+    try:
+        return max(0.0, float((objects.meta(obj, "annotations") or {}).get(key) or 0.0))
+    except ValueError:
+        return 0.0
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _same_status(old: dict[str, Any], new: dict[str, Any]) -> bool:
@@ -182,19 +203,33 @@ class AdmissionCycle:
 
         workloads: list[adm.WorkloadInfo] = []
         models: dict[str, Any] = {}
-        for cached in self.workloads.list():
-            key = objects.object_key(cached)
+        parsed: dict[str, tuple[int, Any]] = {}
+        finished: dict[str, Any] = {}
+        for key, cached in self.workloads.items():
+            if self._finished.get(key) is cached and key not in self._written:
+                finished[key] = cached  # the very object found finished before: still is
+                continue
             wl = self._fresh(self.workloads, key)
             if wl is None or wl.spec is None or is_being_deleted(wl):
                 continue
-            status = status_dict(wl)
-            if _is_true(status, kq.FINISHED):
+            # What a Workload says is read once per resourceVersion: a pass over hundreds of
+            # waiting Workloads, most unchanged since the last pass, parses only the changed.
+            rv = _rv(wl)
+            seen = self._parsed.get(key)
+            if seen is None or seen[0] != rv:
+                seen = (rv, self._parse(wl))
+            parsed[key] = seen
+            part = seen[1]
+            if part is None:
+                # Finished, or deactivated: not queued until spec.active is true again.
+                if wl is cached:
+                    finished[key] = cached
                 continue
-            if wl.spec.active is False and status.get("admission") is None:
-                continue  # deactivated: not queued until spec.active is true again
-            info = self._workload_info(wl, status, placed, bound_per_set)
+            info = self._workload_info(wl, part, placed, bound_per_set)
             workloads.append(info)
             models[key] = wl
+        self._parsed = parsed
+        self._finished = finished
         return queues, flavors, workloads, list(nodes.values()), models
 
     def _queue_info(self, cq: Any, flavors: dict[str, adm.FlavorInfo]) -> adm.ClusterQueueInfo:
@@ -219,10 +254,15 @@ class AdmissionCycle:
         if spec.fair_sharing is not None and spec.fair_sharing.weight is not None:
             weight = float(parse_quantity(spec.fair_sharing.weight))
         inactive = ""
+        raw_policy = (objects.meta(cq, "annotations") or {}).get(policies.POLICY_ANNOTATION)
+        policy = policies.parse_policy(raw_policy)
         if missing:
             inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
         elif spec.stop_policy not in (None, "None"):
             inactive = f"stopPolicy is {spec.stop_policy}"
+        elif policy is None:
+            inactive = (f"metadata.annotations[{policies.POLICY_ANNOTATION}]: Unsupported value: {raw_policy!r}: "
+                        f"supported values: {', '.join(policies.POLICIES)}")
         return adm.ClusterQueueInfo(
             name=objects.name_of(cq),
             groups=groups,
@@ -236,32 +276,18 @@ class AdmissionCycle:
             within_cluster_queue=p.within_cluster_queue or "Never",
             when_can_borrow=(spec.flavor_fungibility.when_can_borrow if spec.flavor_fungibility else None) or "Borrow",
             inactive=inactive,
+            policy=policy or "",
         )
 
-    def _workload_info(self, wl: Any, status: dict[str, Any], placed: dict[str, list[adm.Placement]],
-                       bound_per_set: dict[str, dict[str, int]]) -> adm.WorkloadInfo:
-        ns = objects.namespace_of(wl)
-        problem = ""
-        cq_name = ""
-        lq = self.local_queues.get(f"{ns}/{wl.spec.queue_name}") if wl.spec.queue_name else None
+    def _parse(self, wl: Any) -> adm.WorkloadInfo | None:
+        """The parts of a Workload's WorkloadInfo that only the Workload decides; None when it
+        is not queued (finished, or deactivated without holding quota)."""
+        status = status_dict(wl)
+        if _is_true(status, kq.FINISHED):
+            return None
         admission = status.get("admission")
-        if admission is not None:
-            cq_name = admission.get("clusterQueue", "")
-        elif lq is None:
-            problem = f"LocalQueue {wl.spec.queue_name} doesn't exist"
-        else:
-            cq_name = (lq.spec.cluster_queue if lq.spec is not None else "") or ""
-            cq = self.cluster_queues.get(cq_name)
-            if cq is None:
-                problem = f"ClusterQueue {cq_name} doesn't exist"
-            elif lq.spec is not None and lq.spec.stop_policy not in (None, "None"):
-                problem = f"LocalQueue {wl.spec.queue_name} is stopped"
-            else:
-                ns_obj = self.namespaces.get(ns)
-                sel = cq.spec.namespace_selector if cq.spec is not None else None
-                if sel is not None and ns_obj is not None and not LabelSelector.from_dict(sel.to_dict()).matches(
-                        objects.labels_of(ns_obj)):
-                    problem = f"namespace {ns} doesn't match ClusterQueue {cq_name}'s namespaceSelector"
+        if wl.spec.active is False and admission is None:
+            return None
         pod_sets = []
         for ps in wl.spec.pod_sets:
             spec = ps.template.spec or PodSpec(containers=[])
@@ -274,50 +300,105 @@ class AdmissionCycle:
         ts = timestamp(objects.meta(wl, "creationTimestamp")) or 0.0
         if evicted is not None and evicted.get("status") == "True":
             ts = timestamp(evicted.get("lastTransitionTime")) or ts
-        owner = controller_uid(wl) or ""
         assignment = None
-        unbound: dict[str, int] = {}
         if admission is not None:
             assignment = {psa["name"]: dict(psa.get("flavors") or {}) for psa in admission.get("podSetAssignments")
                           or []}
-            bound = bound_per_set.get(owner, {})
-            unbound = {ps.name: max(0, ps.count - bound.get(ps.name, 0)) for ps in wl.spec.pod_sets}
         reserved = find_condition(conditions, kq.QUOTA_RESERVED)
         return adm.WorkloadInfo(
             key=objects.object_key(wl),
-            cluster_queue=cq_name,
+            cluster_queue=admission.get("clusterQueue", "") if admission is not None else "",
             pod_sets=pod_sets,
             priority=wl.spec.priority or 0,
             timestamp=ts,
             admission=assignment,
             admitted_at=timestamp((reserved or {}).get("lastTransitionTime")) or 0.0,
             evicting=admission is not None and evicted is not None and evicted.get("status") == "True",
-            placed=placed.get(owner, []),
-            unbound=unbound,
-            problem=problem,
             preempted_by=_preemptor(find_condition(conditions, kq.PREEMPTED)),
+            attained=_float_annotation(wl, policies.ATTAINED_ANNOTATION),
         )
+
+    def _workload_info(self, wl: Any, part: adm.WorkloadInfo, placed: dict[str, list[adm.Placement]],
+                       bound_per_set: dict[str, dict[str, int]]) -> adm.WorkloadInfo:
+        """``part`` (from ``_parse``) completed with what other objects say: the queue (or why
+        there is none), the pods bound, the job's progress."""
+        ns = objects.namespace_of(wl)
+        problem = ""
+        cq_name = part.cluster_queue
+        lq = self.local_queues.get(f"{ns}/{wl.spec.queue_name}") if wl.spec.queue_name else None
+        if part.admission is not None:
+            pass
+        elif lq is None:
+            problem = f"LocalQueue {wl.spec.queue_name} doesn't exist"
+        else:
+            cq_name = (lq.spec.cluster_queue if lq.spec is not None else "") or ""
+            cq = self.cluster_queues.get(cq_name)
+            if cq is None:
+                problem = f"ClusterQueue {cq_name} doesn't exist"
+            elif lq.spec is not None and lq.spec.stop_policy not in (None, "None"):
+                problem = f"LocalQueue {wl.spec.queue_name} is stopped"
+            else:
+                ns_obj = self.namespaces.get(ns)
+                sel = cq.spec.namespace_selector if cq.spec is not None else None
+                if sel is not None and ns_obj is not None and sel.match_labels is None and \
+                        sel.match_expressions is None:
+                    pass  # the empty selector matches every namespace
+                elif sel is not None and ns_obj is not None and not LabelSelector.from_dict(sel.to_dict()).matches(
+                        objects.labels_of(ns_obj)):
+                    problem = f"namespace {ns} doesn't match ClusterQueue {cq_name}'s namespaceSelector"
+        owner = controller_uid(wl) or ""
+        unbound: dict[str, int] = {}
+        if part.admission is not None:
+            bound = bound_per_set.get(owner, {})
+            unbound = {ps.name: max(0, ps.count - bound.get(ps.name, 0)) for ps in part.pod_sets}
+        running = part.admission is not None and not part.evicting
+        total_steps, progress = self._job_progress(wl, part.admitted_at if running else None)
+        return dataclasses.replace(part, cluster_queue=cq_name, placed=placed.get(owner, []), unbound=unbound,
+                                   problem=problem, total_steps=total_steps, progress=progress)
+
+    def _job_progress(self, wl: Any, run: float | None) -> tuple[int | None, policies.Progress | None]:
+        """The steps the Workload's job declares, and its progress (the steps it reports,
+        folded into what was measured before: a step's time)."""
+        job = self._owner_job(wl)
+        annotations = (objects.meta(job, "annotations") or {}) if job is not None else {}
+        total = _int_or_none(annotations.get(policies.TOTAL_STEPS_ANNOTATION))
+        key = objects.object_key(wl)
+        prev = self.progress.get(key)
+        done = _int_or_none(annotations.get(policies.STEPS_DONE_ANNOTATION))
+        if done is None:
+            return total, prev
+        now = self.clock.now()
+        known = policies.measure(prev, done, run, now)
+        self.progress[key] = known
+        return total, known
 
     async def _cycle(self) -> Requeue | None:
         queues, flavors, workloads, nodes, models = self._snapshot()
         # Declaring a fairSharing weight on any ClusterQueue turns fair sharing on, too.
         fair = self.fair_sharing or any(cq.spec is not None and cq.spec.fair_sharing is not None
                                         for cq in self.cluster_queues.list())
-        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair)
+        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair, now=self.clock.now())
         now = now_text(self.clock)
         infos = {w.key: w for w in workloads}
+        for key in set(self.progress) - set(infos):
+            del self.progress[key]
         for key, wl in models.items():
             # Deactivated while holding quota: stopped like a preempted one.
             if wl.spec.active is False and not infos[key].evicting:
                 await self._evict(wl, adm.Preemption("", "InactiveWorkload", "The workload is deactivated"), now,
-                                  reason="InactiveWorkload")
+                                  reason="InactiveWorkload", info=infos[key])
         for key, assignment in result.admitted.items():
             await self._admit(models[key], infos[key], assignment, key in result.borrowing, now)
         for key, pre in result.preempted.items():
-            await self._evict(models[key], pre, now)
+            await self._evict(models[key], pre, now, info=infos[key])
+        refreshes = PENDING_REFRESHES_PER_PASS
         for key, wait in result.waiting.items():
-            await self._pending(models[key], wait, now)
+            refreshes -= await self._pending(models[key], wait, now, refresh=refreshes > 0)
+        for key in set(self._pending_memo) - set(infos):
+            del self._pending_memo[key]
         await self._queue_statuses(queues, workloads, result)
+        if result.requeue_after is not None:
+            return Requeue(after=max(result.requeue_after, 0.001))
         return None
 
     async def _admit(self, wl: Any, info: adm.WorkloadInfo, assignment: adm.Assignment, borrowing: bool,
@@ -345,7 +426,15 @@ class AdmissionCycle:
         await self.recorder.record(wl, NORMAL, "QuotaReserved", message + (" (borrowing)" if borrowing else ""))
         await self.recorder.record(wl, NORMAL, "Admitted", f"Admitted by ClusterQueue {info.cluster_queue}")
 
-    async def _evict(self, wl: Any, pre: adm.Preemption, now: str, *, reason: str = "Preempted") -> None:
+    async def _evict(self, wl: Any, pre: adm.Preemption, now: str, *, reason: str = "Preempted",
+                     info: adm.WorkloadInfo | None = None) -> None:
+        if info is not None and info.admission is not None and not info.evicting and info.gpus:
+            # The run ends: its GPU-time joins the Workload's attained service.
+            service = policies.attained(info.gpus, info.attained, info.admitted_at, self.clock.now())
+            body = _wire(wl)
+            body["metadata"].setdefault("annotations", {})[policies.ATTAINED_ANNOTATION] = f"{service:.3f}"
+            wl = await self.client.update(body)
+            self._written[objects.object_key(wl)] = wl
         status = status_dict(wl)
         conditions = _conditions(status)
         _set(conditions, kq.EVICTED, "True", reason, pre.message, now)
@@ -354,7 +443,24 @@ class AdmissionCycle:
         await self._write_status(wl, {**status, "conditions": conditions})
         await self.recorder.record(wl, NORMAL, reason, pre.message)
 
-    async def _pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
+    async def _pending(self, wl: Any, wait: adm.Wait, now: str, *, refresh: bool = True) -> int:
+        """Write why ``wl`` waits. Returns 1 when that was only a new message for the same
+        reason (a refresh, of which a pass makes at most ``PENDING_REFRESHES_PER_PASS``, in
+        queue order), else 0."""
+        key = objects.object_key(wl)
+        rv = _rv(wl)
+        memo = (rv, wait.kind, wait.message)
+        last = self._pending_memo.get(key)
+        if last == memo:
+            return 0  # this very wait was already written (or found there) and announced
+        message_only = last is not None and last[0] == rv and last[1] == wait.kind
+        if message_only and not refresh:
+            return 0  # the reason stands; its message is refreshed by a later pass
+        await self._write_pending(wl, wait, now)
+        self._pending_memo[key] = (_rv(self._fresh(self.workloads, key) or wl), wait.kind, wait.message)
+        return 1 if message_only else 0
+
+    async def _write_pending(self, wl: Any, wait: adm.Wait, now: str) -> None:
         status = status_dict(wl)
         conditions = _conditions(status)
         if _set(conditions, kq.QUOTA_RESERVED, "False", wait.kind, wait.message, now):

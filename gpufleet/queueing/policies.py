@@ -1,0 +1,183 @@
+"""Queueing policies of a ClusterQueue beyond Kueue's: the order in which its pending
+workloads are considered and which of its admitted ones they may preempt.
+
+A ClusterQueue chooses its policy with the annotation ``gpufleet.io/queueing-policy``
+(Kueue ignores annotations, so the same object still means the same to Kueue):
+
+- ``fifo`` (or no annotation): Kueue's order, priority then age;
+- ``attained-service``: non-clairvoyant, Tiresias' discretized least-attained-service.
+  A workload's attained service is the GPU-time it has held (GPUs x seconds admitted,
+  over all its runs). The service is cut into levels at ``LEVELS`` GPU-seconds; a
+  workload at a lower level goes first and preempts admitted workloads at a higher level
+  (checkpoint-restart, through the ordinary eviction). Within a level, first come first
+  served (an evicted workload queues again from its eviction). Starvation guard: a
+  workload that has waited ``STARVATION_FACTOR`` times as long as it has run (and at least
+  ``STARVATION_MIN_SECONDS``) is treated as level 0 until it is admitted again;
+- ``shortest-remaining-service``: the workload with the least remaining GPU-time goes first
+  and preempts those with more. The job declares its total steps (annotation
+  ``gpufleet.io/total-steps``) and reports the steps done (``gpufleet.io/steps-done``, on the
+  job); the time a step takes is measured by admission from two reports in one run, never
+  declared. A workload not yet measured goes first (it runs to be measured).
+
+Every function here is pure: the ranks are computed from ``WorkloadInfo`` and the time,
+so the admission controller of a live cluster and the trace replay run the same code.
+A rank is an integer priority: Kueue's priority stays the first key, the policy's order
+the second, and ``admission.Cycle`` uses the rank wherever it would use the priority
+(queue order, who may preempt whom: strictly lower ranks only).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+POLICY_ANNOTATION = "gpufleet.io/queueing-policy"
+# Declared by the job (on the job and copied to nothing else): how many steps it runs.
+TOTAL_STEPS_ANNOTATION = "gpufleet.io/total-steps"
+# Reported by the job while it runs (its trainer's step counter, checkpointed progress).
+STEPS_DONE_ANNOTATION = "gpufleet.io/steps-done"
+# Kept by admission on the Workload: GPU-seconds held in the runs that are over.
+ATTAINED_ANNOTATION = "gpufleet.io/attained-gpu-seconds"
+
+FIFO = "fifo"
+ATTAINED_SERVICE = "attained-service"
+SHORTEST_REMAINING = "shortest-remaining-service"
+POLICIES = (FIFO, ATTAINED_SERVICE, SHORTEST_REMAINING)
+
+# Attained-service levels, GPU-seconds: 0-1 GPU-hour, 1-5, 5-25, 25-125, more.
+LEVELS = (3_600.0, 18_000.0, 90_000.0, 450_000.0)
+STARVATION_FACTOR = 4.0
+STARVATION_MIN_SECONDS = 3_600.0
+
+# Kueue's priority weighs more than any policy order.
+_SCALE = 10**15
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What admission knows of a job's progress: the steps last reported and when it saw
+    them, and the seconds a step takes (measured; None until measured)."""
+
+    steps: int = 0
+    seen_at: float = 0.0
+    step_seconds: float | None = None
+    # The run (admission time) the report belongs to: two reports of one run measure speed.
+    run: float | None = None
+
+
+def parse_policy(value: str | None) -> str | None:
+    """The policy an annotation value names, "" for none, None when it names no policy."""
+    v = (value or "").strip()
+    if not v or v == FIFO:
+        return ""
+    return v if v in POLICIES else None
+
+
+def attained(gpus: int, stored: float, admitted_at: float | None, now: float) -> float:
+    """GPU-seconds held so far: the runs that are over plus the one in progress."""
+    running = max(0.0, now - admitted_at) * gpus if admitted_at is not None else 0.0
+    return stored + running
+
+
+def level(service: float, levels: tuple[float, ...] = LEVELS) -> int:
+    """The attained-service level: 0 below the first threshold, 1 below the second, ..."""
+    for i, threshold in enumerate(levels):
+        if service < threshold:
+            return i
+    return len(levels)
+
+
+def starving(service: float, gpus: int, waiting_since: float, now: float,
+             factor: float = STARVATION_FACTOR, minimum: float = STARVATION_MIN_SECONDS) -> bool:
+    """Whether a pending workload has waited ``factor`` times its run time (at least ``minimum``)."""
+    if service <= 0 or gpus <= 0:
+        return False
+    return now - waiting_since >= max(minimum, factor * service / gpus)
+
+
+def measure(prev: Progress | None, steps: int, run: float | None, now: float) -> Progress:
+    """Fold one observation of the steps done into what is known. A step's time is measured
+    between two reports of the same run (the steps moved, time passed)."""
+    if prev is None:
+        return Progress(steps, now, None, run)
+    if steps == prev.steps and run == prev.run:
+        return prev
+    speed = prev.step_seconds
+    if run is not None and run == prev.run and steps > prev.steps and now > prev.seen_at:
+        speed = (now - prev.seen_at) / (steps - prev.steps)
+    return Progress(steps, now, speed, run)
+
+
+def remaining_service(gpus: int, total_steps: int, progress: Progress | None, running: bool,
+                      now: float) -> float | None:
+    """GPU-seconds left: steps left x measured step time x GPUs; a running workload's steps
+    are counted on from its last report. None when its step time is not measured yet."""
+    if progress is None or progress.step_seconds is None:
+        return None
+    left = max(0.0, float(total_steps - progress.steps))
+    if running and progress.step_seconds > 0:
+        left = max(0.0, left - (now - progress.seen_at) / progress.step_seconds)
+    return left * progress.step_seconds * max(gpus, 1)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One workload as a policy sees it."""
+
+    key: str
+    priority: int
+    gpus: int
+    admitted: bool  # holds quota (admitted, not being evicted)
+    admitted_at: float | None
+    stored_service: float  # GPU-seconds of the runs that are over
+    waiting_since: float  # creation or last eviction
+    total_steps: int | None = None
+    progress: Progress | None = None
+
+
+def rank(policy: str, s: Standing, now: float) -> int:
+    """The workload's rank under ``policy``: higher goes first and may preempt lower."""
+    if policy == ATTAINED_SERVICE:
+        service = attained(s.gpus, s.stored_service, s.admitted_at if s.admitted else None, now)
+        lv = level(service)
+        if not s.admitted and starving(service, s.gpus, s.waiting_since, now):
+            lv = 0
+        return s.priority * _SCALE - lv
+    if policy == SHORTEST_REMAINING:
+        if not s.total_steps:
+            return s.priority * _SCALE - (_SCALE - 1)  # nothing declared: last
+        left = remaining_service(s.gpus, s.total_steps, s.progress, s.admitted, now)
+        if left is None:
+            return s.priority * _SCALE  # not measured yet: first, to be measured
+        return s.priority * _SCALE - min(_SCALE - 2, 1 + int(left))
+    return s.priority
+
+
+def next_change(policy: str, standings: Iterable[Standing], now: float) -> float | None:
+    """Seconds until time alone changes a rank in a way that can change a decision (an
+    admitted workload reaching its next level, a pending one starving); None when never."""
+    if policy != ATTAINED_SERVICE:
+        return None  # remaining service only falls while running: that changes no decision
+    standings = [s for s in standings if s.gpus > 0]
+    # A pending workload at level p may preempt admitted ones above p: an admitted workload
+    # reaching level L + 1 matters only when some pending one is at level L or below.
+    lowest = math.inf
+    for s in standings:
+        if not s.admitted:
+            lowest = min(lowest, 0 if starving(s.stored_service, s.gpus, s.waiting_since, now)
+                         else level(s.stored_service))
+    soonest = math.inf
+    for s in standings:
+        if s.admitted:
+            service = attained(s.gpus, s.stored_service, s.admitted_at, now)
+            lv = level(service)
+            if lv < len(LEVELS) and lv >= lowest:
+                soonest = min(soonest, (LEVELS[lv] - service) / s.gpus + 1e-3)
+        else:
+            service = s.stored_service
+            if service > 0 and level(service) > 0:
+                due = s.waiting_since + max(STARVATION_MIN_SECONDS, STARVATION_FACTOR * service / s.gpus)
+                if due > now:
+                    soonest = min(soonest, due - now)
+    return soonest if math.isfinite(soonest) else None

@@ -1,0 +1,166 @@
+"""The queueing policies (gpufleet.queueing.policies) as pure functions, and the admission
+pass ordering and preempting by them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.api.gpu import GPU_RESOURCE as GPU
+from gpufleet.queueing import policies as p
+from gpufleet.queueing.admission import (
+    ClusterQueueInfo,
+    FlavorInfo,
+    NodeInfo,
+    PodSetInfo,
+    Quota,
+    ResourceGroupInfo,
+    WorkloadInfo,
+    schedule,
+)
+
+FLAVOR = "default"
+FLAVORS = {FLAVOR: FlavorInfo(FLAVOR)}
+NOW = 1_000_000.0
+
+
+def queue(policy: str) -> dict[str, ClusterQueueInfo]:
+    return {"q": ClusterQueueInfo("q", [ResourceGroupInfo((GPU,), (FLAVOR,))], {(FLAVOR, GPU): Quota(8)},
+                                  policy=policy)}
+
+
+def wl(key: str, gpus: int, *, ts: float = 0.0, admitted_at: float | None = None, **kw) -> WorkloadInfo:
+    w = WorkloadInfo(key, "q", [PodSetInfo("main", 1, {GPU: gpus})], timestamp=ts, **kw)
+    if admitted_at is not None:
+        w.admission = {"main": {GPU: FLAVOR}}
+        w.admitted_at = admitted_at
+        w.placed = []
+    return w
+
+
+def node() -> list[NodeInfo]:
+    return [NodeInfo("n0", {}, {"": 8})]
+
+
+def standing(gpus: int = 1, *, admitted_at: float | None = None, stored: float = 0.0, since: float = NOW,
+             total: int | None = None, progress: p.Progress | None = None) -> p.Standing:
+    return p.Standing("ns/w", 0, gpus, admitted_at is not None, admitted_at, stored, since, total, progress)
+
+
+# -- attained service ----------------------------------------------------------------------------
+
+
+def test_levels_cut_attained_service_at_the_thresholds():
+    assert [p.level(s) for s in (0, 3_599, 3_600, 18_000, 10**9)] == [0, 0, 1, 2, len(p.LEVELS)]
+
+
+def test_attained_service_counts_stored_runs_and_the_run_in_progress():
+    assert p.attained(4, 100.0, NOW - 10, NOW) == 140.0
+    assert p.attained(4, 100.0, None, NOW) == 100.0
+
+
+def test_less_attained_service_ranks_higher():
+    fresh = p.rank(p.ATTAINED_SERVICE, standing(8), NOW)
+    served = p.rank(p.ATTAINED_SERVICE, standing(8, admitted_at=NOW - 3_600), NOW)  # 28,800 GPU-s
+    assert fresh > served
+    # Within a level the rank is the same: no preemption among equals.
+    assert p.rank(p.ATTAINED_SERVICE, standing(1, stored=10), NOW) == fresh
+
+
+def test_a_starving_workload_goes_back_to_the_first_level():
+    # Ran 2 h on 8 GPUs (level 2), waiting since: not starving at 4 h, starving at 8 h.
+    s = standing(8, stored=8 * 7_200, since=NOW - 4 * 3_600)
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == -2
+    s = standing(8, stored=8 * 7_200, since=NOW - 8 * 3_600)
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == 0
+
+
+def test_next_change_is_the_next_threshold_or_the_starvation_time():
+    running = standing(8, admitted_at=NOW - 100)  # 800 GPU-s, next level at 3,600
+    fresh = standing(1)  # pending at level 0: it may preempt running once that is at level 1
+    assert p.next_change(p.ATTAINED_SERVICE, [running, fresh], NOW) == pytest.approx(350.0, abs=0.01)
+    # With nothing pending at running's level or below, its crossing changes no decision.
+    assert p.next_change(p.ATTAINED_SERVICE, [running], NOW) is None
+    waiting = standing(8, stored=8 * 7_200, since=NOW - 3_600)  # starves 8 h after it was stopped
+    assert p.next_change(p.ATTAINED_SERVICE, [waiting], NOW) == pytest.approx(7 * 3_600, abs=0.01)
+    assert p.next_change(p.SHORTEST_REMAINING, [running], NOW) is None
+
+
+# -- shortest remaining service ------------------------------------------------------------------
+
+
+def test_step_time_is_measured_between_two_reports_of_one_run():
+    first = p.measure(None, 10, run=5.0, now=100.0)
+    assert first.step_seconds is None
+    second = p.measure(first, 70, run=5.0, now=130.0)
+    assert second.step_seconds == pytest.approx(0.5)
+    # A report of another run (or after it stopped) keeps the measured speed, measures nothing.
+    stopped = p.measure(second, 80, run=None, now=200.0)
+    assert (stopped.steps, stopped.step_seconds) == (80, pytest.approx(0.5))
+    restarted = p.measure(stopped, 81, run=300.0, now=400.0)
+    assert restarted.step_seconds == pytest.approx(0.5)
+
+
+def test_remaining_service_counts_on_from_the_last_report_while_running():
+    prog = p.Progress(steps=100, seen_at=NOW - 10, step_seconds=0.5, run=1.0)
+    assert p.remaining_service(2, 300, prog, running=False, now=NOW) == pytest.approx(200 * 0.5 * 2)
+    assert p.remaining_service(2, 300, prog, running=True, now=NOW) == pytest.approx(180 * 0.5 * 2)
+    assert p.remaining_service(2, 300, p.Progress(100, NOW, None), running=True, now=NOW) is None
+
+
+def test_unmeasured_goes_first_then_least_remaining_and_undeclared_last():
+    measured = p.Progress(0, NOW, 1.0)
+    short = p.rank(p.SHORTEST_REMAINING, standing(1, total=100, progress=measured), NOW)
+    long = p.rank(p.SHORTEST_REMAINING, standing(1, total=10_000, progress=measured), NOW)
+    unmeasured = p.rank(p.SHORTEST_REMAINING, standing(1, total=10_000), NOW)
+    undeclared = p.rank(p.SHORTEST_REMAINING, standing(1), NOW)
+    assert unmeasured > short > long > undeclared
+
+
+def test_unknown_policy_names_are_refused():
+    assert p.parse_policy("attained-service") == p.ATTAINED_SERVICE
+    assert p.parse_policy("fifo") == "" and p.parse_policy(None) == ""
+    assert p.parse_policy("las") is None
+
+
+# -- the admission pass ordering by them -------------------------------------------------------------
+
+
+def test_attained_service_preempts_the_long_runner_for_a_new_job():
+    long = wl("ns/long", 8, ts=0.0, admitted_at=NOW - 3_600)  # level 2 by now
+    long.placed = []
+    new = wl("ns/new", 2, ts=NOW - 1)
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [long, new], node(), now=NOW)
+    assert set(r.preempted) == {"ns/long"}
+    assert r.preempted["ns/long"].preemptor == "ns/new"
+    # The same queue under Kueue's order lets the new job wait.
+    r = schedule(queue(""), FLAVORS, [long, new], node(), now=NOW)
+    assert not r.preempted and "ns/new" in r.waiting
+
+
+def test_attained_service_orders_pending_by_level_then_age():
+    old_served = wl("ns/old", 8, ts=NOW - 2, attained=50_000.0)
+    young_fresh = wl("ns/young", 8, ts=NOW - 1)
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [old_served, young_fresh], node(), now=NOW)
+    assert set(r.admitted) == {"ns/young"}
+    r = schedule(queue(""), FLAVORS, [old_served, young_fresh], node(), now=NOW)
+    assert set(r.admitted) == {"ns/old"}
+
+
+def test_attained_service_asks_to_be_woken_when_a_level_is_crossed():
+    running = wl("ns/run", 8, admitted_at=NOW - 100)
+    waiting = wl("ns/wait", 8, ts=NOW, attained=1_000.0)  # level 0: may preempt level 1
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [running, waiting], node(), now=NOW)
+    assert r.requeue_after == pytest.approx(350.0, abs=0.01)  # running reaches level 1 then
+
+
+def test_shortest_remaining_preempts_the_job_with_more_left():
+    long = wl("ns/long", 8, admitted_at=NOW - 100, total_steps=10_000,
+              progress=p.Progress(100, NOW - 100, 1.0, NOW - 100))
+    nearly = wl("ns/nearly", 8, ts=NOW - 1, total_steps=1_000, progress=p.Progress(900, NOW - 50, 1.0))
+    r = schedule(queue(p.SHORTEST_REMAINING), FLAVORS, [long, nearly], node(), now=NOW)
+    assert set(r.preempted) == {"ns/long"}
+    # The other way round (the runner has less left), nothing is preempted.
+    long.total_steps = 1_000
+    nearly.total_steps = 10_000
+    r = schedule(queue(p.SHORTEST_REMAINING), FLAVORS, [long, nearly], node(), now=NOW)
+    assert not r.preempted
