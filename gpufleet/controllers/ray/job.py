@@ -159,12 +159,7 @@ def _suspend(o: JobObserved, st: dict[str, Any], old: dict[str, Any], a: Actions
             a.event("Normal", "Suspended", "The RayJob is suspended: its RayCluster and submitter are gone.")
         else:
             a.requeue(1.0)
-    gen = objects.meta(job, "generation")
-    if gen is not None:
-        st["observedGeneration"] = gen
-    if st != old:
-        a.status = st
-    return a
+    return _with_status(a, job, st, old)
 
 
 def decide_job(o: JobObserved, now: Instant) -> Actions:
@@ -253,6 +248,11 @@ def decide_job(o: JobObserved, now: Instant) -> Actions:
         a.requeue(max(0.0, start + deadline - now.wall))
     if st.get("jobDeploymentStatus") in (api.DEPLOYMENT_COMPLETE, api.DEPLOYMENT_FAILED):
         a.requeue(0.0)  # the clean-up after the end
+    return _with_status(a, job, st, old)
+
+
+def _with_status(a: Actions, job: Any, st: dict[str, Any], old: dict[str, Any]) -> Actions:
+    """The status written back, with the generation observed, when it changed."""
     gen = objects.meta(job, "generation")
     if gen is not None:
         st["observedGeneration"] = gen
