@@ -8,13 +8,17 @@ work with both without converting every object.
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from typing import Any
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
 
 
+@functools.lru_cache(maxsize=4096)
 def _snake(name: str) -> str:
+    # Field names are a small fixed set (the API's), read millions of times by a busy
+    # controller: each is converted once.
     return _CAMEL.sub("_", name).lower()
 
 
@@ -25,8 +29,9 @@ def field(obj: Any, name: str, default: Any = None) -> Any:
     if isinstance(obj, dict):
         value = obj.get(name, default)
     else:
-        value = getattr(obj, _snake(name), None)
-        if value is None:
+        snake = _snake(name)
+        value = getattr(obj, snake, None)
+        if value is None and snake != name:
             value = getattr(obj, name, default)
     return default if value is None else value
 

@@ -345,8 +345,10 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
     return {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": meta,
+        # Deleted once finished (its pods and Workload go with it, through the garbage
+        # collector), so what every pass reads stays the size of what is live.
         "spec": {"parallelism": pods, "completions": pods, "completionMode": "NonIndexed",
-                 "backoffLimit": 1000, "template": template},
+                 "backoffLimit": 1000, "ttlSecondsAfterFinished": 0, "template": template},
     }
 
 
@@ -396,8 +398,9 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
                                      "metadata": {"name": f"sim-{value}"}, "value": value})
         for obj in queue_objects(policy, nodes * gpus_per_node, teams):
             await client.create(obj)
-        manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue"),
-                                    kueue_fair_sharing=policy == "fair-share")
+        # The collector's discovery resync finds no new kinds here (no CRDs): once is enough.
+        manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue", "garbagecollector"),
+                                    kueue_fair_sharing=policy == "fair-share", gc_resync_period=1e12)
         await manager.start()
         scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None)
         await scheduler.start()

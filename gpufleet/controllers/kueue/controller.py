@@ -101,6 +101,26 @@ def pod_usage_view(pod: Any) -> tuple[Any, ...]:
             is_being_deleted(pod))
 
 
+def workload_decision_view(wl: Any) -> tuple[Any, ...]:
+    """What the cycle and the job reconciler decide on in a Workload: all of it but the
+    resourceVersion, managed fields and the details of its wait (a QuotaReserved condition
+    that is not True, whose reason and message only the cycle writes). A pass that writes
+    why workloads wait does not wake another pass."""
+    meta = getattr(wl, "metadata", None)
+    meta_view = meta.model_dump(exclude={"resource_version", "managed_fields"}) if meta is not None else None
+    status = getattr(wl, "status", None)
+    status_view: Any = None
+    if status is not None:
+        status_view = status.to_dict()
+        conditions = []
+        for c in status_view.pop("conditions", None) or []:
+            if c.get("type") == kq.QUOTA_RESERVED and c.get("status") != "True":
+                c = {"type": c.get("type"), "status": c.get("status")}
+            conditions.append(c)
+        status_view["conditions"] = conditions
+    return meta_view, getattr(wl, "spec", None), status_view
+
+
 def _progress_view(job: Any) -> tuple[Any, Any]:
     annotations = objects.meta(job, "annotations") or {}
     return annotations.get(TOTAL_STEPS_ANNOTATION), annotations.get(STEPS_DONE_ANNOTATION)
@@ -141,8 +161,7 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self.jobs = Controller(f"{self.name}-jobs", self.reconcile_job, self.job_queue, workers=self.workers)
         for kind_name, informer in self.job_informers.items():
             informer.add_event_handler(*self._job_handlers(kind_name))
-        self.workloads.add_event_handler(self._workload_event, lambda old, new: self._workload_event(new),
-                                         self._workload_event)
+        self.workloads.add_event_handler(self._workload_event, self._workload_updated, self._workload_event)
         self.pods.add_event_handler(self._pod_event, self._pod_updated, self._pod_event)
         # One admission cycle at a time: it decides from the whole picture.
         self.cycle_queue = WorkQueue(f"{self.name}-cycle", clock=self.clock)
@@ -218,6 +237,12 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         if ref is not None and objects.field(ref, "kind") in self.kinds:
             ns = objects.namespace_of(wl)
             self.job_queue.add(f"{objects.field(ref, 'kind')}:{ns}/{objects.field(ref, 'name')}")
+
+    def _workload_updated(self, old: Any, new: Any) -> None:
+        if workload_decision_view(old) == workload_decision_view(new):
+            self.events_seen["Workload"] += 1  # only its wait's message: what a pass wrote
+            return
+        self._workload_event(new)
 
     def _pod_event(self, pod: Any, *, usage_changed: bool = True) -> None:
         ref = objects.controller_ref(pod)
