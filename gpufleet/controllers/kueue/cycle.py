@@ -102,9 +102,11 @@ def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
 
 
 # Pending workloads whose reason stands but whose message changed (the quota short by a
-# different amount, say) are rewritten at most this many per pass, the first in queue order:
-# with hundreds waiting, every admission would otherwise rewrite every one of them.
-PENDING_REFRESHES_PER_PASS = 16
+# different amount, say), or that still wait for room but now for the other kind of it (quota
+# or a node's shape), are rewritten at most this many per pass, the first in queue order: with
+# hundreds waiting, every admission would otherwise rewrite every one of them.
+PENDING_REFRESHES_PER_PASS = 4
+_ROOM = frozenset({adm.WAIT_QUOTA, adm.WAIT_SHAPE})
 
 _PREEMPTOR = re.compile(r"accommodate a workload \(([^)\s]+)\)")
 
@@ -453,7 +455,8 @@ class AdmissionCycle:
         last = self._pending_memo.get(key)
         if last == memo:
             return 0  # this very wait was already written (or found there) and announced
-        message_only = last is not None and last[0] == rv and last[1] == wait.kind
+        message_only = last is not None and last[0] == rv and (
+            last[1] == wait.kind or {last[1], wait.kind} <= _ROOM)
         if message_only and not refresh:
             return 0  # the reason stands; its message is refreshed by a later pass
         await self._write_pending(wl, wait, now)
