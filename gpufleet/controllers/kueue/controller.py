@@ -185,6 +185,8 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self.progress: dict[str, Any] = {}
         # Workload key -> (resourceVersion, what the cycle parsed of it at that version).
         self._parsed: dict[str, tuple[int, Any]] = {}
+        # Workload key -> (the inputs, the WorkloadInfo) of a workload without quota, last pass.
+        self._infos: dict[str, tuple[tuple[Any, ...], Any]] = {}
         # Workload key -> the informer's object, when it was not queued (finished, inactive).
         self._finished: dict[str, Any] = {}
         # Workload key -> (resourceVersion, wait kind, message) last written as its wait.

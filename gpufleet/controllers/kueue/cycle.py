@@ -205,6 +205,7 @@ class AdmissionCycle:
 
         workloads: list[adm.WorkloadInfo] = []
         models: dict[str, Any] = {}
+        infos: dict[str, tuple[tuple[Any, ...], adm.WorkloadInfo]] = {}
         parsed: dict[str, tuple[int, Any]] = {}
         finished: dict[str, Any] = {}
         for key, cached in self.workloads.items():
@@ -227,12 +228,48 @@ class AdmissionCycle:
                 if wl is cached:
                     finished[key] = cached
                 continue
-            info = self._workload_info(wl, part, placed, bound_per_set)
+            info = self._queued_info(key, wl, part, placed, bound_per_set, infos)
             workloads.append(info)
             models[key] = wl
         self._parsed = parsed
         self._finished = finished
+        self._infos = infos
         return queues, flavors, workloads, list(nodes.values()), models
+
+    def _queued_info(self, key: str, wl: Any, part: adm.WorkloadInfo, placed: dict[str, list[adm.Placement]],
+                     bound_per_set: dict[str, dict[str, int]],
+                     infos: dict[str, tuple[tuple[Any, ...], adm.WorkloadInfo]]) -> adm.WorkloadInfo:
+        """``_workload_info``, reused from the last pass for a workload without quota whose
+        inputs are what they were then: the Workload, its LocalQueue's and ClusterQueue's specs
+        (their generations, not the status each pass writes), its namespace, its job and the
+        pods it has placed. Hundreds wait unchanged from one pass to the next."""
+        if part.admission is not None:
+            return self._workload_info(wl, part, placed, bound_per_set)
+        ns = objects.namespace_of(wl)
+        queue = wl.spec.queue_name
+        lq = self.local_queues.get(f"{ns}/{queue}") if queue else None
+        cq_name = (lq.spec.cluster_queue if lq is not None and lq.spec is not None else "") or ""
+        cq = self.cluster_queues.get(cq_name) if cq_name else None
+        job = self._owner_job(wl)
+        if job is not None and policies.STEPS_DONE_ANNOTATION in (objects.meta(job, "annotations") or {}):
+            return self._workload_info(wl, part, placed, bound_per_set)  # its progress moves with time
+        held = placed.get(controller_uid(wl) or "")
+        inputs = (
+            part,
+            (objects.uid_of(lq), objects.meta(lq, "generation")) if lq is not None else None,
+            (objects.uid_of(cq), objects.meta(cq, "generation")) if cq is not None else None,
+            _rv(self.namespaces.get(ns)),
+            _rv(job) if job is not None else None,
+            tuple(held) if held else (),
+            self.progress.get(key),
+        )
+        last = self._infos.get(key)
+        if last is not None and last[0] == inputs and last[0][0] is part:
+            info = last[1]
+        else:
+            info = self._workload_info(wl, part, placed, bound_per_set)
+        infos[key] = (inputs, info)
+        return info
 
     def _queue_info(self, cq: Any, flavors: dict[str, adm.FlavorInfo]) -> adm.ClusterQueueInfo:
         spec = cq.spec or kq.ClusterQueueSpec()
