@@ -7,7 +7,8 @@ A ClusterQueue chooses its policy with the annotation ``gpufleet.io/queueing-pol
 - ``fifo`` (or no annotation): Kueue's order, priority then age;
 - ``attained-service``: non-clairvoyant, Tiresias' discretized least-attained-service.
   A workload's attained service is the GPU-time it has held (GPUs x seconds admitted,
-  over all its runs). The service is cut into levels at ``LEVELS`` GPU-seconds; a
+  over all its runs). The service is cut into levels at ``LEVELS`` GPU-seconds (or the
+  ClusterQueue's annotation ``gpufleet.io/attained-service-levels``); a
   workload at a lower level goes first and preempts admitted workloads at a higher level
   (checkpoint-restart, through the ordinary eviction). Within a level, first come first
   served (an evicted workload queues again from its eviction). Starvation guard: a
@@ -28,6 +29,7 @@ the second, and ``admission.Cycle`` uses the rank wherever it would use the prio
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -39,6 +41,9 @@ TOTAL_STEPS_ANNOTATION = "gpufleet.io/total-steps"
 STEPS_DONE_ANNOTATION = "gpufleet.io/steps-done"
 # Kept by admission on the Workload: GPU-seconds held in the runs that are over.
 ATTAINED_ANNOTATION = "gpufleet.io/attained-gpu-seconds"
+# On a ClusterQueue of the attained-service policy: its levels' thresholds in GPU-seconds,
+# comma-separated and increasing (default LEVELS).
+LEVELS_ANNOTATION = "gpufleet.io/attained-service-levels"
 
 FIFO = "fifo"
 ATTAINED_SERVICE = "attained-service"
@@ -72,6 +77,20 @@ def parse_policy(value: str | None) -> str | None:
     if not v or v == FIFO:
         return ""
     return v if v in POLICIES else None
+
+
+def parse_levels(value: str | None) -> tuple[float, ...] | None:
+    """The thresholds an attained-service-levels annotation gives (None when it is absent).
+    Raises ValueError, saying what is wrong, unless they are positive and increasing."""
+    if value is None or not value.strip():
+        return None
+    try:
+        levels = tuple(float(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError(f"{value!r} is not a comma-separated list of GPU-seconds such as \"3600,18000\"") from None
+    if any(not math.isfinite(v) or v <= 0 for v in levels) or any(b <= a for a, b in itertools.pairwise(levels)):
+        raise ValueError(f"{value!r}: the levels must be positive GPU-seconds, each above the one before")
+    return levels
 
 
 def attained(gpus: int, stored: float, admitted_at: float | None, now: float) -> float:
@@ -136,11 +155,11 @@ class Standing:
     progress: Progress | None = None
 
 
-def rank(policy: str, s: Standing, now: float) -> int:
+def rank(policy: str, s: Standing, now: float, levels: tuple[float, ...] | None = None) -> int:
     """The workload's rank under ``policy``: higher goes first and may preempt lower."""
     if policy == ATTAINED_SERVICE:
         service = attained(s.gpus, s.stored_service, s.admitted_at if s.admitted else None, now)
-        lv = level(service)
+        lv = level(service, levels or LEVELS)
         if not s.admitted and starving(service, s.gpus, s.waiting_since, now):
             lv = 0
         return s.priority * _SCALE - lv
@@ -154,11 +173,13 @@ def rank(policy: str, s: Standing, now: float) -> int:
     return s.priority
 
 
-def next_change(policy: str, standings: Iterable[Standing], now: float) -> float | None:
+def next_change(policy: str, standings: Iterable[Standing], now: float,
+                levels: tuple[float, ...] | None = None) -> float | None:
     """Seconds until time alone changes a rank in a way that can change a decision (an
     admitted workload reaching its next level, a pending one starving); None when never."""
     if policy != ATTAINED_SERVICE:
         return None  # remaining service only falls while running: that changes no decision
+    levels = levels or LEVELS
     standings = [s for s in standings if s.gpus > 0]
     # A pending workload at level p may preempt admitted ones above p: an admitted workload
     # reaching level L + 1 matters only when some pending one is at level L or below.
@@ -166,17 +187,17 @@ def next_change(policy: str, standings: Iterable[Standing], now: float) -> float
     for s in standings:
         if not s.admitted:
             lowest = min(lowest, 0 if starving(s.stored_service, s.gpus, s.waiting_since, now)
-                         else level(s.stored_service))
+                         else level(s.stored_service, levels))
     soonest = math.inf
     for s in standings:
         if s.admitted:
             service = attained(s.gpus, s.stored_service, s.admitted_at, now)
-            lv = level(service)
-            if lv < len(LEVELS) and lv >= lowest:
-                soonest = min(soonest, (LEVELS[lv] - service) / s.gpus + 1e-3)
+            lv = level(service, levels)
+            if lv < len(levels) and lv >= lowest:
+                soonest = min(soonest, (levels[lv] - service) / s.gpus + 1e-3)
         else:
             service = s.stored_service
-            if service > 0 and level(service) > 0:
+            if service > 0 and level(service, levels) > 0:
                 due = s.waiting_since + max(STARVATION_MIN_SECONDS, STARVATION_FACTOR * service / s.gpus)
                 if due > now:
                     soonest = min(soonest, due - now)

@@ -64,6 +64,8 @@ class ClusterQueueInfo:
     when_can_borrow: str = "Borrow"
     # The queueing policy (gpufleet.queueing.policies); "" is Kueue's order.
     policy: str = ""
+    # attained-service: the levels' thresholds, GPU-seconds (None: policies.LEVELS).
+    levels: tuple[float, ...] | None = None
     # Why the queue admits nothing (stopped, a flavor missing); empty when active.
     inactive: str = ""
 

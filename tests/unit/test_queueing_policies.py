@@ -23,9 +23,9 @@ FLAVORS = {FLAVOR: FlavorInfo(FLAVOR)}
 NOW = 1_000_000.0
 
 
-def queue(policy: str) -> dict[str, ClusterQueueInfo]:
+def queue(policy: str, levels: tuple[float, ...] | None = None) -> dict[str, ClusterQueueInfo]:
     return {"q": ClusterQueueInfo("q", [ResourceGroupInfo((GPU,), (FLAVOR,))], {(FLAVOR, GPU): Quota(8)},
-                                  policy=policy)}
+                                  policy=policy, levels=levels)}
 
 
 def wl(key: str, gpus: int, *, ts: float = 0.0, admitted_at: float | None = None, **kw) -> WorkloadInfo:
@@ -85,6 +85,20 @@ def test_next_change_is_the_next_threshold_or_the_starvation_time():
     assert p.next_change(p.SHORTEST_REMAINING, [running], NOW) is None
 
 
+def test_a_queue_may_set_its_own_levels():
+    assert p.parse_levels("60, 600,6000") == (60.0, 600.0, 6000.0)
+    assert p.parse_levels(None) is None and p.parse_levels(" ") is None
+    for bad in ("60,30", "0,10", "ten", "60,,600", "nan"):
+        with pytest.raises(ValueError):
+            p.parse_levels(bad)
+    running = standing(1, admitted_at=NOW - 100)  # 100 GPU-s: level 0 by default, 1 above 60
+    assert p.rank(p.ATTAINED_SERVICE, running, NOW) == 0
+    assert p.rank(p.ATTAINED_SERVICE, running, NOW, (60.0,)) == -1
+    fresh = standing(1)
+    assert p.next_change(p.ATTAINED_SERVICE, [standing(1, admitted_at=NOW - 10), fresh], NOW, (60.0,)) == \
+        pytest.approx(50.0, abs=0.01)
+
+
 # -- shortest remaining service ------------------------------------------------------------------
 
 
@@ -135,6 +149,14 @@ def test_attained_service_preempts_the_long_runner_for_a_new_job():
     # The same queue under Kueue's order lets the new job wait.
     r = schedule(queue(""), FLAVORS, [long, new], node(), now=NOW)
     assert not r.preempted and "ns/new" in r.waiting
+
+
+def test_a_queues_own_levels_decide_when_the_long_runner_is_preempted():
+    long = wl("ns/long", 1, ts=0.0, admitted_at=NOW - 100)  # 100 GPU-s
+    new = wl("ns/new", 8, ts=NOW - 1)
+    assert not schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [long, new], node(), now=NOW).preempted
+    r = schedule(queue(p.ATTAINED_SERVICE, (60.0,)), FLAVORS, [long, new], node(), now=NOW)
+    assert set(r.preempted) == {"ns/long"}
 
 
 def test_attained_service_orders_pending_by_level_then_age():

@@ -293,8 +293,14 @@ class AdmissionCycle:
         if spec.fair_sharing is not None and spec.fair_sharing.weight is not None:
             weight = float(parse_quantity(spec.fair_sharing.weight))
         inactive = ""
-        raw_policy = (objects.meta(cq, "annotations") or {}).get(policies.POLICY_ANNOTATION)
+        annotations = objects.meta(cq, "annotations") or {}
+        raw_policy = annotations.get(policies.POLICY_ANNOTATION)
         policy = policies.parse_policy(raw_policy)
+        levels, levels_problem = None, ""
+        try:
+            levels = policies.parse_levels(annotations.get(policies.LEVELS_ANNOTATION))
+        except ValueError as e:
+            levels_problem = f"metadata.annotations[{policies.LEVELS_ANNOTATION}]: Invalid value: {e}"
         if missing:
             inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
         elif spec.stop_policy not in (None, "None"):
@@ -302,6 +308,8 @@ class AdmissionCycle:
         elif policy is None:
             inactive = (f"metadata.annotations[{policies.POLICY_ANNOTATION}]: Unsupported value: {raw_policy!r}: "
                         f"supported values: {', '.join(policies.POLICIES)}")
+        elif levels_problem and policy == policies.ATTAINED_SERVICE:
+            inactive = levels_problem
         return adm.ClusterQueueInfo(
             name=objects.name_of(cq),
             groups=groups,
@@ -316,6 +324,7 @@ class AdmissionCycle:
             when_can_borrow=(spec.flavor_fungibility.when_can_borrow if spec.flavor_fungibility else None) or "Borrow",
             inactive=inactive,
             policy=policy or "",
+            levels=levels,
         )
 
     def _parse(self, wl: Any) -> adm.WorkloadInfo | None:
