@@ -172,6 +172,23 @@ class Cycle:
         self._reserve(wl, assignment, {ps.name: ps.count for ps in wl.pod_sets})
         self._version += 1
 
+    def _claim(self, wl: WorkloadInfo, assignment: Assignment) -> None:
+        """Hold for the rest of the pass the quota a workload waiting on its preemptions will
+        take, as Kueue counts a preempting workload's usage in its cycle: the quota a victim
+        gives back is not taken by a workload behind the preemptor (a victim re-admitted, say,
+        before the preemptor fits, to be preempted again, round after round)."""
+        # Its victims still hold part of it (in its queue or the cohort's others): that part
+        # is counted once, as theirs, until they are gone.
+        held: dict[FlavorResource, int] = {}
+        for key in self._gone_for(wl):
+            victim = self.workloads[key]
+            for fr, amount in workload_usage(victim, self._assignment_of(victim)).items():
+                held[fr] = held.get(fr, 0) + amount
+        per = self._usage_now.setdefault(wl.cluster_queue, {})
+        for fr, amount in workload_usage(wl, assignment).items():
+            per[fr] = per.get(fr, 0) + max(0, amount - held.get(fr, 0))
+        self._version += 1
+
     def _demands(self, wl: WorkloadInfo, assignment: Assignment, counts: Mapping[str, int] | None = None,
                  ) -> list[PodDemand] | None:
         out: list[PodDemand] = []
@@ -496,6 +513,7 @@ class Cycle:
         if gone and target is not None and self._fits(wl, target, gone, True)[0]:
             self.result.waiting[wl.key] = Wait(
                 WAIT_PREEMPTING, f"waiting for {len(gone)} preempted workload(s) to stop; {reason}")
+            self._claim(wl, target)
             return False
         victims, why, too_high = self._preempt(wl, cq)
         if victims:
@@ -507,6 +525,8 @@ class Cycle:
             self.result.waiting[wl.key] = Wait(
                 WAIT_PREEMPTING, f"preempting {len(victims)} workload(s): "
                                  + ", ".join(v.key for v in victims) + f"; {reason}")
+            if target is not None:
+                self._claim(wl, target)
             return False
         if target is None:
             self.result.waiting[wl.key] = Wait(attempt.kind, reason + " (it can never fit this ClusterQueue's "

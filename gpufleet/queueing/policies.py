@@ -13,7 +13,8 @@ A ClusterQueue chooses its policy with the annotation ``gpufleet.io/queueing-pol
   (checkpoint-restart, through the ordinary eviction). Within a level, first come first
   served (an evicted workload queues again from its eviction). Starvation guard: a
   workload that has waited ``STARVATION_FACTOR`` times as long as it has run (and at least
-  ``STARVATION_MIN_SECONDS``) is treated as level 0 until it is admitted again;
+  ``STARVATION_MIN_SECONDS``) is treated as level 0 until it is admitted again, and its
+  service starts again from 0 when it is (Tiresias' promotion);
 - ``shortest-remaining-service``: the workload with the least remaining GPU-time goes first
   and preempts those with more. The job declares its total steps (annotation
   ``gpufleet.io/total-steps``) and reports the steps done (``gpufleet.io/steps-done``, on the
@@ -113,6 +114,14 @@ def starving(service: float, gpus: int, waiting_since: float, now: float,
     if service <= 0 or gpus <= 0:
         return False
     return now - waiting_since >= max(minimum, factor * service / gpus)
+
+
+def promoted(service: float, gpus: int, waiting_since: float, now: float,
+             levels: tuple[float, ...] | None = None) -> bool:
+    """Whether a pending workload is admitted only because it starves (above level 0 by its
+    service): its service then starts again from 0, as Tiresias resets a promoted job's, so
+    the workload it displaced cannot take the GPUs straight back."""
+    return level(service, levels or LEVELS) > 0 and starving(service, gpus, waiting_since, now)
 
 
 def measure(prev: Progress | None, steps: int, run: float | None, now: float) -> Progress:

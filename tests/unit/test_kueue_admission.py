@@ -16,6 +16,7 @@ from gpufleet.queueing.admission import (
     ClusterQueueInfo,
     FlavorInfo,
     NodeInfo,
+    Placement,
     PodSetInfo,
     Quota,
     Quotas,
@@ -194,6 +195,24 @@ def test_two_owners_waiting_each_get_their_own_victim():
     # b/w0 waits for the room made for it; b/w1 does not count on that room and preempts its own.
     assert r.waiting["b/w0"].kind == WAIT_PREEMPTING and "to stop" in r.waiting["b/w0"].message
     assert set(r.preempted) == {"a/w2"} and r.preempted["a/w2"].preemptor == "b/w1"
+
+
+def test_a_victim_given_back_its_quota_does_not_take_it_before_its_preemptor():
+    # big preempted both; v1 is still stopping, v2 is gone and pending again. Were v2 let
+    # back into the room it left, big would preempt it again, round after round.
+    queues = {"a": cq("a", 8, cohort="", within_cluster_queue="LowerPriority")}
+    v1 = wl("a/v1", "a", 1, 4, admitted=FLAVOR, admitted_at=1, priority=1)
+    v1.evicting, v1.preempted_by, v1.placed = True, "a/big", [Placement("n0", {"": 4})]
+    v2 = wl("a/v2", "a", 1, 4, priority=1, ts=5)
+    big = wl("a/big", "a", 1, 8, priority=10, ts=2)
+    node = NodeInfo("n0", {}, {"": 8}, used={"": 4})
+    r = schedule(queues, FLAVORS, [v1, v2, big], [node])
+    assert r.waiting["a/big"].kind == WAIT_PREEMPTING and "to stop" in r.waiting["a/big"].message
+    assert "a/v2" not in r.admitted and r.waiting["a/v2"].kind == WAIT_QUOTA
+    assert not r.preempted
+    # Once v1 is gone too, big is admitted.
+    r = schedule(queues, FLAVORS, [v2, big], [NodeInfo("n0", {}, {"": 8})])
+    assert set(r.admitted) == {"a/big"}
 
 
 def test_reclaim_never_leaves_the_owner_waiting():

@@ -74,6 +74,15 @@ def test_a_starving_workload_goes_back_to_the_first_level():
     assert p.rank(p.ATTAINED_SERVICE, s, NOW) == 0
 
 
+def test_only_a_workload_above_level_0_admitted_for_starving_is_promoted():
+    # Ran 2 h on 8 GPUs (level 2): promoted once it has waited 8 h, not at 4 h.
+    assert not p.promoted(8 * 7_200, 8, NOW - 4 * 3_600, NOW)
+    assert p.promoted(8 * 7_200, 8, NOW - 8 * 3_600, NOW)
+    # At level 0 it goes first anyway: nothing to reset.
+    assert not p.promoted(100, 1, NOW - 10**6, NOW)
+    assert p.promoted(100, 1, NOW - 10**6, NOW, (60.0,))
+
+
 def test_next_change_is_the_next_threshold_or_the_starvation_time():
     running = standing(8, admitted_at=NOW - 100)  # 800 GPU-s, next level at 3,600
     fresh = standing(1)  # pending at level 0: it may preempt running once that is at level 1

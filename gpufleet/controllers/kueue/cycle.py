@@ -436,7 +436,12 @@ class AdmissionCycle:
                 await self._evict(wl, adm.Preemption("", "InactiveWorkload", "The workload is deactivated"), now,
                                   reason="InactiveWorkload", info=infos[key])
         for key, assignment in result.admitted.items():
-            await self._admit(models[key], infos[key], assignment, key in result.borrowing, now)
+            wl, info = models[key], infos[key]
+            cq = queues.get(info.cluster_queue)
+            if cq is not None and cq.policy == policies.ATTAINED_SERVICE and policies.promoted(
+                    info.attained, info.gpus, info.timestamp, self.clock.now(), cq.levels):
+                wl = await self._set_attained(wl, 0.0)  # promoted for starving: its service starts over
+            await self._admit(wl, info, assignment, key in result.borrowing, now)
         for key, pre in result.preempted.items():
             await self._evict(models[key], pre, now, info=infos[key])
         refreshes = PENDING_REFRESHES_PER_PASS
@@ -478,11 +483,8 @@ class AdmissionCycle:
                      info: adm.WorkloadInfo | None = None) -> None:
         if info is not None and info.admission is not None and not info.evicting and info.gpus:
             # The run ends: its GPU-time joins the Workload's attained service.
-            service = policies.attained(info.gpus, info.attained, info.admitted_at, self.clock.now())
-            body = _wire(wl)
-            body["metadata"].setdefault("annotations", {})[policies.ATTAINED_ANNOTATION] = f"{service:.3f}"
-            wl = await self.client.update(body)
-            self._written[objects.object_key(wl)] = wl
+            wl = await self._set_attained(wl, policies.attained(info.gpus, info.attained, info.admitted_at,
+                                                                self.clock.now()))
         status = status_dict(wl)
         conditions = _conditions(status)
         _set(conditions, kq.EVICTED, "True", reason, pre.message, now)
@@ -490,6 +492,14 @@ class AdmissionCycle:
             _set(conditions, kq.PREEMPTED, "True", pre.reason, pre.message, now)
         await self._write_status(wl, {**status, "conditions": conditions})
         await self.recorder.record(wl, NORMAL, reason, pre.message)
+
+    async def _set_attained(self, wl: Any, service: float) -> Any:
+        """Write the Workload's attained service (GPU-seconds of its runs that are over)."""
+        body = _wire(wl)
+        body["metadata"].setdefault("annotations", {})[policies.ATTAINED_ANNOTATION] = f"{service:.3f}"
+        wl = await self.client.update(body)
+        self._written[objects.object_key(wl)] = wl
+        return wl
 
     async def _pending(self, wl: Any, wait: adm.Wait, now: str, *, refresh: bool = True) -> int:
         """Write why ``wl`` waits. Returns 1 when that was only a new message for the same
