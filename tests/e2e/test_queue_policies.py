@@ -21,7 +21,7 @@ import pytest
 from test_pod_contract import BUSYBOX, Plane, running_plane, wait_until
 
 from gpufleet.client.api import Client
-from gpufleet.client.errors import NotFound
+from gpufleet.client.errors import BadRequest, NotFound
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +96,7 @@ async def logs_of(client: Client, job_name: str) -> list[str]:
     for p in pods:
         try:
             out.append(await client.log(p["metadata"]["name"], NS))
-        except NotFound:
+        except (NotFound, BadRequest):  # gone, or not started yet
             continue
     return out
 
