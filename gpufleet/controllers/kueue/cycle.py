@@ -102,11 +102,12 @@ def _pod_gpu_groups(pod: Any, node: Any | None) -> dict[str, int]:
 
 
 # Pending workloads whose reason stands but whose message changed (the quota short by a
-# different amount, say), or that still wait for room but now for the other kind of it (quota
-# or a node's shape), are rewritten at most this many per pass, the first in queue order: with
-# hundreds waiting, every admission would otherwise rewrite every one of them.
+# different amount, say), or that still wait for room but now for another kind of it (quota,
+# a node's shape, or room only preemption could make and its priority or rank may not), are
+# rewritten at most this many per pass, the first in queue order: with hundreds waiting, every
+# admission would otherwise rewrite every one of them.
 PENDING_REFRESHES_PER_PASS = 4
-_ROOM = frozenset({adm.WAIT_QUOTA, adm.WAIT_SHAPE})
+_ROOM = frozenset({adm.WAIT_QUOTA, adm.WAIT_SHAPE, adm.WAIT_PRIORITY})
 
 _PREEMPTOR = re.compile(r"accommodate a workload \(([^)\s]+)\)")
 
