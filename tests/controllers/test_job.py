@@ -201,3 +201,17 @@ async def test_deleting_a_running_job_releases_its_pods(client: Client, controll
     # The pods hold the tracking finalizer; the job controller lets go of it once the job is gone.
     for p in pods:
         await eventually(lambda p=p: _gone(client, p["metadata"]["name"]), timeout=10)
+
+
+async def test_a_failed_pod_is_replaced_when_the_back_off_ends_with_nothing_else_happening(
+        client: Client, controllers) -> None:
+    # The sync that finds the back-off still running asks to come back when it ends: no
+    # other event is needed to make the replacement (a quiet cluster, or a trace replay).
+    await controllers(enabled=JOB, job_pod_failure_backoff=1.0)
+    j = await client.create(job("retry", backoffLimit=3), raw=True)
+    uid = j["metadata"]["uid"]
+    first = (await eventually(lambda: active(client, uid, 1), what="the first pod"))[0]
+    await set_pod_status(client, first["metadata"]["name"], phase="Failed")
+    replacement = await eventually(lambda: active(client, uid, 1), timeout=10, what="a replacement after 1 s")
+    assert replacement[0]["metadata"]["name"] != first["metadata"]["name"]
+    assert (await job_status(client, "retry")).get("failed") == 1

@@ -173,6 +173,7 @@ class JobController(OwnerController):
         job = await self._write(key, job, finish)
         if is_finished(job) and job.spec.ttl_seconds_after_finished is not None:
             return await self._expire(key, job)
+        finish.requeue(pods.requeue_after)  # a pod back-off still running: back when it ends
         return self.requeue(finish)
 
     async def _write(self, key: str, job: Any, actions: Actions) -> Any:
