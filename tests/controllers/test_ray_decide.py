@@ -376,6 +376,25 @@ def test_a_rayjob_ends_as_ray_says_and_its_cluster_goes_after_the_ttl() -> None:
     assert (a.status["jobDeploymentStatus"], a.status["reason"]) == ("Failed", "AppFailed")
 
 
+def test_a_rayjob_ends_only_once_its_submitter_has_finished_too() -> None:
+    running = {"jobId": "train-01234", "rayClusterName": "train-bcdef", "jobDeploymentStatus": "Running",
+               "startTime": rfc3339(T0 - 5)}
+    ready = {"metadata": {"name": "train-bcdef", "uid": "c"}, "status": {"state": "ready"}}
+    job = rayjob(running)
+    tailing = {"metadata": {"name": "train"}, "status": {"active": 1}}
+    a = decide_job(JobObserved(job, ready, tailing, "d:1", {"status": "SUCCEEDED"}), NOW)
+    assert a.status["jobStatus"] == "SUCCEEDED" and a.status["jobDeploymentStatus"] == "Running"
+    assert a.requeue_after is not None
+    done = {"metadata": {"name": "train"}, "status": {"conditions": [{"type": "Complete", "status": "True"}]}}
+    a = decide_job(JobObserved(job, ready, done, "d:1", {"status": "SUCCEEDED"}), NOW)
+    assert a.status["jobDeploymentStatus"] == "Complete"
+    a = decide_job(JobObserved(job, ready, tailing, "d:1", {"status": "FAILED"}), NOW)
+    assert a.status["jobDeploymentStatus"] == "Running"
+    failed = {"metadata": {"name": "train"}, "status": {"conditions": [{"type": "Failed", "status": "True"}]}}
+    a = decide_job(JobObserved(job, ready, failed, "d:1", {"status": "FAILED"}), NOW)
+    assert (a.status["jobDeploymentStatus"], a.status["reason"]) == ("Failed", "AppFailed")
+
+
 def test_a_rayjob_past_its_deadline_fails() -> None:
     job = rayjob({"jobDeploymentStatus": "Initializing", "startTime": rfc3339(T0 - 60)}, activeDeadlineSeconds=30)
     a = decide_job(JobObserved(job, None, None, None, None), NOW)

@@ -5,7 +5,7 @@ RayCluster's name chosen, the cluster created from ``rayClusterSpec``, or the on
 ``clusterSelector`` names used) -> Running once the cluster is ready (the submitter Job
 created: ``submitterPodTemplate``, or the default one running ``ray job submit`` against
 the head's dashboard) -> Complete when Ray reports SUCCEEDED, Failed when it reports
-FAILED or STOPPED (reason AppFailed), when the submitter Job failed (SubmissionFailed) or
+FAILED or STOPPED (reason AppFailed), either only once the submitter Job has finished too, when the submitter Job failed (SubmissionFailed) or
 after ``activeDeadlineSeconds`` (DeadlineExceeded). ``status.jobStatus`` is Ray's, read
 from the dashboard's job API; when the dashboard cannot be read, a submitter that
 completed (``ray job submit`` waits for the job and exits non-zero when it failed) stands
@@ -228,10 +228,16 @@ def decide_job(o: JobObserved, now: Instant) -> Actions:
             st["jobStatus"] = ray_status
             if o.ray_job and o.ray_job.get("message"):
                 st["message"] = o.ray_job["message"]
+        # As KubeRay (since 1.1), a job with a submitter ends only once the submitter has
+        # finished too, so its log (the job's output, tailed by ``ray job submit``) is whole.
+        submitter_done = o.submitter is None or any(
+            _job_condition(o.submitter, c) for c in ("Complete", "Failed"))
         if _job_condition(o.submitter, "Failed") and ray_status not in api.TERMINAL_JOB_STATUSES:
             st["failed"] = 1
             fail("SubmissionFailed", "The submitter Job failed: see its logs (gpufleet logs job/"
                                      f"{objects.name_of(job)}).")
+        elif ray_status in api.TERMINAL_JOB_STATUSES and not submitter_done:
+            a.requeue(POLL_SECONDS)
         elif ray_status == api.JOB_SUCCEEDED or (ray_status is None and _job_condition(o.submitter, "Complete")):
             st.update(jobStatus=api.JOB_SUCCEEDED, jobDeploymentStatus=api.DEPLOYMENT_COMPLETE, endTime=now.text,
                       succeeded=1)
