@@ -216,6 +216,72 @@ async def test_concurrent_cas_exactly_one_wins(make_store: MakeStore) -> None:
         assert await s2.get("pods", "default", name) == winners[0]
 
 
+async def test_writes_asked_at_once_succeed_or_fail_alone(store: Store) -> None:
+    """Writes in flight together (the SQLite store commits them as one group): each is
+    answered on its own, a Conflict or AlreadyExists takes no revision and stores nothing,
+    the others take dense revisions and their events come in revision order."""
+    a = await store.create("pods", "ns", "a", pod("a"))
+    b = await store.create("pods", "ns", "b", pod("b"))
+    gone = await store.create("pods", "ns", "gone", pod("gone"))
+    before = await store.revision()
+    w = await store.watch("pods", None, before)
+    results = await asyncio.gather(
+        store.update("pods", "ns", "a", pod("a", v=1), expected_revision=rv(a)),
+        store.update("pods", "ns", "b", pod("b", v=1), expected_revision=rv(a)),  # stale
+        store.create("pods", "ns", "c", pod("c")),
+        store.create("pods", "ns", "a", pod("a")),  # exists
+        store.delete("pods", "ns", "gone", expected_revision=rv(gone)),
+        store.update("pods", "ns", "missing", pod("missing")),
+        return_exceptions=True,
+    )
+    assert isinstance(results[1], Conflict) and results[1].current == b
+    assert isinstance(results[3], AlreadyExists) and isinstance(results[5], NotFound)
+    done = [results[0], results[2], results[4]]
+    assert all(isinstance(r, dict) for r in done), results
+    assert sorted(rv(r) for r in done) == [before + 1, before + 2, before + 3]
+    assert await store.revision() == before + 3
+    assert await store.get("pods", "ns", "a") == results[0]
+    assert await store.get("pods", "ns", "b") == b
+    with pytest.raises(NotFound):
+        await store.get("pods", "ns", "gone")
+    events = await take(w, 3)
+    assert [e.revision for e in events] == [before + 1, before + 2, before + 3]
+    assert {(e.type, e.name) for e in events} == {("MODIFIED", "a"), ("ADDED", "c"), ("DELETED", "gone")}
+    await w.close()
+
+
+async def test_sqlite_commits_the_writes_of_one_turn_together(tmp_path: Any) -> None:
+    """Group commit: the writes asked for in one turn of the loop are one transaction (one
+    fsync), in the order asked; a failed one in the middle changes nothing for the rest."""
+    from gpufleet.store.sqlite import SQLiteStore
+
+    s = SQLiteStore(f"sqlite:///{tmp_path}/g.db", housekeeping_interval=None)
+    await s.start()
+    try:
+        base = await s.create("pods", "ns", "x", pod("x"))
+        commits = s.commits
+        names = [f"p{i}" for i in range(20)]
+        results = await asyncio.gather(
+            *[s.create("pods", "ns", n, pod(n)) for n in names[:10]],
+            s.update("pods", "ns", "x", pod("x", v=1), expected_revision=rv(base) + 7),
+            *[s.create("pods", "ns", n, pod(n)) for n in names[10:]],
+            return_exceptions=True,
+        )
+        assert s.commits == commits + 1
+        assert isinstance(results[10], Conflict)
+        made = results[:10] + results[11:]
+        assert [rv(r) for r in made] == list(range(rv(base) + 1, rv(base) + 21))
+        reopened = SQLiteStore(f"sqlite:///{tmp_path}/g.db", housekeeping_interval=None)
+        await reopened.start()
+        try:
+            assert [o["metadata"]["name"] for o in (await reopened.list("pods", "ns")).items] == sorted(names + ["x"])
+            assert await reopened.get("pods", "ns", "x") == base
+        finally:
+            await reopened.close()
+    finally:
+        await s.close()
+
+
 async def test_one_global_revision(store: Store) -> None:
     seen = []
     for i in range(5):
