@@ -258,23 +258,28 @@ class SQLiteStore(StoreBase):
             db.execute("BEGIN IMMEDIATE")
             try:
                 rev = db.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
+                alone = len(batch) == 1  # no savepoint needed: a failure rolls back the whole
                 for op, fut in batch:
-                    db.execute("SAVEPOINT write")
+                    if not alone:
+                        db.execute("SAVEPOINT write")
                     try:
                         result, events = op(db, rev)
                     except Exception as exc:
-                        db.execute("ROLLBACK TO write")
-                        db.execute("RELEASE write")
+                        db.execute("ROLLBACK" if alone else "ROLLBACK TO write")
+                        if not alone:
+                            db.execute("RELEASE write")
                         outcomes.append((fut, exc, None))
                         continue
-                    db.execute("RELEASE write")
+                    if not alone:
+                        db.execute("RELEASE write")
                     if events:
                         rev = events[-1].revision
                         published.extend(events)
                     outcomes.append((fut, None, result))
                 if published:
                     db.execute("UPDATE meta SET revision = ? WHERE id = 0", (rev,))
-                db.execute("COMMIT")
+                if db.in_transaction:
+                    db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
