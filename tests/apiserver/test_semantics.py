@@ -877,6 +877,9 @@ async def test_binding_is_validated(api: Api) -> None:
     assert_status(r, 422, "Invalid", fields=["target.kind"])
     r = await api.post(f"{PODS}/p/binding", {"target": {"name": ""}})
     assert_status(r, 422, "Invalid", fields=["target.name"])
+    for not_a_node in ("\u00c1", "Node-1", "node_1", "-n"):  # would become an invalid spec.nodeName
+        r = await api.post(f"{PODS}/p/binding", {"target": {"name": not_a_node}})
+        assert_status(r, 422, "Invalid", fields=["target.name"])
     assert await api.must_get(f"{PODS}/p") == obj
     assert_status(await api.post(f"{PODS}/ghost/binding", binding("ghost", "n")), 404, "NotFound", name="ghost")
 

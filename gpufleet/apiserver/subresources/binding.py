@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gpufleet.api.registry import ResourceType
+from gpufleet.api.validation.names import is_dns1123_subdomain
 from gpufleet.apiserver.admission import UserInfo
 from gpufleet.apiserver.decoding import parse_body
 from gpufleet.apiserver.errors import ApiException, bad_request, conflict, invalid
@@ -49,6 +50,10 @@ def _check(rt: ResourceType, name: str, binding: Any) -> _Request:
     if not node:
         raise invalid(rt, name, [{"reason": "FieldValueRequired", "field": "target.name",
                                   "message": "Required value"}])
+    bad_name = is_dns1123_subdomain(node)
+    if bad_name:  # it becomes the pod's spec.nodeName, which must be a node's name
+        raise invalid(rt, name, [{"reason": "FieldValueInvalid", "field": "target.name",
+                                  "message": f"Invalid value: {json.dumps(node)}: {'; '.join(bad_name)}"}])
     kind = binding["target"].get("kind")
     if kind not in (None, "", "Node"):
         raise invalid(rt, name, [{"reason": "FieldValueNotSupported", "field": "target.kind",
