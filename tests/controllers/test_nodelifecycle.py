@@ -67,7 +67,9 @@ async def test_stale_lease_fences_the_node_and_evicts_its_pods(client: Client, c
 
         await eventually(lambda: pod_gone(client, "plain"), timeout=5, what="plain evicted")
         assert time.monotonic() - fenced >= 0.5
-        (event,) = await events_for(client, "plain", "TaintManagerEviction")
+        # Events are recorded beside the eviction, not before it: wait for the Event too.
+        (event,) = await eventually(lambda: events_for(client, "plain", "TaintManagerEviction"), timeout=5,
+                                    what="the eviction's Event")
         assert event["message"] == "Marking for deletion Pod default/plain"
         await stays(lambda: _exist(client, "patient", "forever"), 0.5)
 
@@ -79,8 +81,11 @@ async def test_stale_lease_fences_the_node_and_evicts_its_pods(client: Client, c
         await stays(lambda: _untainted(client, "gpu-1"), 0.5)
     finally:
         await hb.stop()
-    reasons = [e["reason"] for e in await events_for(client, "gpu-1")]
-    assert "RegisteredNode" in reasons and "NodeNotReady" in reasons and "NodeReady" in reasons
+    async def reasons() -> set[str]:
+        have = {e["reason"] for e in await events_for(client, "gpu-1")}
+        return have if {"RegisteredNode", "NodeNotReady", "NodeReady"} <= have else set()
+
+    await eventually(reasons, timeout=5, what="the node's Events")
 
 
 async def test_not_ready_untolerated_taints_and_cordon(client: Client, controllers) -> None:
