@@ -278,8 +278,9 @@ class SQLiteStore(StoreBase):
                     outcomes.append((fut, None, result))
                 if published:
                     db.execute("UPDATE meta SET revision = ? WHERE id = 0", (rev,))
-                if db.in_transaction:
+                if db.in_transaction:  # a lone write that failed has rolled back already
                     db.execute("COMMIT")
+                    self.commits += 1
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
@@ -289,7 +290,6 @@ class SQLiteStore(StoreBase):
                 if not fut.done():
                     fut.set_exception(exc)
             return
-        self.commits += 1
         self._hub.publish(published)
         for fut, exc, result in outcomes:
             if fut.done():  # its caller was cancelled; the write stands, as one already sent
