@@ -79,6 +79,17 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
+def source_env(src: str | None) -> dict[str, str] | None:
+    """The environment that runs gpufleet from the source tree ``src`` (None: this one)."""
+    if src is None:
+        return None
+    root = Path(src).expanduser().resolve()
+    if not (root / "gpufleet" / "cli" / "main.py").exists():
+        raise SystemExit(f"--compare-src {src}: no gpufleet source tree there (gpufleet/cli/main.py)")
+    return {**os.environ, "PYTHONPATH": str(root)}
+
+
+
 class Cluster:
     """One server and its agents in a temporary directory. Every container process the
     benchmark ever saw is remembered: the process runtime puts each in a session of its own,

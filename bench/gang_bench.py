@@ -68,10 +68,10 @@ from gpufleet.client.api import Client
 
 if __package__:
     from ._pg import die_with_parent
-    from .cluster_bench import Cluster, _tail, wait_nodes_ready
+    from .cluster_bench import Cluster, _tail, source_env, wait_nodes_ready
 else:
     from _pg import die_with_parent
-    from cluster_bench import Cluster, _tail, wait_nodes_ready
+    from cluster_bench import Cluster, _tail, source_env, wait_nodes_ready
 
 perf = time.perf_counter
 HERE = Path(__file__).resolve().parent
@@ -220,16 +220,6 @@ class SimCluster(Cluster):
         with open(state / "agent.log", "wb") as log:
             self.agents[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                                  start_new_session=True, preexec_fn=die_with_parent)
-
-
-def source_env(src: str | None) -> dict[str, str] | None:
-    """The environment that runs gpufleet from the source tree ``src`` (None: this one)."""
-    if src is None:
-        return None
-    root = Path(src).expanduser().resolve()
-    if not (root / "gpufleet" / "cli" / "main.py").exists():
-        raise SystemExit(f"--compare-src {src}: no gpufleet source tree there (gpufleet/cli/main.py)")
-    return {**os.environ, "PYTHONPATH": str(root)}
 
 
 @contextlib.contextmanager

@@ -78,6 +78,9 @@ class ControlPlane:
     gateway_port: int | None = None
     hpa_sync_period: float = 15.0
     hpa_rate_watch: float = 1.0
+    # Node IPAM: the pod network and the prefix length of each node's part of it.
+    cluster_cidr: str = "10.244.0.0/16"
+    node_cidr_mask_size: int = 24
     gateway: Any = None
     # Where the local-path StorageClass made at first start keeps volumes on each node
     # (None: /var/lib/gpufleet/local-path).
@@ -303,6 +306,7 @@ class ControlPlane:
         return ControllerManager(self.client, clock=self.clock, hpa_sync_period=self.hpa_sync_period,
                                  hpa_rate_watch=self.hpa_rate_watch,
                                  hpa_gateway_url=self.gateway_url,
+                                 cluster_cidr=self.cluster_cidr, node_cidr_mask_size=self.node_cidr_mask_size,
                                  root_ca=self.ca_pem, **options)
 
     def _new_scheduler(self) -> Any:

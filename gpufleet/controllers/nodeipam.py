@@ -12,6 +12,7 @@ seen back in; the patch and its Event out), applied with ``actions.apply``.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 from typing import Any
@@ -56,18 +57,28 @@ def next_cidr(cluster_cidr: str, mask: int, taken: set[str]) -> str | None:
     end = base + count * size - 1
     blocked: set[int] = set()
     for t in taken:
-        try:
-            used = ipaddress.ip_network(t, strict=False)
-        except ValueError:
+        used = _bounds(t)
+        if used is None:
             continue
-        lo, hi = int(used.network_address), int(used.broadcast_address)
-        if used.version != network.version or hi < base or lo > end:
+        version, lo, hi = used
+        if version != network.version or hi < base or lo > end:
             continue
         blocked.update(range((max(lo, base) - base) // size, (min(hi, end) - base) // size + 1))
     for i in range(count):
         if i not in blocked:
             return str(ipaddress.ip_network((base + i * size, mask)))
     return None
+
+
+@functools.lru_cache(maxsize=65536)
+def _bounds(cidr: str) -> tuple[int, int, int] | None:
+    """A CIDR's IP version and first and last addresses (None: not a CIDR), parsed once: a
+    fleet's CIDRs are read again for every node that registers."""
+    try:
+        net = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        return None
+    return net.version, int(net.network_address), int(net.broadcast_address)
 
 
 RETRY_FULL = 30.0  # a full cluster CIDR: how soon to look again
@@ -113,19 +124,32 @@ class NodeIpamController(KeyedController):
         self.node_mask = node_mask
         # Handed out but maybe not yet seen back through the informer.
         self._pending: dict[str, str] = {}
+        # Nodes found with no CIDR left for them: looked at again every RETRY_FULL, not at
+        # each of their heartbeats (each look reads every node).
+        self._waiting_full: set[str] = set()
 
     def update_matters(self, old: Any, new: Any) -> bool:
         # As kube-controller-manager's range allocator: an update matters only to a node
         # still without a pod CIDR (heartbeats of a fleet's nodes are most updates).
         spec = new.spec
-        return spec is None or not (spec.pod_cidr or spec.pod_cidrs)
+        if spec is not None and (spec.pod_cidr or spec.pod_cidrs):
+            return False
+        return new.metadata.name not in self._waiting_full  # a Node's key is its name
 
     async def sync(self, key: str, node: Any | None) -> Requeue | None:
         if node is None:
             self._pending.pop(key, None)
+            self._waiting_full.discard(key)
+            # A deleted node's CIDR is free: the nodes waiting for one look again now.
+            for waiting in self._waiting_full:
+                self.controller.enqueue(waiting)
             return None
         actions = decide_cidr(key, node, self.informer.list(), self._pending, self.cluster_cidr, self.node_mask)
         self._remember(key, actions.memo.get("cidr"))
+        if actions.reason == "Full":
+            self._waiting_full.add(key)
+        else:
+            self._waiting_full.discard(key)
         if not actions.patches:
             if actions.events:
                 log.warning("node %s: no pod CIDR left in %s", key, self.cluster_cidr)

@@ -58,8 +58,6 @@ def event_from_row(
 ) -> WatchEvent:
     try:
         obj = codec.decode(resource, namespace, name, value, revision)
-        prev = None if prev_value is None else codec.decode(resource, namespace, name, prev_value,
-                                                            prev_revision or 0)
     except TransformError as exc:
         # One value this server cannot read must not stop the event pump (every watch of
         # every resource): the watches that meet it end with the error instead.
@@ -67,6 +65,15 @@ def event_from_row(
                              **({"namespace": namespace} if namespace else {})}}
         return WatchEvent(type=type_, resource=resource, namespace=namespace, name=name,  # type: ignore[arg-type]
                           revision=revision, object=stub, prev=None, error=exc)
+    load_prev = None
+    if prev_value is not None:
+        def load_prev() -> dict[str, Any] | None:
+            # Read only by a watch that filters (was the object a match before?). A value this
+            # server cannot read counts as no previous state.
+            try:
+                return codec.decode(resource, namespace, name, prev_value, prev_revision or 0)
+            except TransformError:
+                return None
     return WatchEvent(
         type=type_,  # type: ignore[arg-type]
         resource=resource,
@@ -74,7 +81,7 @@ def event_from_row(
         name=name,
         revision=revision,
         object=obj,
-        prev=prev,
+        load_prev=load_prev,
     )
 
 

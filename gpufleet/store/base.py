@@ -16,7 +16,7 @@ Keys are ``(resource, namespace, name)``; ``resource`` is the group-resource str
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -57,21 +57,51 @@ class TransformError(StoreError):
     server was not given, or with one that does not decrypt it (see store/encryption.py)."""
 
 
-@dataclass(frozen=True)
 class WatchEvent:
-    type: EventType
-    resource: str
-    namespace: str
-    name: str
-    revision: int
-    # The object after the write; for DELETED, its last state stamped with the deletion revision.
-    object: dict[str, Any]
-    # The object before the write (None for ADDED). Lets a filtered watch turn "stopped
-    # matching" into DELETED and "started matching" into ADDED, as Kubernetes does.
-    prev: dict[str, Any] | None = None
-    # Set when the stored value could not be read (TransformError): ``object`` then holds
-    # only the key's metadata, and a watch that meets the event ends with this error.
-    error: StoreError | None = None
+    """One change of one object, as the store's watchers get it.
+
+    ``prev``, the object before the write, is decoded only when first read (most watchers
+    never look at it: a heartbeat's previous state would be decoded for nothing)."""
+
+    __slots__ = ("type", "resource", "namespace", "name", "revision", "object", "error", "_prev", "_load_prev")
+
+    def __init__(self, type: EventType, resource: str, namespace: str, name: str, revision: int,  # noqa: A002
+                 object: dict[str, Any], prev: dict[str, Any] | None = None,  # noqa: A002
+                 error: StoreError | None = None, *,
+                 load_prev: Callable[[], dict[str, Any] | None] | None = None) -> None:
+        self.type = type
+        self.resource = resource
+        self.namespace = namespace
+        self.name = name
+        self.revision = revision
+        # The object after the write; for DELETED, its last state stamped with the deletion revision.
+        self.object = object
+        # Set when the stored value could not be read (TransformError): ``object`` then holds
+        # only the key's metadata, and a watch that meets the event ends with this error.
+        self.error = error
+        self._prev = prev
+        self._load_prev = load_prev
+
+    @property
+    def prev(self) -> dict[str, Any] | None:
+        """The object before the write (None for ADDED). Lets a filtered watch turn "stopped
+        matching" into DELETED and "started matching" into ADDED, as Kubernetes does."""
+        if self._load_prev is not None:
+            self._prev, self._load_prev = self._load_prev(), None
+        return self._prev
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.type, self.resource, self.namespace, self.name, self.revision, self.object, self.prev,
+                self.error)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, WatchEvent) and self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable (the lazy prev), as the dataclass was unhashable
+
+    def __repr__(self) -> str:
+        return (f"WatchEvent(type={self.type!r}, resource={self.resource!r}, namespace={self.namespace!r}, "
+                f"name={self.name!r}, revision={self.revision!r})")
 
 
 @dataclass(frozen=True)

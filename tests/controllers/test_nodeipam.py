@@ -69,7 +69,32 @@ def test_only_updates_of_a_node_without_a_cidr_wake_the_allocator():
     bare = Node.model_validate({"metadata": {"name": "n1"}, "spec": {}})
     assigned = Node.model_validate({"metadata": {"name": "n1"},
                                     "spec": {"podCIDR": "10.244.0.0/24", "podCIDRs": ["10.244.0.0/24"]}})
-    matters = NodeIpamController.update_matters
-    assert matters(None, bare, bare)  # type: ignore[arg-type]
-    assert not matters(None, bare, assigned)  # type: ignore[arg-type]
-    assert not matters(None, assigned, assigned)  # type: ignore[arg-type]
+    allocator = NodeIpamController.__new__(NodeIpamController)
+    allocator._waiting_full = set()
+    assert allocator.update_matters(bare, bare)
+    assert not allocator.update_matters(bare, assigned)
+    assert not allocator.update_matters(assigned, assigned)
+    # A node that found the cluster CIDR full is looked at again on its retry, not at each
+    # of its heartbeats (each look reads every node).
+    allocator._waiting_full.add("n1")
+    assert not allocator.update_matters(bare, bare)
+
+
+async def test_a_node_waiting_for_a_full_cluster_cidr_gets_the_cidr_a_deleted_node_frees(
+        client: Client, controllers) -> None:
+    for name in ("n1", "n2"):
+        await client.create(node(name), raw=True)
+    await controllers(enabled=("nodeipam",), cluster_cidr="10.99.0.0/24", node_cidr_mask_size=25)
+    for name in ("n1", "n2"):
+        await eventually(lambda name=name: _cidr(client, name), 10, what=f"{name}'s pod CIDR")
+    await client.create(node("n3"), raw=True)
+
+    async def full_event():
+        return [e for e in await client.list("events", "default")
+                if e.reason == "CIDRNotAvailable" and e.involved_object.name == "n3"]
+    await eventually(full_event, 10, what="n3's CIDRNotAvailable Event")
+    assert await _cidr(client, "n3") is None
+    freed = await _cidr(client, "n1")
+    await client.delete("nodes", "n1")
+    # At once, not at the next retry of a full range (30 s).
+    assert await eventually(lambda: _cidr(client, "n3"), 5, what="n3's pod CIDR") == freed

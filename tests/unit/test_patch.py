@@ -776,3 +776,37 @@ def test_apply_patch_raises_only_patch_error(target, body, content_type, kind):
     else:
         assert isinstance(result, dict)
     assert target == before
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=4),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=4), children, max_size=4),
+    max_leaves=20)
+
+
+@settings(max_examples=200)
+@given(value=_JSON)
+def test_copy_json_is_an_equal_deep_copy_that_shares_nothing(value):
+    from gpufleet.apiserver.patch.common import copy_json
+
+    def same(a, b):  # equality that tells NaN, -0.0, int from float and True from 1
+        if isinstance(a, dict):
+            return type(b) is dict and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return type(b) is list and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        if isinstance(a, float):
+            return type(b) is float and (a == b or (a != a and b != b)) and str(a) == str(b)
+        return type(a) is type(b) and a == b
+
+    def containers(v):
+        if isinstance(v, dict | list):
+            yield v
+            for child in (v.values() if isinstance(v, dict) else v):
+                yield from containers(child)
+
+    out = copy_json(value)
+    assert same(value, out)
+    ids = {id(c) for c in containers(value)}
+    assert not any(id(c) in ids for c in containers(out))
+    # What orjson cannot take is copied by hand: keys that are not strings.
+    assert same({1: [value]}, copy_json({1: [value]}))

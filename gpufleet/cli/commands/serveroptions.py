@@ -254,6 +254,29 @@ HpaSyncPeriodOption = typer.Option(15.0, "--hpa-sync-period", help="Seconds betw
 HpaRateWatchOption = typer.Option(1.0, "--hpa-rate-watch", help="Seconds between looks at the gateway's request "
                                   "metrics between HPA syncs: an HPA whose metric goes above its target is evaluated "
                                   "then, not at its next sync (0: only the periodic syncs).")
+ClusterCidrOption = typer.Option("10.244.0.0/16", "--cluster-cidr", help="The pod network, cut into one "
+                                 "subnet per node (spec.podCIDR), as kube-controller-manager's --cluster-cidr.")
+NodeCidrMaskSizeOption = typer.Option(24, "--node-cidr-mask-size", help="The prefix length of each node's "
+                                      "subnet: a /16 cluster CIDR with /24 subnets holds 256 nodes (254 pods "
+                                      "each), a /12 holds 4,096.")
+
+
+def check_cluster_cidr(cidr: str, mask: int) -> str:
+    """The cluster CIDR, normalized, once it is known to hold at least one node subnet of
+    ``mask``; a bad value refuses to start, naming its flag."""
+    import ipaddress
+
+    try:
+        network = ipaddress.ip_network(cidr, strict=False)
+    except ValueError:
+        raise typer.BadParameter(f"{cidr!r} is not a CIDR (e.g. 10.244.0.0/16)", param_hint="--cluster-cidr") from None
+    if not network.prefixlen <= mask <= network.max_prefixlen - 2:
+        raise typer.BadParameter(
+            f"/{mask} does not fit in {network}: give a prefix length from {network.prefixlen} to "
+            f"{network.max_prefixlen - 2}", param_hint="--node-cidr-mask-size")
+    return str(network)
+
+
 LocalPathHelp = ("Where the StorageClass local-path, made at the first start, keeps each volume on its node "
                  "(a directory per claim); an existing class keeps its nodePath.")
 
@@ -275,6 +298,8 @@ class ServerOptions:
     gateway_port: int = GatewayPortOption
     hpa_sync_period: float = HpaSyncPeriodOption
     hpa_rate_watch: float = HpaRateWatchOption
+    cluster_cidr: str = ClusterCidrOption
+    node_cidr_mask_size: int = NodeCidrMaskSizeOption
     pod_security_default: str | None = PodSecurityDefaultOption
     admission_config_file: Path | None = AdmissionConfigOption
     encryption_provider_config: Path | None = EncryptionConfigOption
@@ -298,6 +323,7 @@ class ServerOptions:
             encryption=encryption_config(self.encryption_provider_config),
             audit=audit_options(self.audit_policy_file, self.audit_log_path, self.audit_log_maxsize,
                                 self.audit_log_maxbackup, self.audit_log_maxage),
+            cluster_cidr=check_cluster_cidr(self.cluster_cidr, self.node_cidr_mask_size),
         )
 
 
@@ -307,6 +333,7 @@ class CheckedOptions:
     pod_security: Any
     encryption: Path | None
     audit: dict
+    cluster_cidr: str
 
     def control_plane(self, **kwargs: Any):
         """A ControlPlane with ``kwargs`` (store_url, host, port, state_dir, ...) and the shared
@@ -324,6 +351,8 @@ class CheckedOptions:
         cp.gateway_port = o.gateway_port if o.gateway_port >= 0 else None
         cp.hpa_sync_period = o.hpa_sync_period
         cp.hpa_rate_watch = o.hpa_rate_watch
+        cp.cluster_cidr = self.cluster_cidr
+        cp.node_cidr_mask_size = o.node_cidr_mask_size
         cp.pod_security = self.pod_security
         cp.encryption_provider_config = self.encryption
         cp.max_node_gpus, cp.node_name_allowed = o.max_node_gpus, list(o.node_name_allowed)

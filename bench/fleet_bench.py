@@ -1,6 +1,6 @@
-"""Heartbeat benchmark: what a fleet of idle nodes costs the control plane.
+"""Fleet benchmark: what a fleet of idle nodes costs the control plane.
 
-    .venv/bin/python bench/heartbeat_bench.py [--nodes 250] [--duration 45] [--pod-rate 20]
+    .venv/bin/python bench/fleet_bench.py [--nodes 1000] [--duration 45] [--pod-rate 20] [--compare-src DIR]
 
 A real `gpufleet server` (SQLite, scheduler and controllers on) and N simulated nodes,
 written over HTTP as `gpufleet agent` writes them: each node registers its Node (8 GPUs) and
@@ -14,7 +14,12 @@ mutating call the nodes and the pod writer made, per kind; Lease renewals served
 against those due (N / 2 s); and the server process's CPU% over the window (100% = one core)
 and its CPU time per mutating call served (everything the server did, controllers included,
 divided by the calls: the figure that holds up on a machine shared with other work, where a
-starved server shows long latencies at a low CPU%).
+starved server shows long latencies at a low CPU%), its RSS at the end, and how many nodes
+the node lifecycle controller marked NotReady or Unknown (a renewal served too late).
+The server gets --cluster-cidr (default 10.0.0.0/12, 4,096 node subnets) so every node has a
+pod CIDR, as in a fleet sized for its nodes. --compare-src DIR runs the same load, after this
+tree's run, against a `gpufleet server` from another source tree (its ratios are meaningful
+only within one run of this script).
 The load generator runs on the same machine and takes CPU of its own: compare figures measured
 on one machine. Figures are printed, never asserted. See bench/README.md.
 """
@@ -41,9 +46,9 @@ from gpufleet.client.errors import ApiError, TransportError
 from gpufleet.utils.clock import rfc3339
 
 if __package__:
-    from .cluster_bench import Cluster, pct
+    from .cluster_bench import Cluster, pct, source_env
 else:
-    from cluster_bench import Cluster, pct
+    from cluster_bench import Cluster, pct, source_env
 
 perf = time.perf_counter
 LEASE_PERIOD = 2.0
@@ -159,9 +164,22 @@ class Load:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
-    root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-heartbeat-"))
+def not_ready(nodes: list[dict[str, Any]]) -> int:
+    """How many of ``nodes`` have a Ready condition that is not True (the node lifecycle
+    controller's NotReady or Unknown), or none at all."""
+    count = 0
+    for n in nodes:
+        ready = [c for c in (n.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"]
+        count += not ready or ready[0].get("status") != "True"
+    return count
+
+
+async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any]:
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-bench-fleet-"))
     c = Cluster(root)
+    c.env = source_env(src)
+    if args.cluster_cidr:
+        c.server_args = ("--cluster-cidr", args.cluster_cidr)
     if args.profile:
         c.python_args = ("-m", "cProfile", "-o", str(args.profile.resolve()))
     try:
@@ -187,6 +205,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         load.measuring = False
         window = perf() - w0
         cpu1, mine1 = proc.cpu_times(), me.cpu_times()
+        rss = proc.memory_info().rss
+        # While the nodes still renew: a node marked NotReady in the window stays so only
+        # until its next renewal is read, so this counts the ones marked and not yet back.
+        listed = await clients[0].list("nodes", raw=True)
         stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         for client in clients:
@@ -195,7 +217,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         mutating = [x for v in load.lat.values() for x in v]
         out: dict[str, Any] = {
             "nodes": args.nodes, "pod_rate": args.pod_rate, "window_s": round(window, 1),
-            "register_s": round(register_s, 1),
+            "register_s": round(register_s, 1), "src": src or "this tree",
+            "server_rss_mib": round(rss / (1 << 20), 1),
+            "nodes_not_ready": not_ready(listed["items"]),
             "renewals_due_per_s": round(args.nodes / LEASE_PERIOD, 1),
             "renewals_served_per_s": round(load.renewals / window, 1),
             "server_cpu_pct": round(100 * busy / window, 1),
@@ -221,12 +245,13 @@ def _ms(v: float | None) -> float | None:
 def render(r: dict[str, Any]) -> str:
     m = r["mutating"]
     lines = [
-        f"heartbeat bench: {r['nodes']} nodes (Lease every {LEASE_PERIOD:g} s, status every {STATUS_PERIOD:g} s), "
+        f"fleet bench ({r['src']}): {r['nodes']} nodes (Lease every {LEASE_PERIOD:g} s, status every {STATUS_PERIOD:g} s), "
         f"{r['pod_rate']} pod writes/s, {r['window_s']} s window (registration took {r['register_s']} s)",
         f"  mutating calls: n={m['n']} p50={m['p50_ms']} ms p99={m['p99_ms']} ms max={m['max_ms']} ms",
         f"  renewals served/s: {r['renewals_served_per_s']} of {r['renewals_due_per_s']} due",
         f"  server CPU: {r['server_cpu_pct']}% of one core, {r['server_cpu_ms_per_call']} ms per mutating call "
         f"(the load generator: {r['load_cpu_pct']}%; machine load average {r['loadavg_1m']})",
+        f"  server RSS: {r['server_rss_mib']} MiB; nodes not Ready at the end: {r['nodes_not_ready']}",
     ]
     for k, v in r["per_kind"].items():
         lines.append(f"    {k:<12} n={v['n']:<6} p50={v['p50_ms']} ms p99={v['p99_ms']} ms")
@@ -235,9 +260,28 @@ def render(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def compare(r: dict[str, Any], other: dict[str, Any]) -> str:
+    """This tree's figures next to the other tree's, with their ratios."""
+    def row(what: str, a: float | None, b: float | None) -> str:
+        ratio = f"{b / a:.2f}x" if a and b else "-"
+        return f"  {what:<28} {a!s:>10} {b!s:>10}   {ratio}"
+    return "\n".join([
+        f"  {'':<28} {'this tree':>10} {'other':>10}   other / this",
+        row("mutating p50 ms", r["mutating"]["p50_ms"], other["mutating"]["p50_ms"]),
+        row("mutating p99 ms", r["mutating"]["p99_ms"], other["mutating"]["p99_ms"]),
+        row("renewals served/s", r["renewals_served_per_s"], other["renewals_served_per_s"]),
+        row("server CPU ms per call", r["server_cpu_ms_per_call"], other["server_cpu_ms_per_call"]),
+        row("server RSS MiB", r["server_rss_mib"], other["server_rss_mib"]),
+        row("nodes not Ready", r["nodes_not_ready"], other["nodes_not_ready"]),
+    ])
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--nodes", type=int, default=250)
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--cluster-cidr", default="10.0.0.0/12",
+                   help="the server's --cluster-cidr ('' leaves the server's default, 256 nodes)")
+    p.add_argument("--compare-src", help="also run the load against the server of this source tree, after")
     p.add_argument("--duration", type=float, default=45, help="measured window, seconds")
     p.add_argument("--warmup", type=float, default=10, help="seconds of load before the window")
     p.add_argument("--pod-rate", type=float, default=20, help="pod writes/s (half creates, half deletes)")
@@ -250,9 +294,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     r = asyncio.run(run(args))
-    print(render(r))
+    print(render(r), flush=True)
+    results = [r]
+    if args.compare_src:
+        other = asyncio.run(run(args, args.compare_src))
+        print(render(other))
+        results.append(other)
+        print(compare(r, other))
     if args.json:
-        args.json.write_text(json.dumps(r, indent=2))
+        args.json.write_text(json.dumps(results if args.compare_src else r, indent=2))
     return 0
 
 
