@@ -219,7 +219,7 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
             "nodes": args.nodes, "pod_rate": args.pod_rate, "window_s": round(window, 1),
             "register_s": round(register_s, 1), "src": src or "this tree",
             "server_rss_mib": round(rss / (1 << 20), 1),
-            "nodes_not_ready": not_ready(listed["items"]),
+            "nodes_not_ready": not_ready(list(listed)),
             "renewals_due_per_s": round(args.nodes / LEASE_PERIOD, 1),
             "renewals_served_per_s": round(load.renewals / window, 1),
             "server_cpu_pct": round(100 * busy / window, 1),

@@ -243,7 +243,8 @@ class NodeAgent(RegistrationMixin, GPUHealthMixin, LogsAndStatsMixin, StreamsMix
             sandbox_root=self.state_dir / "sandboxes",
             validation_gpu=self._validation_gpu,
         )
-        informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True}
+        informer_opts = {"backoff_initial": 0.2, "backoff_max": self.config.api_retry_max, "raw": True,
+                         "strip_managed_fields": True}
         self._node_informer = Informer(self.client, "nodes", field_selector=f"metadata.name={self.name}",
                                        **informer_opts)
         self._node_informer.add_event_handler(on_delete=self._on_node_deleted)

@@ -149,8 +149,13 @@ class Informer:
         backoff_initial: float = 0.5,
         backoff_max: float = 30.0,
         watch_timeout: tuple[int, int] = (300, 600),
+        strip_managed_fields: bool = False,
     ) -> None:
         self.client = client
+        # Drop metadata.managedFields from each object before it is decoded and cached, as
+        # kube-scheduler's and kube-controller-manager's informers do: no controller reads
+        # them, and they are most of a Node (an update sent without them keeps the stored ones).
+        self.strip_managed_fields = strip_managed_fields
         self.rt = client.resource_type(kind)
         self.namespace = namespace if self.rt.namespaced else None
         self.label_selector = label_selector
@@ -294,9 +299,10 @@ class Informer:
             self.namespace,
             label_selector=self.label_selector,
             field_selector=self.field_selector,
-            raw=self.raw,
+            raw=self.raw or self.strip_managed_fields,
         )
-        fresh: dict[str, Any] = {objects.object_key(obj): obj for obj in result.items}
+        items = [self._decode(obj) for obj in result.items] if self.strip_managed_fields else result.items
+        fresh: dict[str, Any] = {objects.object_key(obj): obj for obj in items}
         previous = {key: self.indexer.get(key) for key in self.indexer.keys()}
         for key, obj in fresh.items():
             old = self.indexer.put(key, obj)
@@ -326,7 +332,7 @@ class Informer:
             field_selector=self.field_selector,
             timeout_seconds=random.randint(low, high),
             allow_bookmarks=True,
-            raw=self.raw,
+            raw=self.raw or self.strip_managed_fields,
         )
         try:
             async for event in events:
@@ -335,10 +341,17 @@ class Informer:
                 if event.type == "BOOKMARK":
                     self.resource_version = rv or self.resource_version
                     continue
-                self._apply(event.type, event.object)
+                self._apply(event.type, self._decode(event.object) if self.strip_managed_fields else event.object)
                 self.resource_version = rv or self.resource_version
         finally:
             await events.aclose()
+
+    def _decode(self, data: dict[str, Any]) -> Any:
+        """A listed or watched object (a dict) without managedFields, as the cache keeps it."""
+        meta = data.get("metadata")
+        if isinstance(meta, dict) and "managedFields" in meta:
+            data = {**data, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+        return self.client.decode(data, self.rt, raw=self.raw)
 
     def _apply(self, etype: str, obj: Any) -> None:
         key = objects.object_key(obj)

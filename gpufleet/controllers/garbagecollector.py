@@ -221,7 +221,7 @@ class GarbageCollector(QueueController):
         for key, rt in wanted.items():
             if key in self.monitors:
                 continue
-            informer = Informer(self.client, rt, raw=True)
+            informer = Informer(self.client, rt, raw=True, strip_managed_fields=True)
             self._dynamic[key] = informer
             self._monitor(rt, informer)
             await informer.start()

@@ -134,7 +134,7 @@ class ControllerManager:
         self.client = client
         self.clock = clock
         self.options = opts
-        self.informers = SharedInformerFactory(client)
+        self.informers = SharedInformerFactory(client, strip_managed_fields=True)
 
         def recorder(component: str) -> EventRecorder:
             return EventRecorder(client, component, clock=clock)

@@ -106,7 +106,7 @@ class Gateway(ScaleFromZero, CustomMetrics, IngressRouting):
         self.max_attempts = max_attempts
         self.failure_cooldown = failure_cooldown
         self.stats = RequestStats(clock, rate_window)
-        self.informers = SharedInformerFactory(client)
+        self.informers = SharedInformerFactory(client, strip_managed_fields=True)
         self.ep_informer = self.informers.informer(Endpoints)
         self.svc_informer = self.informers.informer(Service)
         self.hpa_informer = self.informers.informer(HorizontalPodAutoscaler)

@@ -217,7 +217,7 @@ class Scheduler(GangCycles):
         Raises TimeoutError when the caches did not fill within ``sync_timeout`` seconds."""
         if self._started:
             return
-        factory = self._informers or SharedInformerFactory(self.client)
+        factory = self._informers or SharedInformerFactory(self.client, strip_managed_fields=True)
         self._informers = factory
         node_informer = factory.informer("nodes")
         self._pod_informer = factory.informer("pods")

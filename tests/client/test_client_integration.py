@@ -361,6 +361,33 @@ async def test_informer_syncs_and_calls_handlers(client: Client) -> None:
         await informer.stop()
 
 
+async def test_an_informer_can_cache_objects_without_their_managed_fields(client: Client) -> None:
+    """As kube-scheduler's and kube-controller-manager's informers: managedFields are dropped
+    before an object is decoded and cached, and a full update made from a cached object keeps
+    the stored ones."""
+    await client.create(pod("m1"), raw=True)
+    stripped = Informer(client, k8s.Pod, namespace=NS, strip_managed_fields=True)
+    whole = Informer(client, "pods", namespace=NS, raw=True)
+    for informer in (stripped, whole):
+        await informer.start()
+    try:
+        assert await stripped.wait_for_sync(10) and await whole.wait_for_sync(10)
+        assert stripped.get(f"{NS}/m1").metadata.managed_fields is None
+        assert whole.get(f"{NS}/m1")["metadata"]["managedFields"]
+        await client.patch("pods", "m1", {"metadata": {"labels": {"a": "b"}}}, NS)
+        await until(lambda: (stripped.get(f"{NS}/m1").metadata.labels or {}).get("a") == "b")
+        cached = stripped.get(f"{NS}/m1")
+        assert cached.metadata.managed_fields is None
+        cached.metadata.labels["c"] = "d"
+        await client.update(cached)
+        stored = await client.get("pods", "m1", NS, raw=True)
+        assert stored["metadata"]["labels"]["a"] == "b" and stored["metadata"]["labels"]["c"] == "d"
+        assert stored["metadata"]["managedFields"]
+    finally:
+        for informer in (stripped, whole):
+            await informer.stop()
+
+
 async def test_informer_resync_replays_updates(client: Client) -> None:
     await client.create(pod("r1"), raw=True)
     clock = ManualClock()
