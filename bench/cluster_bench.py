@@ -107,7 +107,7 @@ class Cluster:
 
     # Arguments a subclass adds to `gpufleet server` (gang_bench runs it without a gateway).
     server_args: tuple[str, ...] = ()
-    # Arguments to the server's Python before the module (heartbeat_bench profiles with cProfile).
+    # Arguments to the server's Python before the module (fleet_bench profiles with cProfile).
     python_args: tuple[str, ...] = ()
 
     def start_server(self, timeout: float = 60) -> None:

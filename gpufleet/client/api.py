@@ -10,7 +10,6 @@ the server may have applied them.
 from __future__ import annotations
 
 import importlib
-import json as jsonlib
 import logging
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -21,6 +20,7 @@ from gpufleet.api.registry import REGISTRY, Registry, ResourceType
 from gpufleet.client import objects
 from gpufleet.client.errors import ApiError, Conflict, TransportError, error_from_response, error_from_status
 from gpufleet.client.transport import Params, Transport
+from gpufleet.utils import jsoncodec
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.gcpause import gc_paused
 from gpufleet.utils.http import RawResponse
@@ -245,9 +245,9 @@ class Client:
             return {}
         try:
             if len(resp.body) < _LARGE_BODY:
-                return jsonlib.loads(resp.body)
+                return jsoncodec.loads(resp.body)
             with gc_paused():  # a large list: see utils/gcpause.py
-                return jsonlib.loads(resp.body)
+                return jsoncodec.loads(resp.body)
         except ValueError as exc:
             raise ApiError(resp.status, "BadResponse", f"{method} {path}: the answer is not JSON") from exc
 
@@ -361,7 +361,7 @@ class Client:
             body = patch if isinstance(patch, dict | list) else objects.to_dict(patch)
             if patch_type == "apply" and isinstance(body, dict):
                 body = {"apiVersion": rt.api_version, "kind": rt.kind, **body}
-            content = jsonlib.dumps(body, separators=(",", ":"))
+            content = jsoncodec.dumps(body)
         ns = self._namespace(rt, namespace)
         params = {"fieldManager": field_manager, "force": force}
         data = await self._json(
@@ -484,7 +484,7 @@ class Client:
                 if not line.strip():
                     continue
                 try:
-                    event = jsonlib.loads(line)
+                    event = jsoncodec.loads(line)
                 except ValueError as exc:
                     raise TransportError(f"watch {path}: undecodable event {line[:200]!r}") from exc
                 etype = event.get("type")

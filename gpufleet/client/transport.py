@@ -8,7 +8,6 @@ answer, TransportError when no answer came), so a component cannot tell which on
 from __future__ import annotations
 
 import contextlib
-import json as jsonlib
 import os
 import ssl
 import tempfile
@@ -19,6 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from gpufleet.client.errors import TransportError, error_from_response
+from gpufleet.utils import jsoncodec
 from gpufleet.utils.http import Handler, RawRequest, RawResponse
 
 USER_AGENT = "gpufleet-client/0.1"
@@ -72,7 +72,7 @@ def encode_body(
     if json is not None:
         if content is not None:
             raise ValueError("pass json or content, not both")
-        body = jsonlib.dumps(json, separators=(",", ":")).encode()
+        body = jsoncodec.dumps(json)
         out_headers.setdefault("content-type", "application/json")
     elif content is not None:
         body = content.encode() if isinstance(content, str) else bytes(content)

@@ -57,6 +57,7 @@ def _quote(text: str) -> str:
 # --------------------------------------------------------------------------- field manager names
 
 
+@functools.lru_cache(maxsize=512)  # a cluster's clients send a few user agents, again and again
 def manager_from_user_agent(user_agent: str | None) -> str:
     """The manager Kubernetes records when a write names no ``fieldManager``: the user
     agent up to its first ``/`` (``kubectl/v1.32.0 (linux/amd64)`` -> ``kubectl``,

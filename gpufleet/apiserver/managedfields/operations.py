@@ -129,25 +129,33 @@ def record_update(
     ``ignore_status``: status is not this endpoint's to write (the main resource of a kind
     with a status subresource).
     """
-    result = copy_json(new)
+    # The copy leaves the client's managedFields out (most of a Node): they are only compared
+    # with the stored ones, and copied below where they are the starting point.
+    new_meta = new.get("metadata")
+    sent = None
+    if isinstance(new_meta, Mapping) and "managedFields" in new_meta:
+        sent = new_meta["managedFields"]
+        result = copy_json({**new, "metadata": {k: v for k, v in new_meta.items() if k != "managedFields"}})
+    else:
+        result = copy_json(new)
     meta = result.get("metadata")
     if not isinstance(meta, dict):
         return result
-    sent = meta.pop("managedFields", None)
     identity = (manager, UPDATE, api_version, subresource)
     in_scope = _scope(subresource, ignore_status)
     diff = None
     if old is not None:
         live = (old.get("metadata") or {}).get("managedFields")
         if live and (subresource or sent is None or sent == live):
-            # The write starts from the stored entries: a heartbeat keeps them as they are.
-            start = sent if sent is not None and sent == live else copy_json(live)
+            # The write starts from the stored entries: a heartbeat keeps them as they are
+            # (unchanged_ownership copies each entry it returns and changes no fieldsV1).
+            start = live
             diff = compare(old, new, kind)
             quick = unchanged_ownership(start, diff, identity=identity, now=now, in_scope=in_scope)
             if quick is not None:
                 meta["managedFields"] = quick
                 return result
-    entries = _starting_entries(sent, old, subresource)
+    entries = _starting_entries(copy_json(sent), old, subresource)
     if old is not None and not entries:
         return result
     # The objects are only compared: with the comparison at hand, no copies are needed.

@@ -20,16 +20,22 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpufleet.apiserver.managedfields.common import MAX_UPDATE_MANAGERS, UPDATE, FieldPath
-from gpufleet.apiserver.managedfields.entries import _strip
+from gpufleet.apiserver.managedfields.entries import _STRIPPED, _strip
 from gpufleet.apiserver.managedfields.merge import _compare_objects, _Comparison
 
 
+# Metadata no manager owns (entries._STRIPPED): left out of the comparison, so that the
+# metadata of a write that moves only its resourceVersion compares equal at once.
+_UNOWNED_META = frozenset(p[1][2:] for p in _STRIPPED if len(p) == 2 and p[0] == "f:metadata")
+
+
 def _bare(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """``obj`` without managedFields, sharing everything else (compared, never changed)."""
+    """``obj`` without managedFields and the metadata no manager owns, sharing everything
+    else (compared, never changed)."""
     out = dict(obj)
     meta = out.get("metadata")
-    if isinstance(meta, Mapping) and "managedFields" in meta:
-        out["metadata"] = {k: v for k, v in meta.items() if k != "managedFields"}
+    if isinstance(meta, Mapping) and not _UNOWNED_META.isdisjoint(meta):
+        out["metadata"] = {k: v for k, v in meta.items() if k not in _UNOWNED_META}
     return out
 
 
@@ -57,8 +63,9 @@ def _sort_key(raw: Mapping[str, Any]) -> tuple[str, ...]:
 
 
 def compare(old: Mapping[str, Any], new: Mapping[str, Any], kind: str) -> _Comparison:
-    """What the write ``old`` -> ``new`` adds, removes and changes, managedFields left out
-    (as the general path compares), without copying either object."""
+    """What the write ``old`` -> ``new`` adds, removes and changes, managedFields and the
+    metadata nobody owns left out (the general path strips them from what it records),
+    without copying either object."""
     return _compare_objects(_bare(old), _bare(new), kind)
 
 
