@@ -23,7 +23,6 @@ from gpufleet.apiserver.managedfields.common import MAX_UPDATE_MANAGERS, UPDATE,
 from gpufleet.apiserver.managedfields.entries import _STRIPPED, _strip
 from gpufleet.apiserver.managedfields.merge import _compare_objects, _Comparison
 
-
 # Metadata no manager owns (entries._STRIPPED): left out of the comparison, so that the
 # metadata of a write that moves only its resourceVersion compares equal at once.
 _UNOWNED_META = frozenset(p[1][2:] for p in _STRIPPED if len(p) == 2 and p[0] == "f:metadata")
