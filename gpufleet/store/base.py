@@ -97,7 +97,7 @@ class WatchEvent:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, WatchEvent) and self._fields() == other._fields()
 
-    __hash__ = None  # type: ignore[assignment]  # mutable (the lazy prev), as the dataclass was unhashable
+    __hash__ = None  # type: ignore[assignment]  # its objects are dicts: it cannot be hashed
 
     def __repr__(self) -> str:
         return (f"WatchEvent(type={self.type!r}, resource={self.resource!r}, namespace={self.namespace!r}, "
