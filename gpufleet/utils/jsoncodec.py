@@ -10,8 +10,9 @@ from typing import Any
 
 import orjson
 
-# Types orjson would write that the standard library refuses: raise, as it does.
-_STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+# What orjson would write in its own way (datetimes and dataclasses, which the standard
+# library refuses; subclasses of str, int, dict and list): left to the standard library.
+_STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
 
 
 # 19 digits in a row may be an integer past 64 bits, which orjson would read as a float.
@@ -28,14 +29,18 @@ def loads(data: bytes | bytearray | memoryview | str) -> Any:
     return json.loads(raw)  # NaN, an integer past 64 bits, or not JSON: its ValueError
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact JSON (no spaces), UTF-8."""
+def orjson_exact(obj: Any) -> bytes | None:
+    """orjson's text of ``obj`` when it reads back as the same value; None when the standard
+    library must take it (integers past 64 bits, keys that are not strings, the types above,
+    or a null that may have been NaN or an infinity, which orjson writes as null)."""
     try:
         text = orjson.dumps(obj, option=_STRICT)
-    except TypeError:
-        pass
-    else:
-        # orjson writes NaN and infinities as null: a null may be one of them.
-        if b"null" not in text:
-            return text
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    except TypeError:  # orjson.JSONEncodeError
+        return None
+    return None if b"null" in text else text
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact JSON (no spaces), UTF-8."""
+    text = orjson_exact(obj)
+    return text if text is not None else json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()

@@ -206,11 +206,12 @@ def _same_ownership(a: Mapping[_Identity, _Entry], b: Mapping[_Identity, _Entry]
 
 
 def _without_managed_fields(obj: Mapping[str, Any]) -> dict[str, Any]:
-    out = copy_json(obj)
-    meta = out.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-    return out
+    """A copy of ``obj`` without metadata.managedFields, which are not copied at all (most of
+    a Node)."""
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping) and "managedFields" in meta:
+        obj = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+    return copy_json(obj)
 
 
 def _store(obj: dict[str, Any], entries: Mapping[_Identity, _Entry]) -> None:

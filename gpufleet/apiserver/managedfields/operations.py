@@ -129,15 +129,11 @@ def record_update(
     ``ignore_status``: status is not this endpoint's to write (the main resource of a kind
     with a status subresource).
     """
-    # The copy leaves the client's managedFields out (most of a Node): they are only compared
-    # with the stored ones, and copied below where they are the starting point.
+    # The client's managedFields are only compared with the stored ones, and copied below
+    # where they are the starting point.
     new_meta = new.get("metadata")
-    sent = None
-    if isinstance(new_meta, Mapping) and "managedFields" in new_meta:
-        sent = new_meta["managedFields"]
-        result = copy_json({**new, "metadata": {k: v for k, v in new_meta.items() if k != "managedFields"}})
-    else:
-        result = copy_json(new)
+    sent = new_meta.get("managedFields") if isinstance(new_meta, Mapping) else None
+    result = _without_managed_fields(new)
     meta = result.get("metadata")
     if not isinstance(meta, dict):
         return result

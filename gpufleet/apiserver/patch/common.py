@@ -10,6 +10,8 @@ from typing import Any
 
 import orjson
 
+from gpufleet.utils import jsoncodec
+
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -43,23 +45,15 @@ class UnsupportedPatchType(PatchError):
 # --------------------------------------------------------------------------- JSON helpers
 
 
-# What orjson must refuse rather than turn into JSON text (they are copied as they are).
-_COPY_STRICT = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
-
-
 def copy_json(value: Any) -> Any:
     """A deep copy of a JSON value. Through orjson (an object's managedFields are most of a
-    Node, copied at each status heartbeat), by hand for what orjson does not take: mappings
-    other than dicts, keys that are not strings, integers past 64 bits."""
+    Node, copied at each status heartbeat), by hand for what orjson would not give back as it
+    was (jsoncodec.orjson_exact): mappings other than dicts, keys that are not strings,
+    integers past 64 bits, NaN."""
     if isinstance(value, dict | list):
-        try:
-            text = orjson.dumps(value, option=_COPY_STRICT)
-        except TypeError:  # orjson.JSONEncodeError
-            pass
-        else:
-            # orjson writes NaN and infinities as null: a null may be one of them.
-            if b"null" not in text:
-                return orjson.loads(text)
+        text = jsoncodec.orjson_exact(value)
+        if text is not None:
+            return orjson.loads(text)
     return _copy_json(value)
 
 
