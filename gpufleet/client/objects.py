@@ -13,6 +13,7 @@ import re
 from typing import Any
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+_ABSENT = object()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -30,9 +31,11 @@ def field(obj: Any, name: str, default: Any = None) -> Any:
         value = obj.get(name, default)
     else:
         snake = _snake(name)
-        value = getattr(obj, snake, None)
-        if value is None and snake != name:
-            value = getattr(obj, name, default)
+        value = getattr(obj, snake, _ABSENT)
+        if value is _ABSENT:
+            # Not a field of the model: the wire name, for objects that keep it (an absent
+            # attribute of a pydantic model is a slow miss, so this is only tried then).
+            value = getattr(obj, name, default) if snake != name else default
     return default if value is None else value
 
 

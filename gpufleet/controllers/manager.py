@@ -66,6 +66,9 @@ class ControllerOptions:
     # Back-off before a Job replaces a failed pod: base * 2**(failures-1), capped.
     job_pod_failure_backoff: float = 1.0
     job_pod_failure_backoff_max: float = 60.0
+    # A Job's pod events and status updates are synced together this much later (upstream's
+    # SyncJobBatchPeriod).
+    job_sync_batch_period: float = 1.0
     # How long the informers may take to fill before controllers start anyway.
     sync_timeout: float = 30.0
     workers: int = 2
@@ -92,6 +95,9 @@ class ControllerOptions:
     # weighted share first (Kueue's fairSharing.enable; also on when any ClusterQueue
     # declares spec.fairSharing); otherwise by priority and age.
     kueue_fair_sharing: bool = False
+    # How long the admission cycle waits after what woke it, so one change's events are
+    # decided on in one pass.
+    kueue_batch_period: float = 0.1
     # Node IPAM: the pod network, cut into one subnet of this prefix length per node.
     cluster_cidr: str = "10.244.0.0/16"
     node_cidr_mask_size: int = 24
@@ -153,6 +159,7 @@ class ControllerManager:
                 "recorder": recorder("job-controller"),
                 "pod_failure_backoff": opts.job_pod_failure_backoff,
                 "pod_failure_backoff_max": opts.job_pod_failure_backoff_max,
+                "sync_batch_period": opts.job_sync_batch_period,
             },
             "cronjob": {**common, "recorder": recorder("cronjob-controller")},
             "nodelifecycle": {
@@ -181,7 +188,8 @@ class ControllerManager:
             "raycluster": {**common, "recorder": recorder("raycluster-controller"), "room": opts.worker_room},
             "rayjob": {**common, "recorder": recorder("rayjob-controller")},
             "rayservice": {**common, "recorder": recorder("rayservice-controller")},
-            "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing},
+            "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing,
+                      "batch_period": opts.kueue_batch_period},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},
             "persistentvolume": {**common, "recorder": recorder("persistentvolume-controller")},

@@ -15,7 +15,7 @@ TRACES = Path(__file__).parent / "traces"
 
 async def test_fifo_replay_on_one_node_gives_the_exact_times():
     jobs = read_trace(TRACES / "small.csv")
-    result = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo")
+    result = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo", batching=False)
     times = {j.trace.name: (j.first_start, j.finished) for j in result.jobs}
     # a holds all 8 GPUs until 100; b and c share them until 150; d waits behind them (FIFO).
     assert times == {"a": (0.0, 100.0), "b": (100.0, 150.0), "c": (100.0, 150.0), "d": (150.0, 160.0)}
@@ -24,6 +24,20 @@ async def test_fifo_replay_on_one_node_gives_the_exact_times():
     assert f["makespanSeconds"] == pytest.approx(160.0)
     assert f["gpuUtilization"] == pytest.approx((800 + 200 + 200 + 10) / (8 * 160))
     assert f["preemptions"] == 0
+
+
+async def test_the_controllers_batch_periods_delay_a_replay_by_seconds():
+    # What a live cluster's defaults do: the admission cycle waits 0.1 s after what woke it,
+    # the Job controller 1 s after its pods' events, so the next job starts ~1.2 s after one
+    # finishes; each hand-over adds that much, no more.
+    jobs = read_trace(TRACES / "small.csv")
+    result = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo")
+    exact = {"a": (0.0, 100.0), "b": (100.0, 150.0), "c": (100.0, 150.0), "d": (150.0, 160.0)}
+    handovers = {"a": 0, "b": 1, "c": 1, "d": 2}
+    for name, (start, end) in _times(result).items():
+        late = 0.1 + 1.2 * handovers[name]
+        assert exact[name][0] < start <= exact[name][0] + late + 0.01, (name, start)
+        assert end == pytest.approx(start + exact[name][1] - exact[name][0])
 
 
 def test_muri_rows_are_read_in_milliseconds(tmp_path: Path):
@@ -48,8 +62,8 @@ def _times(result) -> dict[str, tuple[float | None, float | None]]:
 
 async def test_attained_service_lets_a_short_job_overtake_a_long_one():
     jobs = read_trace(TRACES / "overtake.csv")  # long: 8 GPUs x 20,000 s; short at 1,000 s
-    fifo = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo")
-    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service")
+    fifo = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo", batching=False)
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", batching=False)
     assert _times(fifo) == {"long": (0.0, 20000.0), "short": (20000.0, 20300.0)}
     # long has 8,000 GPU-s at 1,000 s (level 1): the new job (level 0) preempts it, and long
     # resumes from its checkpoint when short is done.
@@ -59,8 +73,8 @@ async def test_attained_service_lets_a_short_job_overtake_a_long_one():
 
 async def test_shortest_remaining_service_keeps_a_nearly_done_job_running():
     jobs = read_trace(TRACES / "nearly-done.csv")  # 8 GPUs x 20,000 steps; 5,000 steps at 19,000 s
-    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service")
-    srs = await simulate(jobs, nodes=1, gpus_per_node=8, policy="shortest-remaining-service")
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", batching=False)
+    srs = await simulate(jobs, nodes=1, gpus_per_node=8, policy="shortest-remaining-service", batching=False)
     # Attained service only knows the runner has had a lot: the newcomer preempts it.
     assert _times(las) == {"nearly-done": (0.0, 25000.0), "newcomer": (19000.0, 24000.0)}
     # Shortest remaining service runs the unmeasured newcomer for its two progress reports
@@ -74,5 +88,6 @@ async def test_shortest_remaining_service_keeps_a_nearly_done_job_running():
 
 async def test_restart_overhead_is_charged_on_the_resumed_job():
     jobs = read_trace(TRACES / "overtake.csv")
-    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", restart_overhead=60.0)
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", restart_overhead=60.0,
+                         batching=False)
     assert _times(las) == {"long": (0.0, 20360.0), "short": (1000.0, 1300.0)}

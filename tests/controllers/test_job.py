@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from ctrl_helpers import NS, events_for, eventually, job, owned_pods, set_pod_status, stays
@@ -215,3 +216,33 @@ async def test_a_failed_pod_is_replaced_when_the_back_off_ends_with_nothing_else
     replacement = await eventually(lambda: active(client, uid, 1), timeout=10, what="a replacement after 1 s")
     assert replacement[0]["metadata"]["name"] != first["metadata"]["name"]
     assert (await job_status(client, "retry")).get("failed") == 1
+
+
+async def _record_succeeded(client: Client, name: str, since: str, seen: list[int]) -> None:
+    async for ev in client.watch("jobs", NS, resource_version=since, raw=True):
+        if ev.type == "MODIFIED" and ev.object["metadata"]["name"] == name:
+            seen.append((ev.object.get("status") or {}).get("succeeded", 0))
+
+
+async def test_a_burst_of_pod_completions_is_counted_in_one_sync(client: Client, controllers) -> None:
+    # Upstream's SyncJobBatchPeriod: pod events bring the Job back a second later, together.
+    await controllers(**FAST)
+    j = await client.create(job("burst", completions=3, parallelism=3), raw=True)
+    uid = j["metadata"]["uid"]
+    pods = await eventually(lambda: active(client, uid, 3), what="3 pods")
+    await eventually(lambda: _has_active(client, "burst", 3), what="3 active counted")
+    seen: list[int] = []
+    since = (await client.get("jobs", "burst", NS, raw=True))["metadata"]["resourceVersion"]
+    watcher = asyncio.ensure_future(_record_succeeded(client, "burst", since, seen))
+    try:
+        for p in pods:
+            await set_pod_status(client, p["metadata"]["name"], phase="Succeeded")
+        await eventually(lambda: condition(client, "burst", "Complete"), what="the Job complete")
+        await eventually(lambda: 3 in seen or None, what="the count seen by the watch")
+    finally:
+        watcher.cancel()
+    assert [n for n in seen if n] == [3] * len([n for n in seen if n]), seen  # never 1 or 2
+
+
+async def _has_active(client: Client, name: str, n: int) -> bool:
+    return (await job_status(client, name)).get("active") == n

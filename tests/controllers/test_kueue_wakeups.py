@@ -93,3 +93,25 @@ async def test_without_cluster_queues_nothing_runs(client: Client, kueue):
 
     await client.create(cluster_queue("team-a", 8))
     await eventually(lambda: kueue.passes == 1, what="a pass once a ClusterQueue exists")
+
+
+async def test_what_wakes_the_cycle_within_its_batch_period_is_decided_in_one_pass(client: Client, controllers):
+    manager = await controllers(enabled=("kueue",), kueue_batch_period=1.0)
+    kueue = manager.controller("kueue")
+    await client.create(flavor("default"))
+    await client.create(cluster_queue("team-a", 8))
+    await gpu_node(client, "n1", 8)
+    await gpu_node(client, "n2", 8)
+    await node_events_handled(kueue, 4)
+    await eventually(lambda: kueue.passes >= 1 and not len(kueue.cycle_queue) and not kueue.cycle_queue.waiting,
+                     what="the first passes done")
+    seen, passes, pokes = kueue.events_seen["Node"], kueue.passes, kueue.pokes["Node"]
+
+    await set_gpus(client, "n1", 4)
+    await set_gpus(client, "n2", 4)
+    await set_gpus(client, "n1", 2)
+    await node_events_handled(kueue, seen + 3)
+    assert kueue.pokes["Node"] == pokes + 3
+    await eventually(lambda: kueue.passes > passes, what="a pass after the batch period")
+    await eventually(lambda: not kueue.cycle_queue.waiting, what="nothing more due")
+    assert kueue.passes == passes + 1

@@ -354,8 +354,13 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
                    restart_overhead: float = 0.0, progress: Callable[[int, int, float], None] | None = None,
-                   ) -> Result:
-    """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``."""
+                   batching: bool = True) -> Result:
+    """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
+
+    ``batching``: the controllers wait their batch periods as on a live cluster (the Job
+    controller's 1 s, the admission cycle's 0.1 s), so a job starts a second or so after the
+    GPUs it waits for are given back; False makes them 0, so that a replay gives exact times.
+    """
     from gpufleet.cli.controlplane import ControlPlane
     from gpufleet.controllers.manager import ControllerManager
     from gpufleet.scheduler import Scheduler
@@ -400,7 +405,8 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
             await client.create(obj)
         # The collector's discovery resync finds no new kinds here (no CRDs): once is enough.
         manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue", "garbagecollector"),
-                                    kueue_fair_sharing=policy == "fair-share", gc_resync_period=1e12)
+                                    kueue_fair_sharing=policy == "fair-share", gc_resync_period=1e12,
+                                    **({} if batching else {"job_sync_batch_period": 0.0, "kueue_batch_period": 0.0}))
         await manager.start()
         scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None)
         await scheduler.start()

@@ -65,7 +65,7 @@ class JobController(OwnerController):
         self.job_informer = self.owners
         self.pod_informer = informers.informer(Pod)
         index_by_controller(self.pod_informer)
-        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self.child_deleted)
+        self.pod_informer.add_event_handler(self._pod_added, self._pod_updated, self._pod_deleted)
         # Pods holding the tracking finalizer whose Job is gone must still be let go.
         self.orphan_queue = WorkQueue(f"{self.name}-orphan-pods", clock=self.clock)
         self.orphans = Controller(f"{self.name}-orphan-pods", self._release_orphan, self.orphan_queue, workers=1)
@@ -80,6 +80,19 @@ class JobController(OwnerController):
 
     # -- pod events -----------------------------------------------------------------------
 
+    def _batched(self, key: str) -> None:
+        """Sync ``key`` once the batch period is over (at once when it is 0)."""
+        self.queue.add_after(key, self.settings.sync_batch_period)
+
+    def update_matters(self, old: Any, new: Any) -> bool:
+        """A spec change (a new generation: unsuspended, resized) is synced at once; any other
+        update of the Job (its status, written by this controller as its pods move) is batched,
+        as upstream's updateJob does."""
+        if objects.meta(old, "generation") != objects.meta(new, "generation"):
+            return True
+        self._batched(objects.object_key(new))
+        return False
+
     def _pod_added(self, pod: Any) -> None:
         if is_being_deleted(pod):
             self._pod_updated(pod, pod)
@@ -87,7 +100,7 @@ class JobController(OwnerController):
         key = self.owner_key(pod)
         if key:
             self.expectations.creation_observed(key)
-            self.queue.add(key)
+            self._batched(key)
         elif objects.controller_ref(pod) is None:
             self._enqueue_matching(pod)
         else:
@@ -98,14 +111,20 @@ class JobController(OwnerController):
         if key:
             if is_being_deleted(new):
                 self.expectations.deletion_observed(key, objects.object_key(new))
-            self.queue.add(key)
+            self._batched(key)
         else:
             self._maybe_orphan(new)
         old_key = self.owner_key(old)
         if old_key and old_key != key:
-            self.queue.add(old_key)
+            self._batched(old_key)
         if objects.controller_ref(new) is None and objects.labels_of(old) != objects.labels_of(new):
             self._enqueue_matching(new)
+
+    def _pod_deleted(self, pod: Any) -> None:
+        key = self.owner_key(pod)
+        if key:
+            self.expectations.deletion_observed(key, objects.object_key(pod))
+            self._batched(key)
 
     def _enqueue_matching(self, pod: Any) -> None:
         self.enqueue_matching(pod, lambda job: selector_from(job_selector(job)))

@@ -145,6 +145,9 @@ class Backoff:
 class Settings:
     pod_failure_backoff: float = 1.0
     pod_failure_backoff_max: float = 60.0
+    # Pod events and the Job's own status updates bring it back this much later, so that a
+    # burst of them is one sync (upstream's SyncJobBatchPeriod, 1 s); a spec change, at once.
+    sync_batch_period: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,11 @@ from gpufleet.queueing.policies import STEPS_DONE_ANNOTATION, TOTAL_STEPS_ANNOTA
 log = logging.getLogger(__name__)
 
 
+# Seconds an admission pass waits after what woke it, so that the events of one change are
+# decided on together (as the Job controller's syncJobBatchPeriod batches a job's pod events).
+BATCH_PERIOD = 0.1
+
+
 def _spec(obj: Any) -> Any:
     return getattr(obj, "spec", None)
 
@@ -136,10 +141,12 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
     def __init__(
         self, client: Client, informers: SharedInformerFactory, *,
         fair_sharing: bool = False,
+        batch_period: float = BATCH_PERIOD,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, informers, **kwargs)
         self.fair_sharing = fair_sharing
+        self.batch_period = batch_period
         self.kinds: dict[str, JobKind] = {"Job": BATCH_JOB}
         pytorch = _pytorch_kind()
         for extra in ([pytorch] if pytorch is not None else []) + _ray_kinds():
@@ -222,7 +229,9 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
             # Without ClusterQueues nothing is admitted: capacity and usage change no decision.
             return
         self.pokes[kind] += 1
-        self.cycle_queue.add(CYCLE)
+        # What one change sets off (an admission unsuspends a job, its pods are made, bound,
+        # start) is looked at in one pass, not a pass per step of it.
+        self.cycle_queue.add_after(CYCLE, self.batch_period)
 
     def _updated_by(self, view: Callable[[Any], Any]) -> Callable[[Any, Any], None]:
         def updated(old: Any, new: Any) -> None:
