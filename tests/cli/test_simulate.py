@@ -3,10 +3,13 @@ virtual time, with FIFO's exact completion times."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from gpufleet.cli.main import app
 from gpufleet.cli.simulate.engine import simulate
 from gpufleet.cli.simulate.trace import TraceError, read_trace
 
@@ -91,3 +94,21 @@ async def test_restart_overhead_is_charged_on_the_resumed_job():
     las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", restart_overhead=60.0,
                          batching=False)
     assert _times(las) == {"long": (0.0, 20360.0), "short": (1000.0, 1300.0)}
+
+
+def test_the_command_gives_levels_to_the_queue_and_refuses_bad_ones(tmp_path: Path):
+    runner = CliRunner()
+    trace = str(TRACES / "overtake.csv")
+    r = runner.invoke(app, ["simulate", "--trace", trace, "--nodes", "1x8", "--policy", "attained-service",
+                            "--attained-service-levels", "3250,7200", "-o", "json"])
+    assert r.exit_code == 0, r.output
+    figures = json.loads(r.stdout[r.stdout.index("{"):])
+    # long has 8,000 GPU-s at 1,000 s: above 7,200, so at the last level; short preempts it.
+    assert figures["attainedServiceLevels"] == "3250,7200" and figures["preemptions"] == 1
+    r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "attained-service",
+                            "--attained-service-levels", "7200,3250"])
+    assert r.exit_code == 1 and "each above the one before" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "fifo", "--attained-service-levels", "60"])
+    assert r.exit_code == 1 and "levels are for the attained-service policy" in r.output
+    r = runner.invoke(app, ["simulate", "--trace", str(tmp_path / "none.csv")])
+    assert r.exit_code == 1 and "cannot read the trace" in r.output

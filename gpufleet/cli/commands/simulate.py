@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from gpufleet.cli.output import CliError
+from gpufleet.cli.output import err
 
 
 def register(app: typer.Typer) -> None:
@@ -23,6 +23,9 @@ def register(app: typer.Typer) -> None:
             "fifo, priority, fair-share, attained-service or shortest-remaining-service."))] = "fifo",
         restart_overhead: Annotated[float, typer.Option("--restart-overhead",
                                                         help="Seconds every restart spends before progressing.")] = 0.0,
+        levels: Annotated[str | None, typer.Option("--attained-service-levels", help=(
+            "attained-service only: the levels' thresholds in GPU-seconds, e.g. 3250,7200 (Tiresias'); "
+            "default the policy's own."))] = None,
         limit: Annotated[int | None, typer.Option("--limit", help="Only the first N jobs (by submit time).")] = None,
         output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
     ) -> None:
@@ -42,7 +45,8 @@ def register(app: typer.Typer) -> None:
         try:
             jobs = read_trace(trace, limit)
         except TraceError as exc:
-            raise CliError(str(exc)) from None
+            err(f"error: {exc}")
+            raise typer.Exit(1) from None
 
         def progress(done: int, total: int, now: float) -> None:
             width = 30
@@ -55,9 +59,10 @@ def register(app: typer.Typer) -> None:
 
         try:
             result = asyncio.run(run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
-                                         restart_overhead=restart_overhead, progress=progress))
+                                         restart_overhead=restart_overhead, progress=progress, levels=levels))
         except ValueError as exc:
-            raise CliError(str(exc)) from None
+            err(f"error: {exc}")
+            raise typer.Exit(1) from None
         figures = result.figures()
         if output == "json":
             typer.echo(json.dumps(figures, indent=2))

@@ -68,6 +68,7 @@ class Result:
     jobs: list[JobRecord]
     wall_seconds: float
     clock_jumps: int
+    levels: str | None = None  # the attained-service levels given (None: the policy's own)
 
     @property
     def done(self) -> list[JobRecord]:
@@ -86,6 +87,8 @@ class Result:
             "policy": self.policy,
             "cluster": f"{self.nodes}x{self.gpus_per_node}",
             "restartOverheadSeconds": self.restart_overhead,
+            **({"attainedServiceLevels": self.levels or ",".join(f"{v:g}" for v in policies.LEVELS)}
+               if self.policy == policies.ATTAINED_SERVICE else {}),
             "jobs": len(self.jobs),
             "finished": len(done),
             "avgJCTSeconds": sum(jct) / len(jct) if jct else None,
@@ -303,9 +306,9 @@ def node_status(gpus: int, now: str) -> dict[str, Any]:
          "reason": "KubeletReady", "message": "simulated node"}]}
 
 
-def queue_objects(policy: str, gpus: int, teams: list[str]) -> list[dict[str, Any]]:
+def queue_objects(policy: str, gpus: int, teams: list[str], levels: str | None = None) -> list[dict[str, Any]]:
     """The ResourceFlavor, a ClusterQueue per team (one cohort sharing the cluster's GPUs),
-    and their LocalQueues."""
+    and their LocalQueues. ``levels``: the attained-service levels annotation, if any."""
     objs: list[dict[str, Any]] = [{"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}}]
     share = gpus // len(teams)
     for i, team in enumerate(teams):
@@ -327,6 +330,8 @@ def queue_objects(policy: str, gpus: int, teams: list[str]) -> list[dict[str, An
         meta: dict[str, Any] = {"name": team}
         if policy in (policies.ATTAINED_SERVICE, policies.SHORTEST_REMAINING):
             meta["annotations"] = {policies.POLICY_ANNOTATION: policy}
+            if policy == policies.ATTAINED_SERVICE and levels:
+                meta["annotations"][policies.LEVELS_ANNOTATION] = levels
         objs.append({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": meta, "spec": spec})
         objs.append({"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": team, "namespace": NAMESPACE},
                      "spec": {"clusterQueue": team}})
@@ -354,12 +359,14 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
                    restart_overhead: float = 0.0, progress: Callable[[int, int, float], None] | None = None,
-                   batching: bool = True) -> Result:
+                   batching: bool = True, levels: str | None = None) -> Result:
     """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
 
     ``batching``: the controllers wait their batch periods as on a live cluster (the Job
     controller's 1 s, the admission cycle's 0.1 s), so a job starts a second or so after the
     GPUs it waits for are given back; False makes them 0, so that a replay gives exact times.
+    ``levels``: the attained-service thresholds in GPU-seconds ("3250,7200"), as the
+    ClusterQueue's annotation gives them; None keeps the policy's defaults.
     """
     from gpufleet.cli.controlplane import ControlPlane
     from gpufleet.controllers.manager import ControllerManager
@@ -367,6 +374,10 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
 
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    if levels is not None:
+        policies.parse_levels(levels)  # raises ValueError saying what is wrong
+        if policy != policies.ATTAINED_SERVICE:
+            raise ValueError(f"levels are for the {policies.ATTAINED_SERVICE} policy, not {policy}")
     for j in jobs:
         if j.gpus > nodes * gpus_per_node:
             raise ValueError(f"job {j.name} needs {j.gpus} GPUs, more than the {nodes}x{gpus_per_node} cluster has")
@@ -401,7 +412,7 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
             for value in sorted({j.priority for j in jobs}):
                 await client.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                                      "metadata": {"name": f"sim-{value}"}, "value": value})
-        for obj in queue_objects(policy, nodes * gpus_per_node, teams):
+        for obj in queue_objects(policy, nodes * gpus_per_node, teams, levels):
             await client.create(obj)
         # The collector's discovery resync finds no new kinds here (no CRDs): once is enough.
         manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue", "garbagecollector"),
@@ -442,4 +453,4 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
             if v is not None:
                 setattr(r, attr, v - t0)
     return Result(policy, nodes, gpus_per_node, restart_overhead, list(records.values()),
-                  time.perf_counter() - wall0, clock.jumps)
+                  time.perf_counter() - wall0, clock.jumps, levels)
