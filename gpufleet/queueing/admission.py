@@ -132,6 +132,11 @@ class Cycle:
         # that shape and no higher priority finds none either while the state is the same.
         self._no_victims: dict[tuple, tuple[int, int]] = {}
         self._targets: dict[tuple, Assignment | None] = {}
+        # What each workload uses under its own admission (that never changes in a pass), and
+        # the workloads holding quota at a version of the state: a preemption search reads both
+        # for every admitted workload, for each pending one it is run for.
+        self._own_usage: dict[str, dict[FlavorResource, int]] = {}
+        self._holding_at: tuple[int, list[WorkloadInfo]] | None = None
 
     # -- state views ------------------------------------------------------------------------
 
@@ -140,12 +145,18 @@ class Cycle:
 
     def _holding(self) -> list[WorkloadInfo]:
         """Workloads that hold quota now (admitted before or during this pass)."""
-        out = []
-        for wl in self.workloads.values():
-            assignment = self._assignment_of(wl)
-            if assignment is not None:
-                out.append(wl)
+        if self._holding_at is not None and self._holding_at[0] == self._version:
+            return self._holding_at[1]
+        out = [wl for wl in self.workloads.values() if self._assignment_of(wl) is not None]
+        self._holding_at = (self._version, out)
         return out
+
+    def _usage_of(self, wl: WorkloadInfo) -> dict[FlavorResource, int]:
+        """``workload_usage(wl)``: what it uses under its own admission."""
+        usage = self._own_usage.get(wl.key)
+        if usage is None:
+            usage = self._own_usage[wl.key] = workload_usage(wl)
+        return usage
 
     def _usage(self, exclude: set[str] = frozenset()) -> Usage:  # type: ignore[assignment]
         """A copy of the usage, without that of ``exclude``."""
@@ -380,7 +391,7 @@ class Cycle:
         for c in self._holding():
             if c.key == wl.key or c.key in self._evicting or c.key in self._admitted:
                 continue
-            if not frs & set(workload_usage(c)):
+            if frs.isdisjoint(self._usage_of(c)):
                 continue
             if c.cluster_queue == cq.name:
                 policy = cq.within_cluster_queue
@@ -417,7 +428,7 @@ class Cycle:
         for c in candidates:
             ccq = self.queues[c.cluster_queue]
             if ccq.name != cq.name:
-                frs = set(workload_usage(c))
+                frs = set(self._usage_of(c))
                 if not self.quotas.borrowing(ccq, self._usage(exclude), frs):
                     continue  # that queue is back within its own quota: leave it alone
             removed.append(c)

@@ -21,6 +21,10 @@ What it does, as Kubernetes' job controller (1.31) does:
 - ``suspend`` deletes the active pods (condition Suspended); resuming restarts startTime;
 - waits ``pod_failure_backoff * 2**(n-1)`` (capped) before replacing the n-th consecutive
   failure (Kubernetes: 10 s doubling to 6 min; ours is shorter and configurable);
+- syncs a Job at once when its spec changes (a new generation: created, unsuspended,
+  resized), and ``sync_batch_period`` (1 s, upstream's SyncJobBatchPeriod) after a pod event
+  or a status-only update, so that a burst of them (a gang's pods finishing) is one sync and
+  one status write;
 - ``ttlSecondsAfterFinished`` deletes the finished Job (foreground, so its pods go first).
 - ``podFailurePolicy`` (``api/podfailurepolicy.py``): a Failed pod matching a FailJob rule
   fails the Job (reason PodFailurePolicy), one matching an Ignore rule is replaced without
