@@ -3,7 +3,7 @@ CPU time it took (what docs/simulate.md quotes).
 
     PYTHONPATH=. python bench/simulate_trace.py TRACE LIMIT POLICY RESTART_OVERHEAD
 
-LIMIT 0 replays the whole trace. Progress every 25 finished jobs, then one JSON line.
+LIMIT 0 replays the whole trace. Progress every 25 finished jobs (and every 30 s), then one JSON line.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 import sys
 import time
 
-from gpufleet.cli.simulate.engine import simulate
+from gpufleet.cli.simulate.engine import Progress, simulate
 from gpufleet.cli.simulate.trace import read_trace
 
 
@@ -24,10 +24,15 @@ def main() -> None:
     jobs = read_trace(trace, limit if limit > 0 else None)
     cpu0, wall0 = time.process_time(), time.perf_counter()
 
-    def progress(done: int, total: int, now: float) -> None:
-        if done % 25 == 0 or done == total:
-            print(f"{done}/{total} virtual day {now / 86400:.1f} wall {time.perf_counter() - wall0:.0f}s "
-                  f"cpu {time.process_time() - cpu0:.0f}s", flush=True)
+    last = [0.0]
+
+    def progress(p: Progress) -> None:
+        wall = time.perf_counter() - wall0
+        if p.done % 25 == 0 or p.done == p.total or wall - last[0] >= 30:
+            last[0] = wall
+            print(f"{p.done}/{p.total} virtual day {p.now / 86400:.1f} running {p.running} "
+                  f"waiting {p.submitted - p.done - p.running} preemptions {p.preemptions} "
+                  f"wall {wall:.0f}s cpu {time.process_time() - cpu0:.0f}s", flush=True)
 
     result = asyncio.run(simulate(jobs, nodes=8, gpus_per_node=8, policy=policy, restart_overhead=overhead,
                                   progress=progress))

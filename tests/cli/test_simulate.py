@@ -112,3 +112,15 @@ def test_the_command_gives_levels_to_the_queue_and_refuses_bad_ones(tmp_path: Pa
     assert r.exit_code == 1 and "levels are for the attained-service policy" in r.output
     r = runner.invoke(app, ["simulate", "--trace", str(tmp_path / "none.csv")])
     assert r.exit_code == 1 and "cannot read the trace" in r.output
+
+
+async def test_a_replay_reports_its_progress_as_jobs_finish():
+    jobs = read_trace(TRACES / "overtake.csv")
+    seen = []
+    las = await simulate(jobs, nodes=1, gpus_per_node=8, policy="attained-service", progress=seen.append)
+    # short finishes first, while long waits preempted; then long.
+    assert [(p.done, p.total) for p in seen if p.done] == [(1, 2), (2, 2)]
+    first = next(p for p in seen if p.done == 1)
+    assert (first.submitted, first.running, first.preemptions) == (2, 0, 1)
+    assert seen[-1].preemptions == las.figures()["preemptions"] == 1
+    assert seen[-1].now == pytest.approx(max(j.finished for j in las.jobs))

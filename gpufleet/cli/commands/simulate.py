@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
         output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
     ) -> None:
         """Replay a GPU-cluster trace through the real API server, scheduler and queues."""
+        from gpufleet.cli.simulate.engine import Progress
         from gpufleet.cli.simulate.engine import simulate as run_sim
         from gpufleet.cli.simulate.trace import TraceError, read_trace
 
@@ -48,12 +49,13 @@ def register(app: typer.Typer) -> None:
             err(f"error: {exc}")
             raise typer.Exit(1) from None
 
-        def progress(done: int, total: int, now: float) -> None:
+        def progress(p: Progress) -> None:
             width = 30
-            filled = width * done // total
-            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} jobs, "
-                             f"virtual day {now / 86400:.1f}")
-            if done == total:
+            filled = width * p.done // p.total
+            sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {p.done}/{p.total} jobs, "
+                             f"virtual day {p.now / 86400:.1f}, {p.running} running, "
+                             f"{p.submitted - p.done - p.running} waiting, {p.preemptions} preemptions ")
+            if p.done == p.total:
                 sys.stderr.write("\n")
             sys.stderr.flush()
 

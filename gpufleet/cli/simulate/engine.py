@@ -41,6 +41,24 @@ POLICIES = ("fifo", "priority", "fair-share", policies.ATTAINED_SERVICE, policie
 PROGRESS_PROBE_SECONDS = 60.0
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where a replay stands: jobs finished of all, the virtual seconds since the trace's
+    start, jobs submitted, jobs running now and preemptions so far."""
+
+    done: int
+    total: int
+    now: float
+    submitted: int
+    running: int
+    preemptions: int
+
+
+# A replay reports its progress at every finished job, and at least this often (wall seconds)
+# while none finishes.
+PROGRESS_EVERY = 5.0
+
+
 @dataclass
 class JobRecord:
     trace: TraceJob
@@ -358,7 +376,7 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 
 
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
-                   restart_overhead: float = 0.0, progress: Callable[[int, int, float], None] | None = None,
+                   restart_overhead: float = 0.0, progress: Callable[[Progress], None] | None = None,
                    batching: bool = True, levels: str | None = None) -> Result:
     """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
 
@@ -387,11 +405,25 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     # Trace times are relative to t0 from here on.
     records = {j.name: JobRecord(j, pods_of(j.gpus, gpus_per_node)[0]) for j in jobs}
     finished = [0]
+    reported = [time.perf_counter()]
+
+    def report() -> None:
+        if progress is None:
+            return
+        reported[0] = time.perf_counter()
+        progress(Progress(finished[0], len(records), clock.now() - t0,
+                          sum(1 for r in records.values() if r.submitted is not None),
+                          sum(1 for r in records.values() if r.running),
+                          sum(r.preemptions for r in records.values())))
 
     def on_finish(_record: JobRecord) -> None:
         finished[0] += 1
-        if progress is not None:
-            progress(finished[0], len(records), clock.now() - t0)
+        report()
+
+    def replayed() -> bool:
+        if time.perf_counter() - reported[0] >= PROGRESS_EVERY:
+            report()
+        return finished[0] >= len(records)
 
     plane = ControlPlane(store_url="sqlite://:memory:", port=0, host="127.0.0.1", secure=False,
                          run_controllers=False, leader_elect=False, kubernetes_service=False, clock=clock)
@@ -436,7 +468,7 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
 
         submitter = asyncio.ensure_future(submit())
         try:
-            await clock.run(lambda: finished[0] >= len(records))
+            await clock.run(replayed)
         finally:
             submitter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
