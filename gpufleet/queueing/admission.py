@@ -639,9 +639,10 @@ def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo]
         out_queues[name] = dataclasses.replace(cq, within_cluster_queue="LowerPriority")
         standings = [standing(wl) for wl in members]
         for wl, s in zip(members, standings, strict=True):
-            changed[wl.key] = dataclasses.replace(wl, priority=policies.rank(cq.policy, s, now, cq.levels))
+            changed[wl.key] = dataclasses.replace(wl, priority=policies.rank(cq.policy, s, now, cq.levels,
+                                                                                    cq.starvation_factor))
         if any(wl.admission is None for wl in members):
-            after = policies.next_change(cq.policy, standings, now, cq.levels)
+            after = policies.next_change(cq.policy, standings, now, cq.levels, cq.starvation_factor)
             if after is not None:
                 soonest = after if soonest is None else min(soonest, after)
     return out_queues, [changed.get(wl.key, wl) for wl in workloads], soonest

@@ -45,6 +45,10 @@ ATTAINED_ANNOTATION = "gpufleet.io/attained-gpu-seconds"
 # On a ClusterQueue of the attained-service policy: its levels' thresholds in GPU-seconds,
 # comma-separated and increasing (default LEVELS).
 LEVELS_ANNOTATION = "gpufleet.io/attained-service-levels"
+# On a ClusterQueue of the attained-service policy: the starvation guard's factor (a pending
+# workload that has waited this many times as long as it has run counts as level 0); "0"
+# turns the guard off (default STARVATION_FACTOR).
+STARVATION_ANNOTATION = "gpufleet.io/attained-service-starvation-factor"
 
 FIFO = "fifo"
 ATTAINED_SERVICE = "attained-service"
@@ -94,6 +98,20 @@ def parse_levels(value: str | None) -> tuple[float, ...] | None:
     return levels
 
 
+def parse_starvation(value: str | None) -> float | None:
+    """The factor a starvation-factor annotation gives (None when it is absent; 0: no guard).
+    Raises ValueError, saying what is wrong, unless it is a number of 0 or more."""
+    if value is None or not value.strip():
+        return None
+    try:
+        factor = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number such as \"4\" (or \"0\": no starvation guard)") from None
+    if not math.isfinite(factor) or factor < 0:
+        raise ValueError(f"{value!r}: the factor must be 0 (no guard) or more")
+    return factor
+
+
 def attained(gpus: int, stored: float, admitted_at: float | None, now: float) -> float:
     """GPU-seconds held so far: the runs that are over plus the one in progress."""
     running = max(0.0, now - admitted_at) * gpus if admitted_at is not None else 0.0
@@ -110,18 +128,20 @@ def level(service: float, levels: tuple[float, ...] = LEVELS) -> int:
 
 def starving(service: float, gpus: int, waiting_since: float, now: float,
              factor: float = STARVATION_FACTOR, minimum: float = STARVATION_MIN_SECONDS) -> bool:
-    """Whether a pending workload has waited ``factor`` times its run time (at least ``minimum``)."""
-    if service <= 0 or gpus <= 0:
+    """Whether a pending workload has waited ``factor`` times its run time (at least
+    ``minimum``); never with ``factor`` 0 (no guard)."""
+    if service <= 0 or gpus <= 0 or factor <= 0:
         return False
     return now - waiting_since >= max(minimum, factor * service / gpus)
 
 
 def promoted(service: float, gpus: int, waiting_since: float, now: float,
-             levels: tuple[float, ...] | None = None) -> bool:
+             levels: tuple[float, ...] | None = None, factor: float | None = None) -> bool:
     """Whether a pending workload is admitted only because it starves (above level 0 by its
     service): its service then starts again from 0, as Tiresias resets a promoted job's, so
     the workload it displaced cannot take the GPUs straight back."""
-    return level(service, levels or LEVELS) > 0 and starving(service, gpus, waiting_since, now)
+    return level(service, levels or LEVELS) > 0 and starving(
+        service, gpus, waiting_since, now, STARVATION_FACTOR if factor is None else factor)
 
 
 def measure(prev: Progress | None, steps: int, run: float | None, now: float) -> Progress:
@@ -164,12 +184,15 @@ class Standing:
     progress: Progress | None = None
 
 
-def rank(policy: str, s: Standing, now: float, levels: tuple[float, ...] | None = None) -> int:
-    """The workload's rank under ``policy``: higher goes first and may preempt lower."""
+def rank(policy: str, s: Standing, now: float, levels: tuple[float, ...] | None = None,
+         factor: float | None = None) -> int:
+    """The workload's rank under ``policy``: higher goes first and may preempt lower.
+    ``levels`` and ``factor``: the attained-service queue's own (None: LEVELS, STARVATION_FACTOR)."""
     if policy == ATTAINED_SERVICE:
         service = attained(s.gpus, s.stored_service, s.admitted_at if s.admitted else None, now)
         lv = level(service, levels or LEVELS)
-        if not s.admitted and starving(service, s.gpus, s.waiting_since, now):
+        if not s.admitted and starving(service, s.gpus, s.waiting_since, now,
+                                       STARVATION_FACTOR if factor is None else factor):
             lv = 0
         return s.priority * _SCALE - lv
     if policy == SHORTEST_REMAINING:
@@ -183,19 +206,20 @@ def rank(policy: str, s: Standing, now: float, levels: tuple[float, ...] | None 
 
 
 def next_change(policy: str, standings: Iterable[Standing], now: float,
-                levels: tuple[float, ...] | None = None) -> float | None:
+                levels: tuple[float, ...] | None = None, factor: float | None = None) -> float | None:
     """Seconds until time alone changes a rank in a way that can change a decision (an
     admitted workload reaching its next level, a pending one starving); None when never."""
     if policy != ATTAINED_SERVICE:
         return None  # remaining service only falls while running: that changes no decision
     levels = levels or LEVELS
+    factor = STARVATION_FACTOR if factor is None else factor
     standings = [s for s in standings if s.gpus > 0]
     # A pending workload at level p may preempt admitted ones above p: an admitted workload
     # reaching level L + 1 matters only when some pending one is at level L or below.
     lowest = math.inf
     for s in standings:
         if not s.admitted:
-            lowest = min(lowest, 0 if starving(s.stored_service, s.gpus, s.waiting_since, now)
+            lowest = min(lowest, 0 if starving(s.stored_service, s.gpus, s.waiting_since, now, factor)
                          else level(s.stored_service, levels))
     soonest = math.inf
     for s in standings:
@@ -206,8 +230,8 @@ def next_change(policy: str, standings: Iterable[Standing], now: float,
                 soonest = min(soonest, (levels[lv] - service) / s.gpus + 1e-3)
         else:
             service = s.stored_service
-            if service > 0 and level(service, levels) > 0:
-                due = s.waiting_since + max(STARVATION_MIN_SECONDS, STARVATION_FACTOR * service / s.gpus)
+            if service > 0 and level(service, levels) > 0 and factor > 0:
+                due = s.waiting_since + max(STARVATION_MIN_SECONDS, factor * service / s.gpus)
                 if due > now:
                     soonest = min(soonest, due - now)
     return soonest if math.isfinite(soonest) else None

@@ -66,6 +66,7 @@ class ClusterQueueInfo:
     policy: str = ""
     # attained-service: the levels' thresholds, GPU-seconds (None: policies.LEVELS).
     levels: tuple[float, ...] | None = None
+    starvation_factor: float | None = None  # attained-service: the guard's factor (None: the default)
     # Why the queue admits nothing (stopped, a flavor missing); empty when active.
     inactive: str = ""
 

@@ -115,3 +115,25 @@ async def test_what_wakes_the_cycle_within_its_batch_period_is_decided_in_one_pa
     await eventually(lambda: kueue.passes > passes, what="a pass after the batch period")
     await eventually(lambda: not kueue.cycle_queue.waiting, what="nothing more due")
     assert kueue.passes == passes + 1
+
+
+@pytest.mark.parametrize(("annotation", "value", "says"), [
+    ("gpufleet.io/attained-service-levels", "7200,3250", "each above the one before"),
+    ("gpufleet.io/attained-service-starvation-factor", "-1", "must be 0 (no guard) or more"),
+    ("gpufleet.io/attained-service-starvation-factor", "often", "is not a number"),
+])
+async def test_a_bad_attained_service_annotation_makes_the_queue_inactive_naming_it(
+        client: Client, kueue, annotation: str, value: str, says: str):
+    await client.create(flavor("default"))
+    cq = cluster_queue("team-a", 8)
+    cq["metadata"]["annotations"] = {"gpufleet.io/queueing-policy": "attained-service", annotation: value}
+    await client.create(cq)
+
+    async def active() -> dict[str, Any] | None:
+        status = (await client.get("clusterqueues", "team-a", raw=True)).get("status") or {}
+        return next((c for c in status.get("conditions") or [] if c["type"] == "Active"), None)
+
+    cond = await eventually(active, what="the queue's Active condition")
+    assert cond["status"] == "False"
+    assert cond["message"].startswith(f"metadata.annotations[{annotation}]: Invalid value: ")
+    assert says in cond["message"]

@@ -195,3 +195,18 @@ def test_shortest_remaining_preempts_the_job_with_more_left():
     nearly.total_steps = 10_000
     r = schedule(queue(p.SHORTEST_REMAINING), FLAVORS, [long, nearly], node(), now=NOW)
     assert not r.preempted
+
+
+def test_a_queue_may_set_its_starvation_factor_or_turn_the_guard_off():
+    assert p.parse_starvation("16") == 16.0 and p.parse_starvation("0") == 0.0 and p.parse_starvation(None) is None
+    for bad in ("-1", "often", "inf", "nan"):
+        with pytest.raises(ValueError):
+            p.parse_starvation(bad)
+    # Ran 2 h on 8 GPUs (level 2), waiting 8 h: starving by default (factor 4), not at 16, nor without a guard.
+    s = standing(8, stored=8 * 7_200, since=NOW - 8 * 3_600)
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == 0
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 16.0) == -2
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 0.0) == -2
+    assert not p.promoted(8 * 7_200, 8, NOW - 10**6, NOW, None, 0.0)
+    # Without a guard, time alone starves no one: nothing to wake for.
+    assert p.next_change(p.ATTAINED_SERVICE, [standing(8, stored=8 * 7_200, since=NOW - 3_600)], NOW, None, 0.0) is None

@@ -26,6 +26,9 @@ def register(app: typer.Typer) -> None:
         levels: Annotated[str | None, typer.Option("--attained-service-levels", help=(
             "attained-service only: the levels' thresholds in GPU-seconds, e.g. 3250,7200 (Tiresias'); "
             "default the policy's own."))] = None,
+        starvation: Annotated[str | None, typer.Option("--starvation-factor", help=(
+            "attained-service only: a waiting job counts as level 0 once it has waited this many times "
+            "as long as it has run; 0 turns the guard off. Default the policy's own."))] = None,
         limit: Annotated[int | None, typer.Option("--limit", help="Only the first N jobs (by submit time).")] = None,
         output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
     ) -> None:
@@ -61,7 +64,8 @@ def register(app: typer.Typer) -> None:
 
         try:
             result = asyncio.run(run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
-                                         restart_overhead=restart_overhead, progress=progress, levels=levels))
+                                         restart_overhead=restart_overhead, progress=progress, levels=levels,
+                                         starvation=starvation))
         except ValueError as exc:
             err(f"error: {exc}")
             raise typer.Exit(1) from None

@@ -87,6 +87,7 @@ class Result:
     wall_seconds: float
     clock_jumps: int
     levels: str | None = None  # the attained-service levels given (None: the policy's own)
+    starvation: str | None = None  # the starvation guard's factor given (None: the policy's own)
 
     @property
     def done(self) -> list[JobRecord]:
@@ -106,6 +107,9 @@ class Result:
             "cluster": f"{self.nodes}x{self.gpus_per_node}",
             "restartOverheadSeconds": self.restart_overhead,
             **({"attainedServiceLevels": self.levels or ",".join(f"{v:g}" for v in policies.LEVELS)}
+               if self.policy == policies.ATTAINED_SERVICE else {}),
+            **({"starvationFactor": float(self.starvation if self.starvation is not None
+                                          else policies.STARVATION_FACTOR)}
                if self.policy == policies.ATTAINED_SERVICE else {}),
             "jobs": len(self.jobs),
             "finished": len(done),
@@ -324,9 +328,10 @@ def node_status(gpus: int, now: str) -> dict[str, Any]:
          "reason": "KubeletReady", "message": "simulated node"}]}
 
 
-def queue_objects(policy: str, gpus: int, teams: list[str], levels: str | None = None) -> list[dict[str, Any]]:
+def queue_objects(policy: str, gpus: int, teams: list[str], levels: str | None = None,
+                  starvation: str | None = None) -> list[dict[str, Any]]:
     """The ResourceFlavor, a ClusterQueue per team (one cohort sharing the cluster's GPUs),
-    and their LocalQueues. ``levels``: the attained-service levels annotation, if any."""
+    and their LocalQueues. ``levels``, ``starvation``: the attained-service annotations, if any."""
     objs: list[dict[str, Any]] = [{"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}}]
     share = gpus // len(teams)
     for i, team in enumerate(teams):
@@ -350,6 +355,8 @@ def queue_objects(policy: str, gpus: int, teams: list[str], levels: str | None =
             meta["annotations"] = {policies.POLICY_ANNOTATION: policy}
             if policy == policies.ATTAINED_SERVICE and levels:
                 meta["annotations"][policies.LEVELS_ANNOTATION] = levels
+            if policy == policies.ATTAINED_SERVICE and starvation is not None:
+                meta["annotations"][policies.STARVATION_ANNOTATION] = starvation
         objs.append({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": meta, "spec": spec})
         objs.append({"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": team, "namespace": NAMESPACE},
                      "spec": {"clusterQueue": team}})
@@ -377,14 +384,16 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
                    restart_overhead: float = 0.0, progress: Callable[[Progress], None] | None = None,
-                   batching: bool = True, levels: str | None = None) -> Result:
+                   batching: bool = True, levels: str | None = None, starvation: str | None = None,
+                   ) -> Result:
     """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
 
     ``batching``: the controllers wait their batch periods as on a live cluster (the Job
     controller's 1 s, the admission cycle's 0.1 s), so a job starts a second or so after the
     GPUs it waits for are given back; False makes them 0, so that a replay gives exact times.
     ``levels``: the attained-service thresholds in GPU-seconds ("3250,7200"), as the
-    ClusterQueue's annotation gives them; None keeps the policy's defaults.
+    ClusterQueue's annotation gives them; None keeps the policy's defaults. ``starvation``:
+    the starvation guard's factor ("0": no guard), the same way.
     """
     from gpufleet.cli.controlplane import ControlPlane
     from gpufleet.controllers.manager import ControllerManager
@@ -396,6 +405,10 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
         policies.parse_levels(levels)  # raises ValueError saying what is wrong
         if policy != policies.ATTAINED_SERVICE:
             raise ValueError(f"levels are for the {policies.ATTAINED_SERVICE} policy, not {policy}")
+    if starvation is not None:
+        policies.parse_starvation(starvation)
+        if policy != policies.ATTAINED_SERVICE:
+            raise ValueError(f"the starvation factor is for the {policies.ATTAINED_SERVICE} policy, not {policy}")
     for j in jobs:
         if j.gpus > nodes * gpus_per_node:
             raise ValueError(f"job {j.name} needs {j.gpus} GPUs, more than the {nodes}x{gpus_per_node} cluster has")
@@ -444,7 +457,7 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
             for value in sorted({j.priority for j in jobs}):
                 await client.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                                      "metadata": {"name": f"sim-{value}"}, "value": value})
-        for obj in queue_objects(policy, nodes * gpus_per_node, teams, levels):
+        for obj in queue_objects(policy, nodes * gpus_per_node, teams, levels, starvation):
             await client.create(obj)
         # The collector's discovery resync finds no new kinds here (no CRDs): once is enough.
         manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue", "garbagecollector"),
@@ -485,4 +498,4 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
             if v is not None:
                 setattr(r, attr, v - t0)
     return Result(policy, nodes, gpus_per_node, restart_overhead, list(records.values()),
-                  time.perf_counter() - wall0, clock.jumps, levels)
+                  time.perf_counter() - wall0, clock.jumps, levels, starvation)

@@ -302,6 +302,12 @@ class AdmissionCycle:
             levels = policies.parse_levels(annotations.get(policies.LEVELS_ANNOTATION))
         except ValueError as e:
             levels_problem = f"metadata.annotations[{policies.LEVELS_ANNOTATION}]: Invalid value: {e}"
+        starvation = None
+        try:
+            starvation = policies.parse_starvation(annotations.get(policies.STARVATION_ANNOTATION))
+        except ValueError as e:
+            levels_problem = levels_problem or (
+                f"metadata.annotations[{policies.STARVATION_ANNOTATION}]: Invalid value: {e}")
         if missing:
             inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
         elif spec.stop_policy not in (None, "None"):
@@ -326,6 +332,7 @@ class AdmissionCycle:
             inactive=inactive,
             policy=policy or "",
             levels=levels,
+            starvation_factor=starvation,
         )
 
     def _parse(self, wl: Any) -> adm.WorkloadInfo | None:
@@ -440,7 +447,7 @@ class AdmissionCycle:
             wl, info = models[key], infos[key]
             cq = queues.get(info.cluster_queue)
             if cq is not None and cq.policy == policies.ATTAINED_SERVICE and policies.promoted(
-                    info.attained, info.gpus, info.timestamp, self.clock.now(), cq.levels):
+                    info.attained, info.gpus, info.timestamp, self.clock.now(), cq.levels, cq.starvation_factor):
                 wl = await self._set_attained(wl, 0.0)  # promoted for starving: its service starts over
             await self._admit(wl, info, assignment, key in result.borrowing, now)
         for key, pre in result.preempted.items():
