@@ -11,10 +11,11 @@ A ClusterQueue chooses its policy with the annotation ``gpufleet.io/queueing-pol
   ClusterQueue's annotation ``gpufleet.io/attained-service-levels``); a
   workload at a lower level goes first and preempts admitted workloads at a higher level
   (checkpoint-restart, through the ordinary eviction). Within a level, first come first
-  served (an evicted workload queues again from its eviction). Starvation guard: a
-  workload that has waited ``STARVATION_FACTOR`` times as long as it has run (and at least
-  ``STARVATION_MIN_SECONDS``) is treated as level 0 until it is admitted again, and its
-  service starts again from 0 when it is (Tiresias' promotion);
+  served (an evicted workload queues again from its eviction). Starvation guard, off
+  unless the ClusterQueue's annotation ``gpufleet.io/attained-service-starvation-factor``
+  gives a factor: a workload that has waited that many times as long as it has run (and at
+  least ``STARVATION_MIN_SECONDS``) is treated as level 0 until it is admitted again, and
+  its service starts again from 0 when it is (Tiresias' promotion);
 - ``shortest-remaining-service``: the workload with the least remaining GPU-time goes first
   and preempts those with more. The job declares its total steps (annotation
   ``gpufleet.io/total-steps``) and reports the steps done (``gpufleet.io/steps-done``, on the
@@ -55,9 +56,17 @@ ATTAINED_SERVICE = "attained-service"
 SHORTEST_REMAINING = "shortest-remaining-service"
 POLICIES = (FIFO, ATTAINED_SERVICE, SHORTEST_REMAINING)
 
-# Attained-service levels, GPU-seconds: 0-1 GPU-hour, 1-5, 5-25, 25-125, more.
-LEVELS = (3_600.0, 18_000.0, 90_000.0, 450_000.0)
-STARVATION_FACTOR = 4.0
+# Attained-service levels, GPU-seconds: below 1 GPU-hour, then each 4 times the last, up to
+# 1,024 GPU-hours. Chosen on the Philly traces (docs/simulate.md): fewer and lower levels
+# (Tiresias' 3,250 and 7,200 GPU-s, or these up to 125 GPU-hours) leave most jobs in the
+# last level, first come first served, and raise the average JCT.
+LEVELS = (3_600.0, 14_400.0, 57_600.0, 230_400.0, 921_600.0, 3_686_400.0)
+# No starvation guard by default: with one, on a cluster that is always behind (as on the
+# Philly traces), every long job starves over and over, and each time it is promoted its
+# service starts from 0, so it runs to the first level, is preempted again and starves again
+# (a model of trace1's first 300 jobs: 100,000 preemptions). A queue turns it on with the
+# annotation (Tiresias' knob, STARVELIMIT).
+STARVATION_FACTOR = 0.0
 STARVATION_MIN_SECONDS = 3_600.0
 
 # Kueue's priority weighs more than any policy order.

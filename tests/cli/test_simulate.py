@@ -105,11 +105,11 @@ def test_the_command_gives_levels_to_the_queue_and_refuses_bad_ones(tmp_path: Pa
     figures = json.loads(r.stdout[r.stdout.index("{"):])
     # long has 8,000 GPU-s at 1,000 s: above 7,200, so at the last level; short preempts it.
     assert figures["attainedServiceLevels"] == "3250,7200" and figures["preemptions"] == 1
-    assert figures["starvationFactor"] == 4.0  # the policy's own
+    assert figures["starvationFactor"] == 0.0  # the policy's own: no guard
     r = runner.invoke(app, ["simulate", "--trace", trace, "--nodes", "1x8", "--policy", "attained-service",
-                            "--starvation-factor", "0", "-o", "json"])
+                            "--starvation-factor", "4", "-o", "json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout[r.stdout.index("{"):])["starvationFactor"] == 0.0
+    assert json.loads(r.stdout[r.stdout.index("{"):])["starvationFactor"] == 4.0
     r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "attained-service", "--starvation-factor", "-2"])
     assert r.exit_code == 1 and "must be 0 (no guard) or more" in r.output
     r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "attained-service",

@@ -66,31 +66,43 @@ def test_less_attained_service_ranks_higher():
     assert p.rank(p.ATTAINED_SERVICE, standing(1, stored=10), NOW) == fresh
 
 
+# Levels at 1, 5, 25 and 125 GPU-hours, a starvation factor of 4: a queue that turns the guard on.
+GUARDED = ((3_600.0, 18_000.0, 90_000.0, 450_000.0), 4.0)
+
+
+def test_the_default_levels_are_powers_of_4_of_a_gpu_hour_and_no_one_starves():
+    assert p.LEVELS == tuple(3_600.0 * 4**i for i in range(6))
+    s = standing(8, stored=8 * 7_200, since=NOW - 10**6)  # 16 GPU-hours: level 3
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == -3 and not p.starving(8 * 7_200, 8, NOW - 10**6, NOW)
+
+
 def test_a_starving_workload_goes_back_to_the_first_level():
     # Ran 2 h on 8 GPUs (level 2), waiting since: not starving at 4 h, starving at 8 h.
     s = standing(8, stored=8 * 7_200, since=NOW - 4 * 3_600)
-    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == -2
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, *GUARDED) == -2
     s = standing(8, stored=8 * 7_200, since=NOW - 8 * 3_600)
-    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == 0
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, *GUARDED) == 0
 
 
 def test_only_a_workload_above_level_0_admitted_for_starving_is_promoted():
     # Ran 2 h on 8 GPUs (level 2): promoted once it has waited 8 h, not at 4 h.
-    assert not p.promoted(8 * 7_200, 8, NOW - 4 * 3_600, NOW)
-    assert p.promoted(8 * 7_200, 8, NOW - 8 * 3_600, NOW)
+    assert not p.promoted(8 * 7_200, 8, NOW - 4 * 3_600, NOW, *GUARDED)
+    assert p.promoted(8 * 7_200, 8, NOW - 8 * 3_600, NOW, *GUARDED)
     # At level 0 it goes first anyway: nothing to reset.
-    assert not p.promoted(100, 1, NOW - 10**6, NOW)
-    assert p.promoted(100, 1, NOW - 10**6, NOW, (60.0,))
+    assert not p.promoted(100, 1, NOW - 10**6, NOW, *GUARDED)
+    assert p.promoted(100, 1, NOW - 10**6, NOW, (60.0,), 4.0)
 
 
 def test_next_change_is_the_next_threshold_or_the_starvation_time():
     running = standing(8, admitted_at=NOW - 100)  # 800 GPU-s, next level at 3,600
     fresh = standing(1)  # pending at level 0: it may preempt running once that is at level 1
+    assert p.next_change(p.ATTAINED_SERVICE, [running, fresh], NOW, *GUARDED) == pytest.approx(350.0, abs=0.01)
     assert p.next_change(p.ATTAINED_SERVICE, [running, fresh], NOW) == pytest.approx(350.0, abs=0.01)
     # With nothing pending at running's level or below, its crossing changes no decision.
-    assert p.next_change(p.ATTAINED_SERVICE, [running], NOW) is None
+    assert p.next_change(p.ATTAINED_SERVICE, [running], NOW, *GUARDED) is None
     waiting = standing(8, stored=8 * 7_200, since=NOW - 3_600)  # starves 8 h after it was stopped
-    assert p.next_change(p.ATTAINED_SERVICE, [waiting], NOW) == pytest.approx(7 * 3_600, abs=0.01)
+    assert p.next_change(p.ATTAINED_SERVICE, [waiting], NOW, *GUARDED) == pytest.approx(7 * 3_600, abs=0.01)
+    assert p.next_change(p.ATTAINED_SERVICE, [waiting], NOW) is None  # no guard: it never starves
     assert p.next_change(p.SHORTEST_REMAINING, [running], NOW) is None
 
 
@@ -202,11 +214,12 @@ def test_a_queue_may_set_its_starvation_factor_or_turn_the_guard_off():
     for bad in ("-1", "often", "inf", "nan"):
         with pytest.raises(ValueError):
             p.parse_starvation(bad)
-    # Ran 2 h on 8 GPUs (level 2), waiting 8 h: starving by default (factor 4), not at 16, nor without a guard.
+    # Ran 2 h on 8 GPUs (16 GPU-hours, level 3 of the defaults), waiting 8 h: starving at
+    # factor 4, not at 16, nor without a guard (the default).
     s = standing(8, stored=8 * 7_200, since=NOW - 8 * 3_600)
-    assert p.rank(p.ATTAINED_SERVICE, s, NOW) == 0
-    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 16.0) == -2
-    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 0.0) == -2
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 4.0) == 0
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 16.0) == -3
+    assert p.rank(p.ATTAINED_SERVICE, s, NOW, None, 0.0) == -3 == p.rank(p.ATTAINED_SERVICE, s, NOW)
     assert not p.promoted(8 * 7_200, 8, NOW - 10**6, NOW, None, 0.0)
     # Without a guard, time alone starves no one: nothing to wake for.
     assert p.next_change(p.ATTAINED_SERVICE, [standing(8, stored=8 * 7_200, since=NOW - 3_600)], NOW, None, 0.0) is None
