@@ -64,8 +64,9 @@ LEVELS = (3_600.0, 14_400.0, 57_600.0, 230_400.0, 921_600.0, 3_686_400.0)
 # No starvation guard by default: with one, on a cluster that is always behind (as on the
 # Philly traces), every long job starves over and over, and each time it is promoted its
 # service starts from 0, so it runs to the first level, is preempted again and starves again
-# (a model of trace1's first 300 jobs: 100,000 preemptions). A queue turns it on with the
-# annotation (Tiresias' knob, STARVELIMIT).
+# (bench/policy_model.py, trace1's first 300 jobs, the levels before these: 40,871
+# preemptions and an average JCT of 4.1 million s with the guard at 4, 637 and 2.8 million s
+# without). A queue turns it on with the annotation (Tiresias' knob, STARVELIMIT).
 STARVATION_FACTOR = 0.0
 STARVATION_MIN_SECONDS = 3_600.0
 
