@@ -4,6 +4,7 @@ replay (`gpufleet simulate`, minutes) checks them.
 
     .venv/bin/python bench/policy_model.py ../shared/traces/philly-muri/trace1.csv srsf
     .venv/bin/python bench/policy_model.py TRACE las:3600,14400,57600:0 las:3250,7200:4
+    .venv/bin/python bench/policy_model.py TRACE srsf --nodes 8     # 8 nodes of 8 GPUs
 
 `srsf`: shortest remaining service first, knowing every job's duration. `las:LEVELS[:FACTOR]`:
 attained service with those levels (GPU-seconds) and starvation factor (0: no guard; the
@@ -19,6 +20,7 @@ does not know durations has to measure them.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -39,14 +41,25 @@ class _Job:
     since: float = 0.0  # waiting since (submit, or last preemption)
     finished: float | None = None
     preemptions: int = 0
+    placed: tuple[tuple[int, int], ...] = ()  # (node, GPUs) while it runs, with --nodes
 
     def left(self, now: float) -> float:
         return self.trace.duration - self.done - (now - self.started if self.started is not None else 0.0)
 
 
+def _place(need: int, free: list[int], per_node: int) -> tuple[tuple[int, int], ...] | None:
+    """Where a job of ``need`` GPUs goes: the fullest node it fits on, or whole free nodes."""
+    if need <= per_node:
+        fitting = [i for i, f in enumerate(free) if f >= need]
+        return ((min(fitting, key=lambda i: (free[i], i)), need),) if fitting else None
+    whole = [i for i, f in enumerate(free) if f == per_node][:math.ceil(need / per_node)]
+    return tuple((i, per_node) for i in whole) if len(whole) * per_node >= need else None
+
+
 def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...] = (), factor: float = 0.0,
-          ) -> tuple[float, int]:
-    """(average JCT, preemptions) of ``jobs`` on ``gpus`` pooled GPUs."""
+          per_node: int | None = None) -> tuple[float, int]:
+    """(average JCT, preemptions) of ``jobs`` on ``gpus`` pooled GPUs, or on nodes of
+    ``per_node`` GPUs (a job of up to a node's GPUs on one node, a larger one on whole nodes)."""
     state = {j.name: _Job(j, since=j.submit) for j in jobs}
     arrivals = sorted(jobs, key=lambda j: j.submit)
     nxt, now, live = 0, 0.0, set()
@@ -79,22 +92,28 @@ def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...
             live.add(arrivals[nxt].name)
             nxt += 1
         ranks = {k: rank(state[k]) for k in live}
-        free = gpus - sum(state[k].trace.gpus for k in live if state[k].started is not None)
+        nodes = [per_node] * (gpus // per_node) if per_node else [gpus]
+        for k in live:
+            if state[k].started is not None:
+                for i, n in state[k].placed:
+                    nodes[i] -= n
         for k in sorted(live, key=lambda k: (-ranks[k], state[k].since, k)):
             s = state[k]
             if s.started is not None:
                 continue
             need = s.trace.gpus
-            if need > free:
+            where = _place(need, nodes, per_node or gpus)
+            if where is None:
                 victims = sorted((v for v in live if state[v].started is not None and ranks[v] < ranks[k]),
                                  key=lambda v: (ranks[v], -(state[v].started or 0.0)))
-                chosen, room = [], free
+                chosen, trial = [], list(nodes)
                 for v in victims:
-                    if room >= need:
+                    if _place(need, trial, per_node or gpus) is not None:
                         break
                     chosen.append(v)
-                    room += state[v].trace.gpus
-                if room < need:
+                    for i, n in state[v].placed:
+                        trial[i] += n
+                if _place(need, trial, per_node or gpus) is None:
                     continue
                 for v in chosen:
                     sv = state[v]
@@ -103,13 +122,17 @@ def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...
                     sv.service += ran * sv.trace.gpus
                     sv.started, sv.since = None, now
                     sv.preemptions += 1
-                    free += sv.trace.gpus
+                    for i, n in sv.placed:
+                        nodes[i] += n
+                    sv.placed = ()
                     ranks[v] = rank(sv)
-            if need <= free:
+                where = _place(need, nodes, per_node or gpus)
+            if where is not None:
                 if policy != "srsf" and policies.promoted(s.service, need, s.since, now, levels, factor):
                     s.service = 0.0  # as admission resets a workload promoted for starving
-                s.started = now
-                free -= need
+                s.started, s.placed = now, where
+                for i, n in where:
+                    nodes[i] -= n
     jct = [s.finished - s.trace.submit for s in state.values() if s.finished is not None]
     return sum(jct) / len(jct), sum(s.preemptions for s in state.values())
 
@@ -119,6 +142,8 @@ def main() -> None:
     ap.add_argument("trace")
     ap.add_argument("runs", nargs="+", help="srsf, or las:LEVELS[:FACTOR]")
     ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--nodes", type=int, default=None, metavar="GPUS_PER_NODE",
+                    help="place jobs on nodes of this many GPUs instead of one pool")
     ap.add_argument("--limit", type=int, default=None)
     args = ap.parse_args()
     jobs = read_trace(args.trace, args.limit)
@@ -128,7 +153,7 @@ def main() -> None:
         levels = tuple(float(v) for v in levels_text.split(",")) if levels_text else policies.LEVELS
         t0 = time.process_time()
         avg, preemptions = model(jobs, "srsf" if kind == "srsf" else "las", args.gpus, levels,
-                                 float(factor_text or 0))
+                                 float(factor_text or 0), args.nodes)
         print(f"{run}: average JCT {avg:,.0f} s, {preemptions:,} preemptions ({time.process_time() - t0:.0f} s CPU)",
               flush=True)
 
