@@ -297,16 +297,16 @@ class AdmissionCycle:
         annotations = objects.meta(cq, "annotations") or {}
         raw_policy = annotations.get(policies.POLICY_ANNOTATION)
         policy = policies.parse_policy(raw_policy)
-        levels, levels_problem = None, ""
+        # The attained-service annotations; the first bad one makes such a queue inactive.
+        levels, starvation, annotation_problem = None, None, ""
         try:
             levels = policies.parse_levels(annotations.get(policies.LEVELS_ANNOTATION))
         except ValueError as e:
-            levels_problem = f"metadata.annotations[{policies.LEVELS_ANNOTATION}]: Invalid value: {e}"
-        starvation = None
+            annotation_problem = f"metadata.annotations[{policies.LEVELS_ANNOTATION}]: Invalid value: {e}"
         try:
             starvation = policies.parse_starvation(annotations.get(policies.STARVATION_ANNOTATION))
         except ValueError as e:
-            levels_problem = levels_problem or (
+            annotation_problem = annotation_problem or (
                 f"metadata.annotations[{policies.STARVATION_ANNOTATION}]: Invalid value: {e}")
         if missing:
             inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
@@ -315,8 +315,8 @@ class AdmissionCycle:
         elif policy is None:
             inactive = (f"metadata.annotations[{policies.POLICY_ANNOTATION}]: Unsupported value: {raw_policy!r}: "
                         f"supported values: {', '.join(policies.POLICIES)}")
-        elif levels_problem and policy == policies.ATTAINED_SERVICE:
-            inactive = levels_problem
+        elif annotation_problem and policy == policies.ATTAINED_SERVICE:
+            inactive = annotation_problem
         return adm.ClusterQueueInfo(
             name=objects.name_of(cq),
             groups=groups,
