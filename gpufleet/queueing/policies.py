@@ -84,6 +84,10 @@ class Progress:
     step_seconds: float | None = None
     # The run (admission time) the report belongs to: two reports of one run measure speed.
     run: float | None = None
+    # Whether ``seen_at`` times a report made in ``run``. False for the steps a run starts
+    # from (reported before it, seen when it began): the time from there to the run's first
+    # report is the pods' start as well as steps, so it measures nothing.
+    timed: bool = True
 
 
 def parse_policy(value: str | None) -> str | None:
@@ -156,13 +160,18 @@ def promoted(service: float, gpus: int, waiting_since: float, now: float,
 
 def measure(prev: Progress | None, steps: int, run: float | None, now: float) -> Progress:
     """Fold one observation of the steps done into what is known. A step's time is measured
-    between two reports of the same run (the steps moved, time passed)."""
+    between two reports made in the same run (the steps moved, time passed); the steps a
+    run starts from are not one of them (the time to its first report includes its pods'
+    start, which can be many steps long)."""
     if prev is None:
         return Progress(steps, now, None, run)
     if steps == prev.steps and run == prev.run:
         return prev
+    if run != prev.run:
+        # A run begins (or ends) with steps reported before it: they time nothing of it.
+        return Progress(steps, now, prev.step_seconds, run, timed=False)
     speed = prev.step_seconds
-    if run is not None and run == prev.run and steps > prev.steps and now > prev.seen_at:
+    if run is not None and prev.timed and steps > prev.steps and now > prev.seen_at:
         speed = (now - prev.seen_at) / (steps - prev.steps)
     return Progress(steps, now, speed, run)
 

@@ -135,6 +135,20 @@ def test_step_time_is_measured_between_two_reports_of_one_run():
     assert restarted.step_seconds == pytest.approx(0.5)
 
 
+def test_a_restarted_run_is_not_timed_from_the_steps_it_started_with():
+    """Readmitted with 80 steps checkpointed, its pods take 10 s to start: the first report
+    of the run (81 steps, 10.5 s after the admission saw 80) is not a step of 10.5 s."""
+    stopped = p.Progress(steps=80, seen_at=200.0, step_seconds=0.5, run=None)
+    readmitted = p.measure(stopped, 80, run=300.0, now=300.0)
+    first = p.measure(readmitted, 81, run=300.0, now=310.5)
+    assert first.step_seconds == pytest.approx(0.5)
+    # The run's own reports measure it: 120 steps in the next 60 s.
+    second = p.measure(first, 201, run=300.0, now=370.5)
+    assert second.step_seconds == pytest.approx(0.5)
+    slower = p.measure(second, 231, run=300.0, now=430.5)
+    assert slower.step_seconds == pytest.approx(2.0)
+
+
 def test_remaining_service_counts_on_from_the_last_report_while_running():
     prog = p.Progress(steps=100, seen_at=NOW - 10, step_seconds=0.5, run=1.0)
     assert p.remaining_service(2, 300, prog, running=False, now=NOW) == pytest.approx(200 * 0.5 * 2)
