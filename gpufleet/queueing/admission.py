@@ -198,7 +198,31 @@ class Cycle:
         per = self._usage_now.setdefault(wl.cluster_queue, {})
         for fr, amount in workload_usage(wl, assignment).items():
             per[fr] = per.get(fr, 0) + max(0, amount - held.get(fr, 0))
+        self._hold_room(wl, assignment)
         self._version += 1
+
+    def _hold_room(self, wl: WorkloadInfo, assignment: Assignment) -> None:
+        """The GPUs free now that the preemptor's pods will take once its victims are gone, held
+        for the rest of the pass as its quota is: a smaller workload behind it must not fill the
+        part of a node it needs (it would be preempted next, and another victim re-admitted,
+        round after round at one instant)."""
+        demands = self._demands(wl, assignment)
+        if not demands:
+            return
+        after = self._free(self._gone_for(wl))
+        given_back = {node: {g: n - self._free_now.get(node, {}).get(g, 0) for g, n in groups.items()}
+                      for node, groups in after.items()}
+        taken: list[Placement] = []
+        if place(demands, after, self.nodes, taken) is not None:
+            return
+        for p in taken:
+            free, back = self._free_now.get(p.node), given_back.get(p.node, {})
+            if free is None:
+                continue
+            for g, n in p.gpus.items():
+                from_victims = min(n, back.get(g, 0))
+                back[g] = back.get(g, 0) - from_victims
+                free[g] = free.get(g, 0) - min(n - from_victims, free.get(g, 0))
 
     def _demands(self, wl: WorkloadInfo, assignment: Assignment, counts: Mapping[str, int] | None = None,
                  ) -> list[PodDemand] | None:

@@ -215,6 +215,27 @@ def test_a_victim_given_back_its_quota_does_not_take_it_before_its_preemptor():
     assert set(r.admitted) == {"a/big"}
 
 
+def test_a_smaller_workload_does_not_fill_the_node_room_a_preemptor_waits_for():
+    # big needs all of n0: its 4 free GPUs and v's 4. Quota is ample, so only the node's room
+    # can be taken twice: were small let into n0's free half, big would preempt small next,
+    # and v would come back, round after round at one instant.
+    queues = {"a": cq("a", 64, cohort="", within_cluster_queue="LowerPriority")}
+    v = wl("a/v", "a", 1, 4, admitted=FLAVOR, admitted_at=1, priority=1)
+    v.placed, v.unbound = [Placement("n0", {"": 4})], {"main": 0}
+    keep = wl("a/keep", "a", 1, 8, admitted=FLAVOR, admitted_at=1, priority=100)
+    keep.placed, keep.unbound = [Placement("n1", {"": 8})], {"main": 0}
+    big = wl("a/big", "a", 1, 8, priority=10, ts=2)
+    small = wl("a/small", "a", 1, 4, priority=5, ts=3)
+    fleet = [NodeInfo("n0", {}, {"": 8}, used={"": 4}), NodeInfo("n1", {}, {"": 8}, used={"": 8})]
+    r = schedule(queues, FLAVORS, [v, keep, big, small], fleet)
+    assert set(r.preempted) == {"a/v"} and r.preempted["a/v"].preemptor == "a/big"
+    assert "a/small" not in r.admitted and "a/small" in r.waiting
+    # With a node of its own free, small is admitted beside the preemption.
+    fleet.append(NodeInfo("n2", {}, {"": 4}))
+    r = schedule(queues, FLAVORS, [v, keep, big, small], fleet)
+    assert set(r.preempted) == {"a/v"} and set(r.admitted) == {"a/small"}
+
+
 def test_reclaim_never_leaves_the_owner_waiting():
     queues = {"a": cq("a", 8), "b": cq("b", 8)}
     a_work = [wl(f"a/w{i}", "a", 2, 2, admitted=FLAVOR, admitted_at=i) for i in range(4)]
