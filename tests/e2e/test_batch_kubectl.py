@@ -122,7 +122,11 @@ echo main done
 async def test_a_job_pod_with_a_native_sidecar_succeeds(plane: Plane) -> None:
     mount = [{"name": "shared", "mountPath": "/shared"}]
     body = job_json("with-sidecar", [shell("main", MAIN, volumeMounts=mount)],
-                    initContainers=[shell("sidecar", SIDECAR, restartPolicy="Always", volumeMounts=mount)],
+                    # As in Kubernetes, the main container starts once the sidecar has started: without a
+                    # startupProbe that is as soon as its process runs, so the probe is what orders the two.
+                    initContainers=[shell("sidecar", SIDECAR, restartPolicy="Always", volumeMounts=mount,
+                                          startupProbe={"exec": {"command": ["test", "-f", "/shared/sidecar-up"]},
+                                                        "periodSeconds": 1})],
                     volumes=[{"name": "shared", "emptyDir": {}}])
     kubectl(plane, "apply", "-f", "-", input=body)
 
