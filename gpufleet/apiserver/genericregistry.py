@@ -10,7 +10,6 @@ The verb handlers (handlers/), the subresources (subresources/) and in-process c
 from __future__ import annotations
 
 import base64
-import secrets
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,8 @@ if TYPE_CHECKING:
 
 MAX_PAGE = 5000
 _SERVER_USER = "system:apiserver"
+_NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
+GENERATE_NAME_TRIES = 8
 
 
 def rv(obj: dict[str, Any]) -> int:
@@ -174,18 +175,19 @@ class GenericRegistry:
         else:
             meta.pop("namespace", None)
             ns = ""
-        if not meta.get("name"):
+        body_name = meta.get("name")
+        if not body_name:
             prefix = meta.get("generateName")
             if not prefix:
                 raise invalid(rt, "", [{"reason": "FieldValueRequired", "field": "metadata.name",
                                         "message": "Required value: name or generateName is required"}])
-            alphabet = "bcdfghjklmnpqrstvwxz2456789"
-            meta["name"] = prefix[:58] + "".join(secrets.choice(alphabet) for _ in range(5))
+            meta["name"] = self._generate_name(prefix)
+        generated = meta.get("generateName") and meta["name"] != body_name
         name = meta["name"]
         await self.check_namespace(ns, rt)
         for system in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(system, None)
-        meta["uid"] = str(uuid.uuid4())
+        meta["uid"] = str(uuid.UUID(int=self.api.rng.getrandbits(128), version=4))
         meta["creationTimestamp"] = rfc3339(self.api.clock.now())
         await strategy.prepare_for_create(self.store, obj)
         obj = self.track_fields(rt, None, obj, manager, managed, "")
@@ -199,11 +201,21 @@ class GenericRegistry:
         if dry_run:
             return obj, warnings
         await off_loop(check_object_size, rt.kind, name, obj, self.api.limits.max_object_bytes)
-        try:
-            stored = await self.store.create(rt.key, ns, name, obj, ttl=strategy.ttl(self.api.event_ttl))
-        except store_base.AlreadyExists:
-            raise already_exists(rt, name) from None
-        return stored, warnings
+        # A generated name already taken is generated again, 8 tries in all, as kube-apiserver
+        # does (RetryGenerateName, on by default since 1.31).
+        for attempt in range(GENERATE_NAME_TRIES if generated else 1):
+            if attempt:
+                name = meta["name"] = self._generate_name(meta["generateName"])
+            try:
+                stored = await self.store.create(rt.key, ns, name, obj, ttl=strategy.ttl(self.api.event_ttl))
+            except store_base.AlreadyExists:
+                continue
+            return stored, warnings
+        raise already_exists(rt, name)
+
+    def _generate_name(self, prefix: str) -> str:
+        """``prefix`` and 5 random characters, as names.SimpleNameGenerator makes them."""
+        return prefix[:58] + "".join(self.api.rng.choice(_NAME_ALPHABET) for _ in range(5))
 
     # ------------------------------------------------------------------ update
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -101,9 +102,12 @@ class ApiServer:
         authorizer: Authorizer | None = None,
         log_provider: LogProvider | None = None,
         pod_security: PodSecurityConfig | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """``pod_security``: the PodSecurity plugin's configuration in the standard chain
-        (default: enforce baseline in every namespace but kube-system)."""
+        (default: enforce baseline in every namespace but kube-system). ``rng``: where
+        generated names and uids come from (default: the system's random source; a replay
+        gives a seeded one, so that it is repeatable)."""
         # Metrics (/metrics) and, once enabled, audit logging of every request; store calls
         # are timed through the wrapper.
         self.telemetry = Telemetry(self)
@@ -111,6 +115,7 @@ class ApiServer:
         # A copy: the kinds this server's CRDs declare are added to it (customresources/).
         self.registry = registry.copy()
         self.clock = clock
+        self.rng = rng if rng is not None else random.SystemRandom()
         self.event_ttl = event_ttl
         if mutating is None and validating is None:
             mutating, validating = standard_plugins(pod_security)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import secrets
 import tempfile
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class ControlPlane:
     kubeconfig: Path | None = None
     api_wait: float = 60.0  # seconds to wait for that API server to answer at start
     clock: Clock = REAL_CLOCK
+    rng: random.Random | None = None  # generated names and uids (None: the system's random source)
     store: Store | None = None
     api: ApiServer | None = None
     http: HttpServer | None = None
@@ -185,7 +187,7 @@ class ControlPlane:
         await self.store.start()
         # Logs and metrics.k8s.io come from the node agents, through the node proxy.
         self.node_proxy = NodeProxy(self.store, clock=self.clock)
-        self.api = ApiServer(self.store, clock=self.clock, log_provider=self.node_proxy.log_provider,
+        self.api = ApiServer(self.store, clock=self.clock, rng=self.rng, log_provider=self.node_proxy.log_provider,
                              pod_security=self.pod_security)
         self.node_proxy.install(self.api)
         if self.audit_policy is not None and self.audit_log_path:

@@ -89,6 +89,38 @@ async def test_generate_name(api: Api) -> None:
     await api.must_get(f"{PODS}/{a['metadata']['name']}")
 
 
+async def test_generated_names_and_uids_come_from_the_servers_random_source(make_api) -> None:
+    # A replay (`gpufleet simulate --seed`) gives its server a seeded source: the same seed,
+    # the same names and uids. A generated name already taken is generated again.
+    import random
+    import uuid
+
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "cfg-"}}
+
+    async def made(api: Api) -> list[tuple[str, str]]:
+        out = []
+        for _ in range(3):
+            meta = (await api.create(CONFIGMAPS, body))["metadata"]
+            assert meta["name"].startswith("cfg-") and len(meta["name"]) == len("cfg-") + 5
+            assert uuid.UUID(meta["uid"]).version == 4
+            out.append((meta["name"], meta["uid"]))
+        return out
+
+    first = await made(await make_api(rng=random.Random(7)))
+    assert len({name for name, _ in first}) == 3
+    other = await make_api(rng=random.Random(8))
+    assert not set(first) & set(await made(other))
+    for name, _ in first:
+        assert (await other.delete(f"{CONFIGMAPS}/{name}")).status == 200
+    # The same seed on a server of its own: the same three, names and uids.
+    third = await make_api(rng=random.Random(7))
+    assert await made(third) == first
+    # Once more while they exist: each first pick is taken, so it is generated again.
+    third.server.rng = random.Random(7)
+    again = await made(third)
+    assert not {name for name, _ in again} & {name for name, _ in first}
+
+
 async def test_create_without_name_or_generate_name_is_invalid(api: Api) -> None:
     body = pod("x")
     del body["metadata"]["name"]

@@ -29,6 +29,9 @@ def register(app: typer.Typer) -> None:
         starvation: Annotated[str | None, typer.Option("--starvation-factor", help=(
             "attained-service only: a waiting job counts as level 0 once it has waited this many times "
             "as long as it has run; 0 turns the guard off. Default the policy's own."))] = None,
+        seed: Annotated[int, typer.Option("--seed", help=(
+            "Where the replay's random choices come from (generated names, ties); the same seed, "
+            "the same replay."))] = 0,
         limit: Annotated[int | None, typer.Option("--limit", help="Only the first N jobs (by submit time).")] = None,
         output: Annotated[str, typer.Option("--output", "-o", help="table or json.")] = "table",
     ) -> None:
@@ -65,7 +68,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = asyncio.run(run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
                                          restart_overhead=restart_overhead, progress=progress, levels=levels,
-                                         starvation=starvation))
+                                         starvation=starvation, seed=seed))
         except ValueError as exc:
             err(f"error: {exc}")
             raise typer.Exit(1) from None

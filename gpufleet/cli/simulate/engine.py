@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -385,7 +386,7 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
                    restart_overhead: float = 0.0, progress: Callable[[Progress], None] | None = None,
                    batching: bool = True, levels: str | None = None, starvation: str | None = None,
-                   ) -> Result:
+                   seed: int = 0) -> Result:
     """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
 
     ``batching``: the controllers wait their batch periods as on a live cluster (the Job
@@ -393,12 +394,10 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     GPUs it waits for are given back; False makes them 0, so that a replay gives exact times.
     ``levels``: the attained-service thresholds in GPU-seconds ("3250,7200"), as the
     ClusterQueue's annotation gives them; None keeps the policy's defaults. ``starvation``:
-    the starvation guard's factor ("0": no guard), the same way.
+    the starvation guard's factor ("0": no guard), the same way. ``seed``: where the random
+    choices come from (generated names and uids, the scheduler's ties, the informers' and
+    clients' jitter), so that a replay with the same seed is the same replay.
     """
-    from gpufleet.cli.controlplane import ControlPlane
-    from gpufleet.controllers.manager import ControllerManager
-    from gpufleet.scheduler import Scheduler
-
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
     if levels is not None:
@@ -412,6 +411,22 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     for j in jobs:
         if j.gpus > nodes * gpus_per_node:
             raise ValueError(f"job {j.name} needs {j.gpus} GPUs, more than the {nodes}x{gpus_per_node} cluster has")
+    saved = random.getstate()
+    random.seed(seed)  # the module-level jitter (watch timeouts, retries); put back below
+    try:
+        return await _replay(jobs, nodes, gpus_per_node, policy, restart_overhead, progress, batching, levels,
+                             starvation, seed)
+    finally:
+        random.setstate(saved)
+
+
+async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: str, restart_overhead: float,
+                  progress: Callable[[Progress], None] | None, batching: bool, levels: str | None,
+                  starvation: str | None, seed: int) -> Result:
+    from gpufleet.cli.controlplane import ControlPlane
+    from gpufleet.controllers.manager import ControllerManager
+    from gpufleet.scheduler import Scheduler
+
     wall0 = time.perf_counter()
     clock = VirtualClock()
     t0 = clock.now()
@@ -439,7 +454,8 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
         return finished[0] >= len(records)
 
     plane = ControlPlane(store_url="sqlite://:memory:", port=0, host="127.0.0.1", secure=False,
-                         run_controllers=False, leader_elect=False, kubernetes_service=False, clock=clock)
+                         run_controllers=False, leader_elect=False, kubernetes_service=False, clock=clock,
+                         rng=random.Random(f"{seed}/names"))
     await plane.start()
     client = plane.client
     assert client is not None
@@ -464,7 +480,8 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
                                     kueue_fair_sharing=policy == "fair-share", gc_resync_period=1e12,
                                     **({} if batching else {"job_sync_batch_period": 0.0, "kueue_batch_period": 0.0}))
         await manager.start()
-        scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None)
+        scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None,
+                              rng=random.Random(f"{seed}/scheduler"))
         await scheduler.start()
         sim = SimulatedNodes(client, clock, records, restart_overhead, on_finish,
                              report_progress=policy == policies.SHORTEST_REMAINING)
