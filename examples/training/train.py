@@ -48,6 +48,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="pause after each step (stands in for a larger model's compute)")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--init-process-group", action="store_true",
+                   help="join a process group (and train under DDP) even in a world of one: checks "
+                        "the backend, nccl on a GPU, where a server has a single GPU")
     return p.parse_args(argv)
 
 
@@ -87,10 +90,23 @@ def main(argv: list[str]) -> int:
         local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
         device = torch.device("cuda", local)
         torch.cuda.set_device(device)
-    distributed = world > 1
+    distributed = world > 1 or args.init_process_group
     if distributed:
-        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=60))
+        backend = "nccl" if use_cuda else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60),
+                                device_id=device if use_cuda else None)
         world, rank = dist.get_world_size(), dist.get_rank()
+        # One all-reduce before training: every rank must see the sum of all ranks' values.
+        probe = torch.full((1,), float(rank + 1), device=device)
+        dist.all_reduce(probe)
+        want = world * (world + 1) / 2
+        name = torch.cuda.get_device_name(device) if use_cuda else "cpu"
+        nccl = ".".join(map(str, torch.cuda.nccl.version())) if use_cuda else "-"
+        print(f"backend={backend} nccl={nccl} device={device} ({name}) all_reduce={probe.item():g} "
+              f"want={want:g} world_size={world} rank={rank}", flush=True)
+        if probe.item() != want:
+            print("all_reduce returned the wrong sum", flush=True)
+            return 1
 
     ckpt_dir = os.environ.get("GPUFLEET_CHECKPOINT_DIR") or "checkpoints"
     os.makedirs(ckpt_dir, exist_ok=True)
