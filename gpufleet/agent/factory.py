@@ -57,6 +57,14 @@ def build_runtime(kind: str, state_dir: Path, clock: Clock = REAL_CLOCK, *, hidd
     raise ValueError(f"unknown runtime {kind!r}: choose one of {', '.join(RUNTIMES)}")
 
 
+def check_declared(gpus: int | None, gpu_model: str | None, gpu_memory_mib: int | None = None) -> None:
+    """Raises ValueError, before anything starts, for declared GPUs that cannot be made."""
+    if gpus is not None:
+        from gpufleet.agent import devices
+
+        devices.DeclaredDevices(gpus, gpu_model or DEFAULT_GPU_MODEL, gpu_memory_mib)
+
+
 def build_devices(node_name: str, *, gpus: int | None = None, gpu_model: str | None = None,
                   gpu_memory_mib: int | None = None, inventory: Path | None = None) -> Any:
     """Declared GPUs when asked for (a count, or an inventory file), else what NVML finds,

@@ -136,7 +136,9 @@ class DeclaredDevices:
         if memory_mib is None:
             memory_mib = _memory_from_model(label)
             if memory_mib is None and count > 0:
-                problems.append(f"memoryMiB is required: it cannot be read from the model name {model!r}")
+                problems.append(f"memoryMiB is required: it cannot be read from the model name {model!r} "
+                                "(name the memory in the model, as in H100-SXM-80GB, or give it: "
+                                "--gpu-memory MiB, or memoryMiB in an inventory)")
         if groups is not None and len(groups) != count:
             problems.append(f"groups has {len(groups)} entries for {count} GPUs")
         if group_size is not None and group_size <= 0:

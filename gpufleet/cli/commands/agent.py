@@ -122,6 +122,12 @@ def register(app: typer.Typer) -> None:
             token = token_file.expanduser().read_text().strip()
         if certificate_authority is not None and not certificate_authority.expanduser().is_file():
             raise typer.BadParameter(f"{certificate_authority} does not exist", param_hint="--certificate-authority")
+        from gpufleet.agent.factory import check_declared
+
+        try:
+            check_declared(gpus, gpu_model, gpu_memory)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--gpus/--gpu-model/--gpu-memory") from None
         hidden = [*(hide_path or []), *([str(kubeconfig)] if kubeconfig else [])]
         paths = dict(hidden_paths=[str(Path(p).expanduser().resolve()) for p in hidden],
                      shared_paths=[str(Path(p).expanduser().resolve()) for p in shared_path or []])

@@ -41,6 +41,8 @@ def register(app: typer.Typer) -> None:
         gpus: int | None = typer.Option(None, "--gpus", help="Declare this many GPUs for the local agent "
                                         "(default: what NVML finds)."),
         gpu_model: str | None = typer.Option(None, "--gpu-model", help="Model of the declared GPUs."),
+        gpu_memory: int | None = typer.Option(None, "--gpu-memory", help="Memory of each declared GPU, in MiB "
+                                              "(default: read from the model name, as in H100-SXM-80GB)."),
         runtime: str = typer.Option("auto", "--runtime", help="The local agent's runtime: podman (OCI "
                                     "containers), process (sandboxed host processes), simulated, or auto "
                                     "(podman where it can run containers, else process)."),
@@ -63,6 +65,13 @@ def register(app: typer.Typer) -> None:
         # One line per probe and per metrics read is noise unless asked for.
         logging.getLogger("httpx").setLevel(logging.DEBUG if verbose else logging.WARNING)
         checked = options.checked()
+        if agent:
+            from gpufleet.agent.factory import check_declared
+
+            try:
+                check_declared(gpus, gpu_model, gpu_memory)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--gpus/--gpu-model/--gpu-memory") from None
         check_port_free(host, port)
         state_dir = private_dir(state_dir.expanduser().resolve())
         cp = checked.control_plane(store_url=f"sqlite:///{state_dir / 'state.db'}", host=host, port=port,
@@ -70,7 +79,7 @@ def register(app: typer.Typer) -> None:
         # This machine is the only node and its agent runs as this user: volumes live under
         # the state dir rather than in /var/lib.
         cp.local_path_dir = str((local_path_dir or state_dir / "local-path").expanduser().resolve())
-        local_agent = dict(gpus=gpus, gpu_model=gpu_model, runtime=runtime, address=host,
+        local_agent = dict(gpus=gpus, gpu_model=gpu_model, gpu_memory=gpu_memory, runtime=runtime, address=host,
                            keep_pods=keep_pods) if agent else None
         asyncio.run(_serve(cp, state_dir, local_agent))
 
@@ -95,7 +104,8 @@ async def _start_local_agent(cp, state_dir: Path, options: dict):
         token = await node_token(lambda t: Client(LocalTransport(cp.api, token=t)), cp.join_token, name, agent_dir)
     agent = NodeAgent(Client(LocalTransport(cp.api, token=token)), build_runtime(options["runtime"], agent_dir,
                                                                     hidden_paths=[str(state_dir)], address=address),
-                      build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"]),
+                      build_devices(name, gpus=options["gpus"], gpu_model=options["gpu_model"],
+                                    gpu_memory_mib=options.get("gpu_memory")),
                       AgentConfig(node_name=name, state_dir=agent_dir, address=address,
                                   secure_port=token is not None,
                                   api_server=api_address(cp.url),
