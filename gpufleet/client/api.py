@@ -9,6 +9,7 @@ the server may have applied them.
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import random
@@ -42,6 +43,8 @@ KindLike = type | ResourceType | str
 _MODELS_MODULE = "gpufleet.api.k8s"
 # Answers at least this long (a list of thousands) are decoded with the cyclic GC paused.
 _LARGE_BODY = 1 << 20
+# A list's items are decoded this many at a time, the event loop free between chunks.
+DECODE_CHUNK = 500
 
 T = TypeVar("T")
 
@@ -288,7 +291,11 @@ class Client:
             data = await self._json("GET", path, params=params)
             meta = data.get("metadata") or {}
             first_rv = first_rv or meta.get("resourceVersion", "") or ""
-            items.extend(self.decode(item, rt, raw=raw) for item in data.get("items") or [])
+            page = data.get("items") or []
+            for start in range(0, len(page), DECODE_CHUNK):
+                if start:
+                    await asyncio.sleep(0)  # a long list decodes with the event loop free between chunks
+                items.extend(self.decode(item, rt, raw=raw) for item in page[start:start + DECODE_CHUNK])
             token = meta.get("continue") or ""
             if limit is not None or not token:
                 return ObjectList(items, first_rv, token, data.get("kind") or rt.list_kind)

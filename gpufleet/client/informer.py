@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 IndexFunc = Callable[[Any], str | Iterable[str] | None]
 
 NAMESPACE_INDEX = "namespace"
+# A list's objects are decoded and cached this many at a time, the event loop free between.
+LIST_CHUNK = 500
 
 
 def _index_values(fn: IndexFunc, obj: Any) -> list[str]:
@@ -301,15 +303,25 @@ class Informer:
             field_selector=self.field_selector,
             raw=self.raw or self.strip_managed_fields,
         )
-        items = [self._decode(obj) for obj in result.items] if self.strip_managed_fields else result.items
-        fresh: dict[str, Any] = {objects.object_key(obj): obj for obj in items}
         previous = {key: self.indexer.get(key) for key in self.indexer.keys()}
-        for key, obj in fresh.items():
-            old = self.indexer.put(key, obj)
-            if old is None:
-                self._notify("add", None, obj)
-            elif objects.resource_version_of(old) != objects.resource_version_of(obj):
-                self._notify("update", old, obj)
+        fresh: set[str] = set()
+        # In chunks, yielding to the event loop between them: a list of tens of thousands of
+        # objects decodes for seconds, and nothing else on the loop (a Lease renewal, the
+        # API server itself in-process) may wait that long. The cache is marked synced only
+        # after the last chunk, so no reader acts on a partial first list.
+        for start in range(0, len(result.items), LIST_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+            for obj in result.items[start:start + LIST_CHUNK]:
+                if self.strip_managed_fields:
+                    obj = self._decode(obj)
+                key = objects.object_key(obj)
+                fresh.add(key)
+                old = self.indexer.put(key, obj)
+                if old is None:
+                    self._notify("add", None, obj)
+                elif objects.resource_version_of(old) != objects.resource_version_of(obj):
+                    self._notify("update", old, obj)
         for key, old in previous.items():
             if key not in fresh:
                 self.indexer.pop(key)

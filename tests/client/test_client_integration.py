@@ -361,6 +361,69 @@ async def test_informer_syncs_and_calls_handlers(client: Client) -> None:
         await informer.stop()
 
 
+class LoopWatch:
+    """A task that, each time it gets the event loop, records what ``probe`` reads: proof that
+    the loop was free while a long operation ran."""
+
+    def __init__(self, probe: Any) -> None:
+        self.probe, self.seen = probe, []
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            self.seen.append(self.probe())
+            await asyncio.sleep(0)
+
+    def stop(self) -> None:
+        self.task.cancel()
+
+
+async def test_a_long_list_leaves_the_event_loop_free_between_chunks(client: Client) -> None:
+    from gpufleet.client import api as api_mod
+    from gpufleet.client import informer as informer_mod
+
+    n = informer_mod.LIST_CHUNK * 2 + 17
+    assert api_mod.DECODE_CHUNK * 2 < n
+    for i in range(n):
+        await client.create({"apiVersion": "v1", "kind": "ConfigMap",
+                             "metadata": {"name": f"cm-{i:04d}", "namespace": NS}, "data": {"i": str(i)}}, raw=True)
+
+    # The client decodes a typed list a chunk at a time, the loop free between chunks.
+    decoded = [0]
+    decode = client.decode
+
+    def counting(data: Any, rt: Any = None, *, raw: bool = False) -> Any:
+        decoded[0] += 1
+        return decode(data, rt, raw=raw)
+
+    client.decode = counting  # type: ignore[method-assign]
+    watch = LoopWatch(lambda: decoded[0])
+    try:
+        listed = await client.list(k8s.ConfigMap, NS)
+    finally:
+        watch.stop()
+        client.decode = decode  # type: ignore[method-assign]
+    assert len(listed) == n and decoded[0] == n
+    assert any(0 < d < n for d in watch.seen), "nothing ran on the loop while the list was decoded"
+
+    # An informer's first list fills its cache a chunk at a time, and says it is synced only
+    # once the whole list is in.
+    informer = Informer(client, k8s.ConfigMap, namespace=NS, strip_managed_fields=True)
+    watch = LoopWatch(lambda: (len(informer.indexer.keys()), informer.has_synced))
+    await informer.start()
+    try:
+        assert await informer.wait_for_sync(30)
+        watch.stop()
+        partial = [seen for seen in watch.seen if 0 < seen[0] < n]
+        assert partial, "nothing ran on the loop while the informer filled its cache"
+        assert not any(synced for _, synced in partial), "synced before the whole list was in"
+        assert len(informer.indexer.keys()) == n
+        assert informer.get(f"{NS}/cm-{n - 1:04d}").data == {"i": str(n - 1)}
+    finally:
+        watch.stop()
+        await informer.stop()
+
+
 async def test_an_informer_can_cache_objects_without_their_managed_fields(client: Client) -> None:
     """As kube-scheduler's and kube-controller-manager's informers: managedFields are dropped
     before an object is decoded and cached, and a full update made from a cached object keeps
