@@ -181,13 +181,13 @@ class GenericRegistry:
             if not prefix:
                 raise invalid(rt, "", [{"reason": "FieldValueRequired", "field": "metadata.name",
                                         "message": "Required value: name or generateName is required"}])
-            meta["name"] = self._generate_name(prefix)
+            meta["name"] = self._generate_name(rt, prefix)
         generated = meta.get("generateName") and meta["name"] != body_name
         name = meta["name"]
         await self.check_namespace(ns, rt)
         for system in ("uid", "resourceVersion", "deletionTimestamp", "deletionGracePeriodSeconds", "selfLink"):
             meta.pop(system, None)
-        meta["uid"] = str(uuid.UUID(int=self.api.rng.getrandbits(128), version=4))
+        meta["uid"] = str(uuid.UUID(int=self.api.rng_for(rt.key).getrandbits(128), version=4))
         meta["creationTimestamp"] = rfc3339(self.api.clock.now())
         await strategy.prepare_for_create(self.store, obj)
         obj = self.track_fields(rt, None, obj, manager, managed, "")
@@ -205,7 +205,8 @@ class GenericRegistry:
         # does (RetryGenerateName, on by default since 1.31).
         for attempt in range(GENERATE_NAME_TRIES if generated else 1):
             if attempt:
-                name = meta["name"] = self._generate_name(meta["generateName"])
+                # Into the object that is stored: admission and decoding made a new one.
+                name = meta["name"] = obj["metadata"]["name"] = self._generate_name(rt, meta["generateName"])
             try:
                 stored = await self.store.create(rt.key, ns, name, obj, ttl=strategy.ttl(self.api.event_ttl))
             except store_base.AlreadyExists:
@@ -213,9 +214,10 @@ class GenericRegistry:
             return stored, warnings
         raise already_exists(rt, name)
 
-    def _generate_name(self, prefix: str) -> str:
+    def _generate_name(self, rt: ResourceType, prefix: str) -> str:
         """``prefix`` and 5 random characters, as names.SimpleNameGenerator makes them."""
-        return prefix[:58] + "".join(self.api.rng.choice(_NAME_ALPHABET) for _ in range(5))
+        rng = self.api.rng_for(rt.key)
+        return prefix[:58] + "".join(rng.choice(_NAME_ALPHABET) for _ in range(5))
 
     # ------------------------------------------------------------------ update
 

@@ -107,7 +107,8 @@ class ApiServer:
         """``pod_security``: the PodSecurity plugin's configuration in the standard chain
         (default: enforce baseline in every namespace but kube-system). ``rng``: where
         generated names and uids come from (default: the system's random source; a replay
-        gives a seeded one, so that it is repeatable)."""
+        gives a seeded one, so that it is repeatable: each resource then draws from a stream
+        of its own, so that objects of one kind, Events say, change no other kind's names)."""
         # Metrics (/metrics) and, once enabled, audit logging of every request; store calls
         # are timed through the wrapper.
         self.telemetry = Telemetry(self)
@@ -115,7 +116,7 @@ class ApiServer:
         # A copy: the kinds this server's CRDs declare are added to it (customresources/).
         self.registry = registry.copy()
         self.clock = clock
-        self.rng = rng if rng is not None else random.SystemRandom()
+        self.set_rng(rng)
         self.event_ttl = event_ttl
         if mutating is None and validating is None:
             mutating, validating = standard_plugins(pod_security)
@@ -141,6 +142,21 @@ class ApiServer:
         self.generic = GenericRegistry(self)
         # The kinds CustomResourceDefinitions declare, kept in self.registry.
         self.custom_resources = CustomResources(self)
+
+    def set_rng(self, rng: random.Random | None) -> None:
+        """Where generated names and uids come from from now on (None: the system's source)."""
+        self.rng = rng if rng is not None else random.SystemRandom()
+        self._rng_seed = None if isinstance(self.rng, random.SystemRandom) else self.rng.getrandbits(64)
+        self._rngs: dict[str, random.Random] = {}
+
+    def rng_for(self, resource: str) -> random.Random:
+        """The random source of ``resource``'s generated names and uids."""
+        if self._rng_seed is None:
+            return self.rng
+        rng = self._rngs.get(resource)
+        if rng is None:
+            rng = self._rngs[resource] = random.Random(f"{self._rng_seed}/{resource}")
+        return rng
 
     @property
     def handler(self) -> ApiServer:

@@ -97,6 +97,10 @@ class Client:
         self.clock = clock
         self.read_retries = read_retries
         self.read_backoff = read_backoff
+        # False: every EventRecorder on this client records nothing (as client-go's recorders
+        # write nothing while their broadcaster has no sink); a trace replay that needs no
+        # Events turns them off.
+        self.record_events = True
         # "<rt.key>/<version>" -> model class, or None when the models module lacks it.
         self._models: dict[str, type | None] = {}
 

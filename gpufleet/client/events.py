@@ -80,6 +80,8 @@ class EventRecorder:
         self, obj: Any, type: str, reason: str, message: str, *, action: str | None = None
     ) -> None:
         """Record that ``reason``/``message`` happened to ``obj`` (a model or dict). Never raises."""
+        if not getattr(self.client, "record_events", True):
+            return
         try:
             async with self._lock:
                 await self._record(obj, type, reason, message, action)
@@ -101,6 +103,8 @@ class EventRecorder:
         self, obj: Any, type: str, reason: str, message: str, *, action: str | None = None
     ) -> None:
         """record() without waiting for the API (from synchronous code, or hot paths)."""
+        if not getattr(self.client, "record_events", True):
+            return
         task = asyncio.get_running_loop().create_task(self.record(obj, type, reason, message, action=action))
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -98,6 +98,8 @@ class ControllerOptions:
     # How long the admission cycle waits after what woke it, so one change's events are
     # decided on in one pass.
     kueue_batch_period: float = 0.1
+    # Waiting workloads whose message alone changed, rewritten per pass (see kueue/cycle.py).
+    kueue_pending_refreshes: int = 4
     # Node IPAM: the pod network, cut into one subnet of this prefix length per node.
     cluster_cidr: str = "10.244.0.0/16"
     node_cidr_mask_size: int = 24
@@ -189,7 +191,8 @@ class ControllerManager:
             "rayjob": {**common, "recorder": recorder("rayjob-controller")},
             "rayservice": {**common, "recorder": recorder("rayservice-controller")},
             "kueue": {**common, "recorder": recorder("kueue-admission"), "fair_sharing": opts.kueue_fair_sharing,
-                      "batch_period": opts.kueue_batch_period},
+                      "batch_period": opts.kueue_batch_period,
+                      "pending_refreshes": opts.kueue_pending_refreshes},
             "nodeipam": {**common, "recorder": recorder("node-controller"), "cluster_cidr": opts.cluster_cidr,
                          "node_mask": opts.node_cidr_mask_size},
             "persistentvolume": {**common, "recorder": recorder("persistentvolume-controller")},

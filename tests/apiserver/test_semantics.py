@@ -116,9 +116,20 @@ async def test_generated_names_and_uids_come_from_the_servers_random_source(make
     third = await make_api(rng=random.Random(7))
     assert await made(third) == first
     # Once more while they exist: each first pick is taken, so it is generated again.
-    third.server.rng = random.Random(7)
+    third.server.set_rng(random.Random(7))
     again = await made(third)
     assert not {name for name, _ in again} & {name for name, _ in first}
+    for name, uid in again:  # stored under the name it was given
+        assert (await third.must_get(f"{CONFIGMAPS}/{name}"))["metadata"]["uid"] == uid
+    # Each resource draws from its own stream: objects of another kind made in between
+    # change no ConfigMap's name or uid (compared by the random part, under a new prefix).
+    fourth = await make_api(rng=random.Random(7))
+    for _ in range(5):
+        made_pod = {**pod("x"), "metadata": {"generateName": "p-", "namespace": "default"}}
+        assert (await fourth.post(PODS, made_pod)).status == 201
+    fresh = [(await fourth.create(CONFIGMAPS, {**body, "metadata": {"generateName": "new-"}}))["metadata"]
+             for _ in range(3)]
+    assert [(m["name"][len("new-"):], m["uid"]) for m in fresh] == [(n[len("cfg-"):], u) for n, u in first]
 
 
 async def test_create_without_name_or_generate_name_is_invalid(api: Api) -> None:

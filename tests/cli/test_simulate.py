@@ -113,6 +113,27 @@ async def test_a_replay_with_the_same_seed_is_the_same_replay(tmp_path: Path):
     assert runs[0] != runs[2]  # the seed is what decides them
 
 
+@pytest.mark.parametrize("policy", ["fifo", "attained-service"])
+async def test_events_and_message_refreshes_change_no_figure(tmp_path: Path, policy: str):
+    # A replay writes no Events and refreshes no waiting workload's message unless asked
+    # (--events): both are what a user reads, not what decides, so every job starts and ends
+    # at the same times either way (attained-service preempts on this trace).
+    rng = random.Random(7)
+    rows, t = ["submit_time,gpus,duration"], 0
+    for _ in range(40):
+        t += rng.choice([0, 0, 5, 30])
+        rows.append(f"{t},{rng.choice([1, 1, 2, 3, 4])},{rng.choice([50, 100, 100, 400, 1000])}")
+    p = tmp_path / "ties.csv"
+    p.write_text("\n".join(rows) + "\n")
+    jobs = read_trace(p)
+    quiet = await simulate(jobs, nodes=2, gpus_per_node=4, policy=policy)
+    loud = await simulate(jobs, nodes=2, gpus_per_node=4, policy=policy, events=True)
+    assert _times(quiet) == _times(loud)
+    assert sum(j.preemptions for j in quiet.jobs) == sum(j.preemptions for j in loud.jobs)
+    if policy == "attained-service":
+        assert sum(j.preemptions for j in quiet.jobs) > 0
+
+
 def test_the_command_gives_levels_to_the_queue_and_refuses_bad_ones(tmp_path: Path):
     runner = CliRunner()
     trace = str(TRACES / "overtake.csv")

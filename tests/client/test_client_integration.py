@@ -624,6 +624,19 @@ async def test_event_recorder_aggregates_repeats(client: Client) -> None:
     assert by_reason["Pulled"]["count"] == 1
 
 
+async def test_a_client_that_records_no_events_writes_none(client: Client) -> None:
+    target = await client.create(pod("quiet"))
+    client.record_events = False
+    recorder = EventRecorder(client, "test-controller")
+    await recorder.record(target, "Normal", "Started", "started")
+    recorder.record_nowait(target, "Normal", "Started", "started again")
+    await recorder.flush()
+    assert len(await client.list("events", NS, field_selector="involvedObject.name=quiet", raw=True)) == 0
+    client.record_events = True
+    await recorder.record(target, "Normal", "Started", "started")
+    assert len(await client.list("events", NS, field_selector="involvedObject.name=quiet", raw=True)) == 1
+
+
 async def test_event_recorder_never_raises(client: Client) -> None:
     recorder = EventRecorder(client, "test-controller")
     ghost = pod("ghost", ns="no-such-namespace")

@@ -386,7 +386,7 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
                    restart_overhead: float = 0.0, progress: Callable[[Progress], None] | None = None,
                    batching: bool = True, levels: str | None = None, starvation: str | None = None,
-                   seed: int = 0) -> Result:
+                   seed: int = 0, events: bool = False) -> Result:
     """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
 
     ``batching``: the controllers wait their batch periods as on a live cluster (the Job
@@ -396,7 +396,10 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     ClusterQueue's annotation gives them; None keeps the policy's defaults. ``starvation``:
     the starvation guard's factor ("0": no guard), the same way. ``seed``: where the random
     choices come from (generated names and uids, the scheduler's ties, the informers' and
-    clients' jitter), so that a replay with the same seed is the same replay.
+    clients' jitter), so that a replay with the same seed is the same replay. ``events``:
+    record Events and refresh waiting workloads' messages as a live cluster does; off, the
+    components write neither (what a user would read, not what decides), and the figures
+    are the same, about 1.4 times sooner.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}: choose one of {', '.join(POLICIES)}")
@@ -415,14 +418,14 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     random.seed(seed)  # the module-level jitter (watch timeouts, retries); put back below
     try:
         return await _replay(jobs, nodes, gpus_per_node, policy, restart_overhead, progress, batching, levels,
-                             starvation, seed)
+                             starvation, seed, events)
     finally:
         random.setstate(saved)
 
 
 async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: str, restart_overhead: float,
                   progress: Callable[[Progress], None] | None, batching: bool, levels: str | None,
-                  starvation: str | None, seed: int) -> Result:
+                  starvation: str | None, seed: int, events: bool) -> Result:
     from gpufleet.cli.controlplane import ControlPlane
     from gpufleet.controllers.manager import ControllerManager
     from gpufleet.scheduler import Scheduler
@@ -460,6 +463,7 @@ async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: 
     client = plane.client
     assert client is not None
     client.clock = clock
+    client.record_events = events
     manager = scheduler = sim = None
     try:
         now = rfc3339(clock.now())
@@ -478,6 +482,7 @@ async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: 
         # The collector's discovery resync finds no new kinds here (no CRDs): once is enough.
         manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue", "garbagecollector"),
                                     kueue_fair_sharing=policy == "fair-share", gc_resync_period=1e12,
+                                    **({} if events else {"kueue_pending_refreshes": 0}),
                                     **({} if batching else {"job_sync_batch_period": 0.0, "kueue_batch_period": 0.0}))
         await manager.start()
         scheduler = Scheduler(client, clock=clock, flush_interval=300.0, assumed_pod_ttl=None,

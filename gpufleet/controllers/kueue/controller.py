@@ -53,7 +53,7 @@ from gpufleet.controllers._common import (
     pod_is_terminal,
 )
 from gpufleet.controllers.base import ControllerBase
-from gpufleet.controllers.kueue.cycle import AdmissionCycle, _node_ready
+from gpufleet.controllers.kueue.cycle import PENDING_REFRESHES_PER_PASS, AdmissionCycle, _node_ready
 from gpufleet.controllers.kueue.jobs import JobSync
 from gpufleet.controllers.kueue.kinds import (
     BATCH_JOB,
@@ -142,11 +142,15 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self, client: Client, informers: SharedInformerFactory, *,
         fair_sharing: bool = False,
         batch_period: float = BATCH_PERIOD,
+        pending_refreshes: int = PENDING_REFRESHES_PER_PASS,
         **kwargs: Any,
     ) -> None:
         super().__init__(client, informers, **kwargs)
         self.fair_sharing = fair_sharing
         self.batch_period = batch_period
+        # Message-only rewrites of waiting workloads per pass (0: a message is written when
+        # the reason changes, never refreshed; a trace replay that no one reads).
+        self.pending_refreshes = pending_refreshes
         self.kinds: dict[str, JobKind] = {"Job": BATCH_JOB}
         pytorch = _pytorch_kind()
         for extra in ([pytorch] if pytorch is not None else []) + _ray_kinds():

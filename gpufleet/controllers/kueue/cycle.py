@@ -153,6 +153,8 @@ def _format(resource: str, amount: int) -> str:
 class AdmissionCycle:
     """The admission cycle of KueueController (which holds the informers and queues it reads)."""
 
+    pending_refreshes = PENDING_REFRESHES_PER_PASS
+
     # -- the admission cycle ------------------------------------------------------------------------
 
     async def run_cycle(self, _key: str) -> Requeue | None:
@@ -452,7 +454,7 @@ class AdmissionCycle:
             await self._admit(wl, info, assignment, key in result.borrowing, now)
         for key, pre in result.preempted.items():
             await self._evict(models[key], pre, now, info=infos[key])
-        refreshes = PENDING_REFRESHES_PER_PASS
+        refreshes = self.pending_refreshes
         for key, wait in result.waiting.items():
             refreshes -= await self._pending(models[key], wait, now, refresh=refreshes > 0)
         for key in set(self._pending_memo) - set(infos):
@@ -511,7 +513,7 @@ class AdmissionCycle:
 
     async def _pending(self, wl: Any, wait: adm.Wait, now: str, *, refresh: bool = True) -> int:
         """Write why ``wl`` waits. Returns 1 when that was only a new message for the same
-        reason (a refresh, of which a pass makes at most ``PENDING_REFRESHES_PER_PASS``, in
+        reason (a refresh, of which a pass makes at most ``pending_refreshes``, in
         queue order), else 0."""
         key = objects.object_key(wl)
         rv = _rv(wl)
