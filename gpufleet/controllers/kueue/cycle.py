@@ -253,9 +253,10 @@ class AdmissionCycle:
         lq = self.local_queues.get(f"{ns}/{queue}") if queue else None
         cq_name = (lq.spec.cluster_queue if lq is not None and lq.spec is not None else "") or ""
         cq = self.cluster_queues.get(cq_name) if cq_name else None
+        # A waiting job's progress does not move with time (only a running one's is counted on
+        # from its last report): its steps are in the job's resourceVersion, what was measured
+        # of them in self.progress, both inputs below.
         job = self._owner_job(wl)
-        if job is not None and policies.STEPS_DONE_ANNOTATION in (objects.meta(job, "annotations") or {}):
-            return self._workload_info(wl, part, placed, bound_per_set)  # its progress moves with time
         held = placed.get(controller_uid(wl) or "")
         inputs = (
             part,
