@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,6 +135,51 @@ async def test_events_and_message_refreshes_change_no_figure(tmp_path: Path, pol
     assert sum(j.preemptions for j in quiet.jobs) == sum(j.preemptions for j in loud.jobs)
     if policy == "attained-service":
         assert sum(j.preemptions for j in quiet.jobs) > 0
+
+
+async def test_a_stopped_replay_gives_the_figures_of_the_jobs_finished_so_far(tmp_path: Path):
+    rows = ["submit_time,gpus,duration"] + [f"{10 * i},8,{100 + i}" for i in range(12)]
+    p = tmp_path / "serial.csv"
+    p.write_text("\n".join(rows) + "\n")
+    jobs = read_trace(p)
+    done = [0]
+
+    def progress(pr) -> None:
+        done[0] = pr.done
+
+    result = await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo", progress=progress,
+                            stop=lambda: done[0] >= 4)
+    figures = result.figures()
+    assert result.interrupted and figures["interrupted"] is True
+    assert 4 <= figures["finished"] < len(jobs) == figures["jobs"]
+    assert figures["virtualSecondsReplayed"] > 0
+    whole = (await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo")).figures()
+    assert "interrupted" not in whole and whole["finished"] == len(jobs)
+    # FIFO one at a time: the first jobs end at the same times either way.
+    finished = sorted(j.finished for j in result.jobs if j.finished is not None)
+    assert finished == sorted(j.finished for j in
+                              (await simulate(jobs, nodes=1, gpus_per_node=8, policy="fifo")).jobs)[:len(finished)]
+
+
+def test_ctrl_c_ends_the_command_with_the_figures_so_far(tmp_path: Path):
+    rows = ["submit_time,gpus,duration"] + [f"{10 * i},8,{100 + i}" for i in range(3000)]
+    p = tmp_path / "long.csv"
+    p.write_text("\n".join(rows) + "\n")
+    proc = subprocess.Popen([sys.executable, "-m", "gpufleet.cli.main", "simulate", "--trace", str(p), "--nodes", "1x8",
+                             "-o", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = ""
+        while " 3/3000 jobs" not in seen and "] 4/3000" not in seen and proc.poll() is None:
+            seen += proc.stderr.read(1)
+        proc.send_signal(signal.SIGINT)
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, seen + rest
+    figures = json.loads(out[out.index("{"):])
+    assert figures["interrupted"] is True and 3 <= figures["finished"] < 3000
+    assert "stopping: the figures of the jobs finished so far follow" in rest
 
 
 def test_the_command_gives_levels_to_the_queue_and_refuses_bad_ones(tmp_path: Path):

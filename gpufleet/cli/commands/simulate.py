@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -68,10 +70,34 @@ def register(app: typer.Typer) -> None:
                 sys.stderr.write("\n")
             sys.stderr.flush()
 
+        async def replay():
+            # Ctrl-C (or SIGTERM) ends the replay at the next clock jump with the figures of
+            # the jobs finished so far, marked "interrupted"; a second one stops at once.
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+
+            def release() -> None:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError, RuntimeError):
+                        loop.remove_signal_handler(sig)
+
+            def interrupt() -> None:
+                stop.set()
+                release()  # the next signal acts as it always does
+                err("\nstopping: the figures of the jobs finished so far follow (Ctrl-C again to quit at once)")
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError, RuntimeError):
+                    loop.add_signal_handler(sig, interrupt)
+            try:
+                return await run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
+                                     restart_overhead=restart_overhead, progress=progress, levels=levels,
+                                     starvation=starvation, seed=seed, events=events, stop=stop.is_set)
+            finally:
+                release()
+
         try:
-            result = asyncio.run(run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
-                                         restart_overhead=restart_overhead, progress=progress, levels=levels,
-                                         starvation=starvation, seed=seed, events=events))
+            result = asyncio.run(replay())
         except ValueError as exc:
             err(f"error: {exc}")
             raise typer.Exit(1) from None
