@@ -100,9 +100,8 @@ async def test_restart_overhead_is_charged_on_the_resumed_job():
     assert _times(las) == {"long": (0.0, 20360.0), "short": (1000.0, 1300.0)}
 
 
-async def test_a_replay_with_the_same_seed_is_the_same_replay(tmp_path: Path):
-    # 40 jobs of 1 to 4 GPUs on 2 nodes of 4: which node a pod lands on among equals, and the
-    # names that break ties, change what fits later; the seed fixes them all.
+def _ties_trace(tmp_path: Path) -> list:
+    """40 random jobs of 1 to 4 GPUs, many submitted at once: ties for 2 nodes of 4."""
     rng = random.Random(7)
     rows, t = ["submit_time,gpus,duration"], 0
     for _ in range(40):
@@ -110,7 +109,13 @@ async def test_a_replay_with_the_same_seed_is_the_same_replay(tmp_path: Path):
         rows.append(f"{t},{rng.choice([1, 1, 2, 3, 4])},{rng.choice([50, 100, 100, 400, 1000])}")
     p = tmp_path / "ties.csv"
     p.write_text("\n".join(rows) + "\n")
-    jobs = read_trace(p)
+    return read_trace(p)
+
+
+async def test_a_replay_with_the_same_seed_is_the_same_replay(tmp_path: Path):
+    # 40 jobs of 1 to 4 GPUs on 2 nodes of 4: which node a pod lands on among equals, and the
+    # names that break ties, change what fits later; the seed fixes them all.
+    jobs = _ties_trace(tmp_path)
     runs = [_times(await simulate(jobs, nodes=2, gpus_per_node=4, policy="fifo", seed=seed)) for seed in (0, 0, 1)]
     assert runs[0] == runs[1]
     assert runs[0] != runs[2]  # the seed is what decides them
@@ -121,14 +126,7 @@ async def test_events_and_message_refreshes_change_no_figure(tmp_path: Path, pol
     # A replay writes no Events and refreshes no waiting workload's message unless asked
     # (--events): both are what a user reads, not what decides, so every job starts and ends
     # at the same times either way (attained-service preempts on this trace).
-    rng = random.Random(7)
-    rows, t = ["submit_time,gpus,duration"], 0
-    for _ in range(40):
-        t += rng.choice([0, 0, 5, 30])
-        rows.append(f"{t},{rng.choice([1, 1, 2, 3, 4])},{rng.choice([50, 100, 100, 400, 1000])}")
-    p = tmp_path / "ties.csv"
-    p.write_text("\n".join(rows) + "\n")
-    jobs = read_trace(p)
+    jobs = _ties_trace(tmp_path)
     quiet = await simulate(jobs, nodes=2, gpus_per_node=4, policy=policy)
     loud = await simulate(jobs, nodes=2, gpus_per_node=4, policy=policy, events=True)
     assert _times(quiet) == _times(loud)
