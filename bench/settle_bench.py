@@ -38,10 +38,10 @@ from gpufleet.store.sqlite import SQLiteStore
 
 if __package__:
     from .cluster_bench import Cluster, pct, source_env
-    from .list_bench import _pod
+    from .list_bench import fill as fill_pods
 else:
     from cluster_bench import Cluster, pct, source_env
-    from list_bench import _pod
+    from list_bench import fill as fill_pods
 
 perf = time.perf_counter
 LEASES = ("gpufleet-scheduler", "gpufleet-controller-manager")
@@ -64,6 +64,7 @@ def _node(name: str) -> dict[str, Any]:
 
 
 async def fill(db: Path, pods: int, nodes: int) -> float:
+    """The Nodes, then list_bench's pods bound evenly to them."""
     store = SQLiteStore(f"sqlite:///{db}", synchronous="normal")
     await store.start()
     t0 = perf()
@@ -71,14 +72,9 @@ async def fill(db: Path, pods: int, nodes: int) -> float:
         for n in range(nodes):
             name = f"node-{n:05d}"
             await store.create("nodes", "", name, _node(name))
-        for i in range(pods):
-            pod = _pod(i, f"node-{i % nodes:05d}")
-            await store.create("pods", "default", pod["metadata"]["name"], pod)
-            if (i + 1) % 5000 == 0:
-                print(f"  stored {i + 1}/{pods} pods ({perf() - t0:.0f} s)", file=sys.stderr, flush=True)
     finally:
         await store.close()
-    return perf() - t0
+    return perf() - t0 + await fill_pods(db, pods, nodes)
 
 
 async def observe(c: Cluster, window: float) -> dict[str, Any]:
