@@ -58,7 +58,8 @@ def _place(need: int, free: list[int], per_node: int) -> tuple[tuple[int, int], 
 
 
 def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...] = (), factor: float = 0.0,
-          per_node: int | None = None, event_overhead: float = 0.0, slowdown: float = 1.0) -> tuple[float, int]:
+          per_node: int | None = None, event_overhead: float = 0.0, slowdown: float = 1.0,
+          order: str | None = None) -> tuple[float, int]:
     """(average JCT, preemptions) of ``jobs`` on ``gpus`` pooled GPUs, or on nodes of
     ``per_node`` GPUs (a job of up to a node's GPUs on one node, a larger one on whole nodes).
     ``event_overhead``: seconds of work each running job loses at every scheduling event but
@@ -104,7 +105,9 @@ def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...
             if state[k].started is not None:
                 for i, n in state[k].placed:
                     nodes[i] -= n
-        for k in sorted(live, key=lambda k: (-ranks[k], state[k].since, k)):
+        within = {k: 0.0 if policy == "srsf" else policies.order(policies.ATTAINED_SERVICE, standing(state[k]), order)
+                  for k in live}
+        for k in sorted(live, key=lambda k: (-ranks[k], within[k], state[k].since, k)):
             s = state[k]
             if s.started is not None:
                 continue
@@ -112,7 +115,7 @@ def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...
             where = _place(need, nodes, per_node or gpus)
             if where is None:
                 victims = sorted((v for v in live if state[v].started is not None and ranks[v] < ranks[k]),
-                                 key=lambda v: (ranks[v], -(state[v].started or 0.0)))
+                                 key=lambda v: (ranks[v], -(state[v].started or 0.0), v))
                 chosen, trial = [], list(nodes)
                 for v in victims:
                     if _place(need, trial, per_node or gpus) is not None:
@@ -204,6 +207,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=None, metavar="GPUS_PER_NODE",
                     help="place jobs on nodes of this many GPUs instead of one pool")
     ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--order", default=None, choices=policies.ORDERS,
+                    help="las: the order within a level (default the policy's own)")
     ap.add_argument("--event-overhead", type=float, default=0.0, metavar="SECONDS",
                     help="work each running job loses at every scheduling event (the published figures' simulator: 10)")
     ap.add_argument("--slowdown", type=float, default=1.0,
@@ -220,8 +225,8 @@ def main() -> None:
                                         args.event_overhead, args.slowdown)
         else:
             avg, preemptions = model(jobs, "srsf" if kind == "srsf" else "las", args.gpus, levels,
-                                     float(factor_text or 0), args.nodes, args.event_overhead, args.slowdown)
-        print(f"{run}: average JCT {avg:,.0f} s, {preemptions:,} preemptions ({time.process_time() - t0:.0f} s CPU)",
+                                     float(factor_text or 0), args.nodes, args.event_overhead, args.slowdown, args.order)
+        print(f"{run}{f' ({args.order})' if args.order else ''}: average JCT {avg:,.0f} s, {preemptions:,} preemptions ({time.process_time() - t0:.0f} s CPU)",
               flush=True)
 
 

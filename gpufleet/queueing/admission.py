@@ -584,7 +584,7 @@ class Cycle:
     def _order_key(self, wl: WorkloadInfo) -> tuple:
         cq = self.queues.get(wl.cluster_queue)
         if cq is None or cq.inactive or wl.problem:
-            return (0, 0.0, -wl.priority, wl.timestamp, wl.key)
+            return (0, 0.0, -wl.priority, wl.order, wl.timestamp, wl.key)
         attempt = self._attempt(wl, cq)
         if self.fair_sharing:
             usage = self._usage()
@@ -592,8 +592,8 @@ class Cycle:
                 per = usage.setdefault(cq.name, {})
                 for fr, amount in workload_usage(wl, attempt.assignment).items():
                     per[fr] = per.get(fr, 0) + amount
-            return (0, self.quotas.share(cq, usage), -wl.priority, wl.timestamp, wl.key)
-        return (1 if attempt.borrows else 0, 0.0, -wl.priority, wl.timestamp, wl.key)
+            return (0, self.quotas.share(cq, usage), -wl.priority, wl.order, wl.timestamp, wl.key)
+        return (1 if attempt.borrows else 0, 0.0, -wl.priority, wl.order, wl.timestamp, wl.key)
 
     def run(self) -> CycleResult:
         pending: dict[str, list[WorkloadInfo]] = {}
@@ -646,8 +646,8 @@ def standing(wl: WorkloadInfo) -> policies.Standing:
 def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo], now: float,
            ) -> tuple[dict[str, ClusterQueueInfo], list[WorkloadInfo], float | None]:
     """Apply the ClusterQueues' queueing policies: each workload of a policy's queue gets its
-    rank as its priority, and the queue preempts within itself by that rank (strictly lower
-    ranks only). Returns the queues, the workloads, and the seconds until a rank changes."""
+    rank as its priority and the policy's order within a rank, and the queue preempts within
+    itself by that rank (strictly lower ranks only). Returns the queues, the workloads, and the seconds until a rank changes."""
     out_queues = dict(queues)
     by_queue: dict[str, list[WorkloadInfo]] = {}
     for wl in workloads:
@@ -663,8 +663,9 @@ def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo]
         out_queues[name] = dataclasses.replace(cq, within_cluster_queue="LowerPriority")
         standings = [standing(wl) for wl in members]
         for wl, s in zip(members, standings, strict=True):
-            changed[wl.key] = dataclasses.replace(wl, priority=policies.rank(cq.policy, s, now, cq.levels,
-                                                                                    cq.starvation_factor))
+            changed[wl.key] = dataclasses.replace(
+                wl, priority=policies.rank(cq.policy, s, now, cq.levels, cq.starvation_factor),
+                order=policies.order(cq.policy, s, cq.within_level))
         if any(wl.admission is None for wl in members):
             after = policies.next_change(cq.policy, standings, now, cq.levels, cq.starvation_factor)
             if after is not None:
@@ -696,7 +697,7 @@ def _shape(wl: WorkloadInfo) -> tuple:
 
 
 def _order(wl: WorkloadInfo) -> tuple:
-    return (-wl.priority, wl.timestamp, wl.key)
+    return (-wl.priority, wl.order, wl.timestamp, wl.key)
 
 
 def _borrows(cq: ClusterQueueInfo, usage: Usage, need: Mapping[FlavorResource, int]) -> bool:

@@ -10,8 +10,11 @@ A ClusterQueue chooses its policy with the annotation ``gpufleet.io/queueing-pol
   over all its runs). The service is cut into levels at ``LEVELS`` GPU-seconds (or the
   ClusterQueue's annotation ``gpufleet.io/attained-service-levels``); a
   workload at a lower level goes first and preempts admitted workloads at a higher level
-  (checkpoint-restart, through the ordinary eviction). Within a level, first come first
-  served (an evicted workload queues again from its eviction). Starvation guard, off
+  (checkpoint-restart, through the ordinary eviction). Within a level, the workload of the
+  fewest GPUs first (it holds less for as long as it turns out to run), then first come
+  first served (an evicted workload queues again from its eviction); the annotation
+  ``gpufleet.io/attained-service-order: fifo`` makes it first come first served alone, as in
+  Tiresias. A level's workloads never preempt each other. Starvation guard, off
   unless the ClusterQueue's annotation ``gpufleet.io/attained-service-starvation-factor``
   gives a factor: a workload that has waited that many times as long as it has run (and at
   least ``STARVATION_MIN_SECONDS``) is treated as level 0 until it is admitted again, and
@@ -50,11 +53,16 @@ LEVELS_ANNOTATION = "gpufleet.io/attained-service-levels"
 # workload that has waited this many times as long as it has run counts as level 0); "0"
 # turns the guard off (default STARVATION_FACTOR).
 STARVATION_ANNOTATION = "gpufleet.io/attained-service-starvation-factor"
+# On a ClusterQueue of the attained-service policy: the order within a level (ORDERS).
+ORDER_ANNOTATION = "gpufleet.io/attained-service-order"
 
 FIFO = "fifo"
 ATTAINED_SERVICE = "attained-service"
 SHORTEST_REMAINING = "shortest-remaining-service"
 POLICIES = (FIFO, ATTAINED_SERVICE, SHORTEST_REMAINING)
+# The orders within an attained-service level (ORDER_ANNOTATION).
+FEWEST_GPUS = "fewest-gpus"
+ORDERS = (FEWEST_GPUS, FIFO)
 
 # Attained-service levels, GPU-seconds: below 1 GPU-hour, then each 4 times the last, up to
 # 1,024 GPU-hours. Chosen on the Philly traces (docs/simulate.md): fewer and lower levels
@@ -124,6 +132,17 @@ def parse_starvation(value: str | None) -> float | None:
     if not math.isfinite(factor) or factor < 0:
         raise ValueError(f"{value!r}: the factor must be 0 (no guard) or more")
     return factor
+
+
+def parse_order(value: str | None) -> str | None:
+    """The order within a level an attained-service-order annotation names (None when it is
+    absent). Raises ValueError, saying what is wrong, unless it is one of ORDERS."""
+    if value is None or not value.strip():
+        return None
+    v = value.strip()
+    if v not in ORDERS:
+        raise ValueError(f"{value!r}: supported values: {', '.join(ORDERS)}")
+    return v
 
 
 def attained(gpus: int, stored: float, admitted_at: float | None, now: float) -> float:
@@ -222,6 +241,14 @@ def rank(policy: str, s: Standing, now: float, levels: tuple[float, ...] | None 
             return s.priority * _SCALE  # not measured yet: first, to be measured
         return s.priority * _SCALE - min(_SCALE - 2, 1 + int(left))
     return s.priority
+
+
+def order(policy: str, s: Standing, within: str | None = None) -> float:
+    """Where the workload goes among those of its rank, before the time it has waited: lower
+    first. ``within``: the attained-service queue's order within a level (None: FEWEST_GPUS)."""
+    if policy == ATTAINED_SERVICE and (within or FEWEST_GPUS) == FEWEST_GPUS:
+        return float(s.gpus)
+    return 0.0
 
 
 def next_change(policy: str, standings: Iterable[Standing], now: float,

@@ -67,6 +67,7 @@ class ClusterQueueInfo:
     # attained-service: the levels' thresholds, GPU-seconds (None: policies.LEVELS).
     levels: tuple[float, ...] | None = None
     starvation_factor: float | None = None  # attained-service: the guard's factor (None: the default)
+    within_level: str | None = None  # attained-service: the order within a level (None: the default)
     # Why the queue admits nothing (stopped, a flavor missing); empty when active.
     inactive: str = ""
 
@@ -122,6 +123,9 @@ class WorkloadInfo:
     priority: int = 0
     # Queue order: creation, or the time it was last evicted (it goes back in line).
     timestamp: float = 0.0
+    # A queueing policy's order among workloads of one priority, before the timestamp (lower
+    # first; set by admission.ranked, 0 without a policy).
+    order: float = 0.0
     # Set once admitted: pod set -> resource -> flavor.
     admission: Assignment | None = None
     admitted_at: float = 0.0

@@ -190,10 +190,20 @@ def test_the_command_gives_levels_to_the_queue_and_refuses_bad_ones(tmp_path: Pa
     # long has 8,000 GPU-s at 1,000 s: above 7,200, so at the last level; short preempts it.
     assert figures["attainedServiceLevels"] == "3250,7200" and figures["preemptions"] == 1
     assert figures["starvationFactor"] == 0.0  # the policy's own: no guard
+    assert figures["attainedServiceOrder"] == "fewest-gpus"  # the policy's own
     r = runner.invoke(app, ["simulate", "--trace", trace, "--nodes", "1x8", "--policy", "attained-service",
                             "--starvation-factor", "4", "-o", "json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout[r.stdout.index("{"):])["starvationFactor"] == 4.0
+    r = runner.invoke(app, ["simulate", "--trace", trace, "--nodes", "1x8", "--policy", "attained-service",
+                            "--attained-service-order", "fifo", "-o", "json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout[r.stdout.index("{"):])["attainedServiceOrder"] == "fifo"
+    r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "attained-service",
+                            "--attained-service-order", "shortest"])
+    assert r.exit_code == 1 and "supported values: fewest-gpus, fifo" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "fifo", "--attained-service-order", "fifo"])
+    assert r.exit_code == 1 and "the order within a level is for the attained-service policy" in r.output
     r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "attained-service", "--starvation-factor", "-2"])
     assert r.exit_code == 1 and "must be 0 (no guard) or more" in r.output
     r = runner.invoke(app, ["simulate", "--trace", trace, "--policy", "attained-service",

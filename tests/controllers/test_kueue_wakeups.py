@@ -117,13 +117,14 @@ async def test_what_wakes_the_cycle_within_its_batch_period_is_decided_in_one_pa
     assert kueue.passes == passes + 1
 
 
-@pytest.mark.parametrize(("annotation", "value", "says"), [
-    ("gpufleet.io/attained-service-levels", "7200,3250", "each above the one before"),
-    ("gpufleet.io/attained-service-starvation-factor", "-1", "must be 0 (no guard) or more"),
-    ("gpufleet.io/attained-service-starvation-factor", "often", "is not a number"),
+@pytest.mark.parametrize(("annotation", "value", "says", "kind"), [
+    ("gpufleet.io/attained-service-levels", "7200,3250", "each above the one before", "Invalid value"),
+    ("gpufleet.io/attained-service-starvation-factor", "-1", "must be 0 (no guard) or more", "Invalid value"),
+    ("gpufleet.io/attained-service-starvation-factor", "often", "is not a number", "Invalid value"),
+    ("gpufleet.io/attained-service-order", "shortest", "supported values: fewest-gpus, fifo", "Unsupported value"),
 ])
 async def test_a_bad_attained_service_annotation_makes_the_queue_inactive_naming_it(
-        client: Client, kueue, annotation: str, value: str, says: str):
+        client: Client, kueue, annotation: str, value: str, says: str, kind: str):
     await client.create(flavor("default"))
     cq = cluster_queue("team-a", 8)
     cq["metadata"]["annotations"] = {"gpufleet.io/queueing-policy": "attained-service", annotation: value}
@@ -135,5 +136,5 @@ async def test_a_bad_attained_service_annotation_makes_the_queue_inactive_naming
 
     cond = await eventually(active, what="the queue's Active condition")
     assert cond["status"] == "False"
-    assert cond["message"].startswith(f"metadata.annotations[{annotation}]: Invalid value: ")
+    assert cond["message"].startswith(f"metadata.annotations[{annotation}]: {kind}: ")
     assert says in cond["message"]

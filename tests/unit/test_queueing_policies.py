@@ -23,9 +23,10 @@ FLAVORS = {FLAVOR: FlavorInfo(FLAVOR)}
 NOW = 1_000_000.0
 
 
-def queue(policy: str, levels: tuple[float, ...] | None = None) -> dict[str, ClusterQueueInfo]:
+def queue(policy: str, levels: tuple[float, ...] | None = None, within: str | None = None,
+          ) -> dict[str, ClusterQueueInfo]:
     return {"q": ClusterQueueInfo("q", [ResourceGroupInfo((GPU,), (FLAVOR,))], {(FLAVOR, GPU): Quota(8)},
-                                  policy=policy, levels=levels)}
+                                  policy=policy, levels=levels, within_level=within)}
 
 
 def wl(key: str, gpus: int, *, ts: float = 0.0, admitted_at: float | None = None, **kw) -> WorkloadInfo:
@@ -201,6 +202,40 @@ def test_attained_service_orders_pending_by_level_then_age():
     assert set(r.admitted) == {"ns/young"}
     r = schedule(queue(""), FLAVORS, [old_served, young_fresh], node(), now=NOW)
     assert set(r.admitted) == {"ns/old"}
+
+
+def test_within_a_level_the_fewest_gpus_go_first_unless_the_queue_says_fifo():
+    # Both at level 0; room for one of them. The older one asks for 6 GPUs, the younger 4.
+    running = wl("ns/run", 2, admitted_at=NOW - 10)
+    older_wide = wl("ns/wide", 6, ts=NOW - 20)
+    younger_narrow = wl("ns/narrow", 4, ts=NOW - 5)
+    both = [running, older_wide, younger_narrow]
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, both, node(), now=NOW)
+    assert set(r.admitted) == {"ns/narrow"} and "ns/wide" in r.waiting
+    r = schedule(queue(p.ATTAINED_SERVICE, within=p.FIFO), FLAVORS, both, node(), now=NOW)
+    assert set(r.admitted) == {"ns/wide"} and "ns/narrow" in r.waiting
+    # A level still comes first: a narrow job with more service waits behind a wide fresh one.
+    served_narrow = wl("ns/narrow", 4, ts=NOW - 5, attained=50_000.0)
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [running, older_wide, served_narrow], node(), now=NOW)
+    assert set(r.admitted) == {"ns/wide"}
+
+
+def test_a_level_never_preempts_within_itself_whatever_the_order():
+    # An 8-GPU job at level 0 runs; a 1-GPU job at level 0 waits for it rather than preempt it.
+    wide = wl("ns/wide", 8, admitted_at=NOW - 10)  # 80 GPU-s: level 0
+    narrow = wl("ns/narrow", 1, ts=NOW - 1)
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [wide, narrow], node(), now=NOW)
+    assert not r.preempted and "ns/narrow" in r.waiting
+
+
+def test_the_order_within_a_level_is_parsed_and_checked():
+    assert p.parse_order("fifo") == p.FIFO and p.parse_order(" fewest-gpus ") == p.FEWEST_GPUS
+    assert p.parse_order(None) is None and p.parse_order("") is None
+    with pytest.raises(ValueError, match="supported values: fewest-gpus, fifo"):
+        p.parse_order("shortest")
+    assert p.order(p.ATTAINED_SERVICE, standing(4), None) == 4.0 == p.order(p.ATTAINED_SERVICE, standing(4), "fewest-gpus")
+    assert p.order(p.ATTAINED_SERVICE, standing(4), p.FIFO) == 0.0
+    assert p.order(p.SHORTEST_REMAINING, standing(4), None) == 0.0
 
 
 def test_attained_service_asks_to_be_woken_when_a_level_is_crossed():

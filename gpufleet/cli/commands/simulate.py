@@ -31,6 +31,9 @@ def register(app: typer.Typer) -> None:
         starvation: Annotated[str | None, typer.Option("--starvation-factor", help=(
             "attained-service only: a waiting job counts as level 0 once it has waited this many times "
             "as long as it has run; 0 turns the guard off. Default the policy's own."))] = None,
+        order: Annotated[str | None, typer.Option("--attained-service-order", help=(
+            "attained-service only: the order within a level, fewest-gpus (the default: the fewest GPUs "
+            "first, then first come first served) or fifo (first come first served, as Tiresias)."))] = None,
         seed: Annotated[int, typer.Option("--seed", help=(
             "Where the replay's random choices come from (generated names, ties); the same seed, "
             "the same replay."))] = 0,
@@ -92,7 +95,8 @@ def register(app: typer.Typer) -> None:
             try:
                 return await run_sim(jobs, nodes=n_nodes, gpus_per_node=per_node, policy=policy,
                                      restart_overhead=restart_overhead, progress=progress, levels=levels,
-                                     starvation=starvation, seed=seed, events=events, stop=stop.is_set)
+                                     starvation=starvation, seed=seed, events=events, stop=stop.is_set,
+                                     order=order)
             finally:
                 release()
 

@@ -93,6 +93,7 @@ class Result:
     # finished by then, a prefix biased to the short ones, not comparable with a whole replay.
     interrupted: bool = False
     replayed_seconds: float = 0.0  # virtual time from the trace's start to the replay's end
+    order: str | None = None  # the order within a level given (None: the policy's own)
 
     @property
     def done(self) -> list[JobRecord]:
@@ -115,6 +116,8 @@ class Result:
                if self.policy == policies.ATTAINED_SERVICE else {}),
             **({"starvationFactor": float(self.starvation if self.starvation is not None
                                           else policies.STARVATION_FACTOR)}
+               if self.policy == policies.ATTAINED_SERVICE else {}),
+            **({"attainedServiceOrder": self.order or policies.FEWEST_GPUS}
                if self.policy == policies.ATTAINED_SERVICE else {}),
             "jobs": len(self.jobs),
             "finished": len(done),
@@ -336,9 +339,10 @@ def node_status(gpus: int, now: str) -> dict[str, Any]:
 
 
 def queue_objects(policy: str, gpus: int, teams: list[str], levels: str | None = None,
-                  starvation: str | None = None) -> list[dict[str, Any]]:
+                  starvation: str | None = None, order: str | None = None) -> list[dict[str, Any]]:
     """The ResourceFlavor, a ClusterQueue per team (one cohort sharing the cluster's GPUs),
-    and their LocalQueues. ``levels``, ``starvation``: the attained-service annotations, if any."""
+    and their LocalQueues. ``levels``, ``starvation``, ``order``: the attained-service annotations,
+    if any."""
     objs: list[dict[str, Any]] = [{"apiVersion": KUEUE, "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}}]
     share = gpus // len(teams)
     for i, team in enumerate(teams):
@@ -364,6 +368,8 @@ def queue_objects(policy: str, gpus: int, teams: list[str], levels: str | None =
                 meta["annotations"][policies.LEVELS_ANNOTATION] = levels
             if policy == policies.ATTAINED_SERVICE and starvation is not None:
                 meta["annotations"][policies.STARVATION_ANNOTATION] = starvation
+            if policy == policies.ATTAINED_SERVICE and order is not None:
+                meta["annotations"][policies.ORDER_ANNOTATION] = order
         objs.append({"apiVersion": KUEUE, "kind": "ClusterQueue", "metadata": meta, "spec": spec})
         objs.append({"apiVersion": KUEUE, "kind": "LocalQueue", "metadata": {"name": team, "namespace": NAMESPACE},
                      "spec": {"clusterQueue": team}})
@@ -392,7 +398,8 @@ def job_body(job: TraceJob, queue: str, per_node: int, policy: str) -> dict[str,
 async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int = 8, policy: str = "fifo",
                    restart_overhead: float = 0.0, progress: Callable[[Progress], None] | None = None,
                    batching: bool = True, levels: str | None = None, starvation: str | None = None,
-                   seed: int = 0, events: bool = False, stop: Callable[[], bool] | None = None) -> Result:
+                   seed: int = 0, events: bool = False, stop: Callable[[], bool] | None = None,
+                   order: str | None = None) -> Result:
     """Replay ``jobs`` on ``nodes`` x ``gpus_per_node`` GPUs under ``policy``.
 
     ``batching``: the controllers wait their batch periods as on a live cluster (the Job
@@ -400,7 +407,8 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     GPUs it waits for are given back; False makes them 0, so that a replay gives exact times.
     ``levels``: the attained-service thresholds in GPU-seconds ("3250,7200"), as the
     ClusterQueue's annotation gives them; None keeps the policy's defaults. ``starvation``:
-    the starvation guard's factor ("0": no guard), the same way. ``seed``: where the random
+    the starvation guard's factor ("0": no guard), the same way, and ``order`` the order within
+    a level ("fifo", "fewest-gpus"). ``seed``: where the random
     choices come from (generated names and uids, the scheduler's ties, the informers' and
     clients' jitter), so that a replay with the same seed is the same replay. ``events``:
     record Events and refresh waiting workloads' messages as a live cluster does; off, the
@@ -418,6 +426,10 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
         policies.parse_starvation(starvation)
         if policy != policies.ATTAINED_SERVICE:
             raise ValueError(f"the starvation factor is for the {policies.ATTAINED_SERVICE} policy, not {policy}")
+    if order is not None:
+        policies.parse_order(order)
+        if policy != policies.ATTAINED_SERVICE:
+            raise ValueError(f"the order within a level is for the {policies.ATTAINED_SERVICE} policy, not {policy}")
     for j in jobs:
         if j.gpus > nodes * gpus_per_node:
             raise ValueError(f"job {j.name} needs {j.gpus} GPUs, more than the {nodes}x{gpus_per_node} cluster has")
@@ -425,7 +437,7 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
     random.seed(seed)  # the module-level jitter (watch timeouts, retries); put back below
     try:
         return await _replay(jobs, nodes, gpus_per_node, policy, restart_overhead, progress, batching, levels,
-                             starvation, seed, events, stop)
+                             starvation, seed, events, stop, order)
     finally:
         random.setstate(saved)
 
@@ -433,7 +445,7 @@ async def simulate(jobs: list[TraceJob], *, nodes: int = 8, gpus_per_node: int =
 async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: str, restart_overhead: float,
                   progress: Callable[[Progress], None] | None, batching: bool, levels: str | None,
                   starvation: str | None, seed: int, events: bool,
-                  stop: Callable[[], bool] | None = None) -> Result:
+                  stop: Callable[[], bool] | None = None, order: str | None = None) -> Result:
     from gpufleet.cli.controlplane import ControlPlane
     from gpufleet.controllers.manager import ControllerManager
     from gpufleet.scheduler import Scheduler
@@ -490,7 +502,7 @@ async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: 
             for value in sorted({j.priority for j in jobs}):
                 await client.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                                      "metadata": {"name": f"sim-{value}"}, "value": value})
-        for obj in queue_objects(policy, nodes * gpus_per_node, teams, levels, starvation):
+        for obj in queue_objects(policy, nodes * gpus_per_node, teams, levels, starvation, order):
             await client.create(obj)
         # The collector's discovery resync finds no new kinds here (no CRDs): once is enough.
         manager = ControllerManager(client, clock=clock, enabled=("serviceaccount", "job", "kueue", "garbagecollector"),
@@ -534,4 +546,5 @@ async def _replay(jobs: list[TraceJob], nodes: int, gpus_per_node: int, policy: 
             if v is not None:
                 setattr(r, attr, v - t0)
     return Result(policy, nodes, gpus_per_node, restart_overhead, list(records.values()),
-                  time.perf_counter() - wall0, clock.jumps, levels, starvation, interrupted[0], replayed_s)
+                  time.perf_counter() - wall0, clock.jumps, levels, starvation, interrupted[0], replayed_s,
+                  order)

@@ -311,6 +311,12 @@ class AdmissionCycle:
         except ValueError as e:
             annotation_problem = annotation_problem or (
                 f"metadata.annotations[{policies.STARVATION_ANNOTATION}]: Invalid value: {e}")
+        within = None
+        try:
+            within = policies.parse_order(annotations.get(policies.ORDER_ANNOTATION))
+        except ValueError as e:
+            annotation_problem = annotation_problem or (
+                f"metadata.annotations[{policies.ORDER_ANNOTATION}]: Unsupported value: {e}")
         if missing:
             inactive = "flavor(s) not found: " + ", ".join(sorted(set(missing)))
         elif spec.stop_policy not in (None, "None"):
@@ -336,6 +342,7 @@ class AdmissionCycle:
             policy=policy or "",
             levels=levels,
             starvation_factor=starvation,
+            within_level=within,
         )
 
     def _parse(self, wl: Any) -> adm.WorkloadInfo | None:
