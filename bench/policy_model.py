@@ -125,6 +125,15 @@ def model(jobs: list[TraceJob], policy: str, gpus: int, levels: tuple[float, ...
                         trial[i] += n
                 if _place(need, trial, per_node or gpus) is None:
                     continue
+                # Give back the victims that turned out not to be needed, as admission does
+                # (the latest choice first kept).
+                for v in reversed(chosen[:-1]):
+                    without = list(trial)
+                    for i, n in state[v].placed:
+                        without[i] -= n
+                    if _place(need, without, per_node or gpus) is not None:
+                        chosen.remove(v)
+                        trial = without
                 for v in chosen:
                     sv = state[v]
                     sv.service += (now - (sv.started or now)) * sv.trace.gpus
