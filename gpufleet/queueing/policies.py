@@ -34,6 +34,7 @@ the second, and ``admission.Cycle`` uses the rank wherever it would use the prio
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Iterable
@@ -153,10 +154,7 @@ def attained(gpus: int, stored: float, admitted_at: float | None, now: float) ->
 
 def level(service: float, levels: tuple[float, ...] = LEVELS) -> int:
     """The attained-service level: 0 below the first threshold, 1 below the second, ..."""
-    for i, threshold in enumerate(levels):
-        if service < threshold:
-            return i
-    return len(levels)
+    return bisect.bisect_right(levels, service)
 
 
 def starving(service: float, gpus: int, waiting_since: float, now: float,
