@@ -86,7 +86,9 @@ def source_env(src: str | None) -> dict[str, str] | None:
     root = Path(src).expanduser().resolve()
     if not (root / "gpufleet" / "cli" / "main.py").exists():
         raise SystemExit(f"--compare-src {src}: no gpufleet source tree there (gpufleet/cli/main.py)")
-    return {**os.environ, "PYTHONPATH": str(root)}
+    # PYTHONSAFEPATH: `python -m` would put the working directory first on sys.path, ahead of
+    # PYTHONPATH, so a benchmark started from this repository's root would run this tree twice.
+    return {**os.environ, "PYTHONPATH": str(root), "PYTHONSAFEPATH": "1"}
 
 
 

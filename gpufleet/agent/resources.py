@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpufleet.api.kubeflow import DEFAULT_PORT_NAME, rendezvous_port
+from gpufleet.api.kubeflow_names import DEFAULT_PORT_NAME, rendezvous_port
 from gpufleet.api.podresources import RESTART_ALWAYS, container_gpu_request
 
 HOST_PORTS_ANNOTATION = "gpufleet.io/host-ports"

@@ -14,7 +14,6 @@ CRD declares it), so validation is also what refuses a scale outside
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field
@@ -23,12 +22,18 @@ from gpufleet.api import defaults as d
 from gpufleet.api import validation as v
 from gpufleet.api.intorstring import IntOrStringQuantity, KeepsTemplateNumbers
 from gpufleet.api.k8s import K8sModel, ListMeta, MetricSpec, ObjectMeta, PodTemplateSpec, Time
+from gpufleet.api.kubeflow_names import (  # noqa: F401 (re-exported)
+    API_VERSION,
+    DEFAULT_CONTAINER_NAME,
+    DEFAULT_PORT,
+    DEFAULT_PORT_NAME,
+    GROUP,
+    KIND,
+    RENDEZVOUS_PORT_ANNOTATION,
+    VERSION,
+    rendezvous_port,
+)
 from gpufleet.api.quantity import parse_quantity
-
-GROUP = "kubeflow.org"
-VERSION = "v1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "PyTorchJob"
 
 MASTER = "Master"
 WORKER = "Worker"
@@ -38,29 +43,6 @@ REPLICA_TYPES = (MASTER, WORKER)
 SCALE_SPEC_REPLICAS_PATH = "spec.pytorchReplicaSpecs.Worker.replicas"
 SCALE_STATUS_REPLICAS_PATH = "status.replicaStatuses.Worker.active"
 SCALE_LABEL_SELECTOR_PATH = "status.replicaStatuses.Worker.selector"
-
-# The container the operator configures (env, rendezvous port) when a pod has several.
-DEFAULT_CONTAINER_NAME = "pytorch"
-DEFAULT_PORT_NAME = "pytorchjob-port"
-DEFAULT_PORT = 23456
-# On the leader pod, set by the controller: the node port its DEFAULT_PORT_NAME port must
-# have (the members reach the leader at its node's address, as there is no pod network).
-# The node agent honours it only on pods a PyTorchJob controls, and only the control plane
-# (or whoever may bind pods) may create a pod carrying it; a hostPort would do the same but
-# is refused by Pod Security's baseline level.
-RENDEZVOUS_PORT_ANNOTATION = "gpufleet.io/rendezvous-port"
-
-
-def rendezvous_port(pod: Any) -> int | None:
-    """The leader port a PyTorchJob's pod (a JSON dict) asks its node for, if it is one."""
-    meta = (pod.get("metadata") or {}) if isinstance(pod, Mapping) else {}
-    value = (meta.get("annotations") or {}).get(RENDEZVOUS_PORT_ANNOTATION)
-    controlled = any(isinstance(o, Mapping) and o.get("controller") is True and o.get("kind") == KIND
-                     and str(o.get("apiVersion") or "").startswith(f"{GROUP}/")
-                     for o in meta.get("ownerReferences") or [])
-    if not controlled or not isinstance(value, str) or not value.isdigit() or not 1 <= int(value) <= 65535:
-        return None
-    return int(value)
 
 RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 CLEAN_POD_POLICIES = ("All", "Running", "None")

@@ -31,16 +31,20 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gpufleet.api import k8s
 from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.api.quantity import parse_quantity
 
+if TYPE_CHECKING:
+    from gpufleet.api import k8s
+
+    PodLike = k8s.Pod | k8s.PodSpec | k8s.PodTemplateSpec | Mapping[str, Any]
+
 Amounts = dict[str, Fraction]
-PodLike = k8s.Pod | k8s.PodSpec | k8s.PodTemplateSpec | Mapping[str, Any]
 
 CPU = "cpu"
 MEMORY = "memory"
@@ -85,6 +89,13 @@ class _Container:
         self.sidecar = restart_policy == RESTART_ALWAYS
 
 
+def _models() -> Any:
+    """The typed models' module when it is loaded, else None: this module reads both typed
+    models and JSON dicts, and a process that never loaded the models (a node agent) cannot
+    hold one, so it need not load them (about 20 MiB) to tell them apart."""
+    return sys.modules.get("gpufleet.api.k8s")
+
+
 def _of_model(c: k8s.Container) -> _Container:
     r = c.resources
     return _Container(r.requests if r else None, r.limits if r else None, c.restart_policy)
@@ -101,7 +112,9 @@ def _of_wire(c: Any) -> _Container:
 
 def container_requests(container: k8s.Container | Mapping[str, Any]) -> Amounts:
     """One container's requests, a limit standing in for a missing request."""
-    return (_of_model(container) if isinstance(container, k8s.Container) else _of_wire(container)).requests
+    k8s = _models()
+    typed = k8s is not None and isinstance(container, k8s.Container)
+    return (_of_model(container) if typed else _of_wire(container)).requests
 
 
 def container_gpu_request(container: k8s.Container | Mapping[str, Any]) -> int:
@@ -126,12 +139,13 @@ class _Pod:
 
 
 def _pod(obj: PodLike) -> _Pod:
-    if isinstance(obj, k8s.Pod | k8s.PodTemplateSpec):
+    k8s = _models()  # None: no typed model can exist here, so obj is a dict (or no pod)
+    if k8s is not None and isinstance(obj, k8s.Pod | k8s.PodTemplateSpec):
         spec: Any = obj.spec
         if spec is None:
             return _Pod((), (), None, None, None)
         obj = spec
-    if isinstance(obj, k8s.PodSpec):
+    if k8s is not None and isinstance(obj, k8s.PodSpec):
         r = obj.resources
         return _Pod(map(_of_model, obj.containers or ()), map(_of_model, obj.init_containers or ()),
                     r.requests if r else None, r.limits if r else None, obj.overhead)
