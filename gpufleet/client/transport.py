@@ -20,6 +20,7 @@ import httpx
 from gpufleet.client.errors import TransportError, error_from_response
 from gpufleet.utils import jsoncodec
 from gpufleet.utils.http import Handler, RawRequest, RawResponse
+from gpufleet.utils.tlsbuffer import use_small_tls_buffers
 
 USER_AGENT = "gpufleet-client/0.1"
 
@@ -278,9 +279,11 @@ class HttpTransport(EncodingTransport):
         headers = {"user-agent": USER_AGENT}
         if token:
             headers["authorization"] = f"Bearer {token}"
-        verify: ssl.SSLContext | bool = True
+        # Plain http: no TLS context at all (verify=True would load the system's CA bundle, 30 ms).
+        verify: ssl.SSLContext | bool = False
         if self.server_url.startswith("https:"):
             verify = _ssl_context(ca_file, ca_data, insecure, client_cert)
+            use_small_tls_buffers()  # 32 KiB per TLS connection rather than asyncio's 256
         self._client = httpx.AsyncClient(
             base_url=self.server_url,
             headers=headers,

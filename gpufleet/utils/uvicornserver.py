@@ -7,6 +7,8 @@ import asyncio
 
 import uvicorn
 
+from gpufleet.utils.tlsbuffer import use_small_tls_buffers
+
 
 class ServerTask:
     """Serves ``config`` as a task: start() returns once it listens (or raises why it could
@@ -15,6 +17,7 @@ class ServerTask:
     def __init__(self, config: uvicorn.Config, *, what: str, task_name: str | None = None,
                  stop_timeout: float = 5.0) -> None:
         self.config = config
+        use_small_tls_buffers()  # 32 KiB per TLS connection rather than asyncio's 256
         self.server = uvicorn.Server(config)
         self._task: asyncio.Task | None = None
         self._what = what
