@@ -53,7 +53,10 @@ def out_mount(tmp_path: Path, name: str = "out") -> tuple[Path, Mount]:
 
 
 def gone(pid: int) -> bool:
-    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # also when it went between two looks
+        return True
 
 
 def processes_with(argv: list[str]) -> list[int]:

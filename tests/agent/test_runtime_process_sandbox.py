@@ -75,6 +75,14 @@ async def run(rt: ProcessRuntime, spec: ContainerSpec) -> tuple[int, list[str]]:
     return st.exit_code, read_cri_messages(spec.log_path)
 
 
+def gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie), also when it goes between two looks."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 async def until(check, within_s: float = 15.0, what: str = "condition"):
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
@@ -678,7 +686,7 @@ async def test_a_container_whose_monitor_died_is_status_unknown(tmp_path):
     await first.close()
     os.kill(monitor_pid, signal.SIGKILL)
     # The sandbox goes with its monitor: nobody would be left to record its end.
-    await until(lambda: not psutil.pid_exists(h.pid) or psutil.Process(h.pid).status() == psutil.STATUS_ZOMBIE,
+    await until(lambda: gone(h.pid),
                 what="the container to follow its monitor")
     rt = ProcessRuntime(tmp_path / "state", cgroup_root=None)
     try:
