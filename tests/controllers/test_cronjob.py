@@ -11,7 +11,7 @@ from typing import Any
 from ctrl_helpers import NS, eventually, stays
 
 from gpufleet.client.api import Client
-from gpufleet.client.errors import NotFound
+from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.utils.clock import parse_rfc3339, rfc3339
 
 
@@ -135,9 +135,17 @@ async def test_forbid_waits_for_the_running_job_and_suspend_stops_runs(client: C
 
 
 async def _touch(client: Client, name: str) -> None:
-    cj = await client.get("cronjobs", name, NS, raw=True)
-    cj["metadata"].setdefault("labels", {})["touched"] = str(time.monotonic_ns())
-    await client.update(cj, raw=True)
+    """A label write that wakes the controller; read again and retried when the controller's
+    own status write came in between (client-go's RetryOnConflict)."""
+    for _ in range(10):
+        cj = await client.get("cronjobs", name, NS, raw=True)
+        cj["metadata"].setdefault("labels", {})["touched"] = str(time.monotonic_ns())
+        try:
+            await client.update(cj, raw=True)
+            return
+        except Conflict:
+            continue
+    raise AssertionError(f"cronjob {name}: 10 conflicts in a row")
 
 
 async def _count(jobs_coro, n: int) -> dict[str, Any] | None:
