@@ -155,7 +155,7 @@ class GangCycles:
             timeout = pg_api.schedule_timeout(pg)
             self._gang_unsuccessful(group, pg, f"{existing} of minMember {min_member} members exist")
             message = (
-                f"pod group {group}: {existing} of minMember {min_member} members exist; waiting for the "
+                f"pod group {group}: fewer than minMember {min_member} members exist; waiting for the "
                 f"rest (scheduleTimeoutSeconds {timeout})"
             )
             self._reject_gang(gang, message, {COSCHEDULING}, cycle, wait=f"members-missing:{group}")

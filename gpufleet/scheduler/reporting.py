@@ -71,11 +71,11 @@ class Reporter:
 
     async def gang_member(self, pod_info: PodInfo, message: str, diagnosis: str | None,
                           wait: str | None = None) -> None:
-        """A gang member sent back. ``wait`` names a kind of wait whose message changes on its
-        own (a gang still missing members: "k of minMember n members exist" with every
-        arrival): its Event is recorded when the member starts that wait, not again on every
-        arrival (a gang of n members arriving one by one would cost n(n-1)/2 Events); the
-        PodScheduled condition still carries the current message."""
+        """A gang member sent back. ``wait`` names a kind of wait that every later arrival of
+        the gang sends the member back into (a gang still missing members): its Event is
+        recorded when the member starts that wait, not again on every arrival (a gang of n
+        members arriving one by one would cost n(n-1)/2 Events); the PodScheduled condition
+        carries the current message, and is not rewritten while it stays the same."""
         uid = pod_info.pod.metadata.uid if pod_info.pod.metadata is not None else None
         if wait is None or uid is None or self._waits.get(uid) != wait:
             await self.recorder.record(pod_info.pod, WARNING, "FailedScheduling", message)

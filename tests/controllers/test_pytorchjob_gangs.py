@@ -341,7 +341,7 @@ def test_the_wait_reason_is_the_one_the_whole_gang_carries() -> None:
     gang = "pod group default/j: 2 of 3 members fit, needs minMember 3"
     assert gang_wait_reason([pod("j-0", gang), pod("j-1", gang), pod("j-2", gang)]) == gang
     # A cycle under way (members disagree, or one not yet looked at): nothing to report yet.
-    assert gang_wait_reason([pod("j-0", gang), pod("j-1", "pod group default/j: 2 of minMember 3 members exist")]) \
+    assert gang_wait_reason([pod("j-0", gang), pod("j-1", "pod group default/j: fewer than minMember 3 members exist")]) \
         is None
     assert gang_wait_reason([pod("j-0", gang), pod("j-1", None)]) is None
     # Placed members do not wait.

@@ -344,7 +344,7 @@ async def test_plain_pods_with_a_volcano_podgroup_are_placed_together(fleet: Cli
     await eventually(lambda: _phase_is(client, "pair", "Running"), timeout=10, what="pair Running")
     await eventually(lambda: _eq(_field(client.get("podgroups.scheduling.volcano.sh", "pair", NS, raw=True),
                                         "status", "running"), 2), timeout=10, what="2 running")
-    waiting = await eventually(lambda: _n_reasons(client, ["short-0", "short-1"], "2 of minMember 3 members exist"),
+    waiting = await eventually(lambda: _n_reasons(client, ["short-0", "short-1"], "fewer than minMember 3 members exist"),
                                timeout=10, what="short waits")
     assert all(not p.spec.node_name for p in waiting)
 
