@@ -129,6 +129,9 @@ class ControlPlane:
     electors: list[Any] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
     _stoppables: list[Any] = field(default_factory=list)
+    # The informers of this process's scheduler and controller manager: one cache of each
+    # kind for both, kept across leadership terms (a new term does not list again).
+    _informers: Any = None
 
     @property
     def url(self) -> str:
@@ -298,6 +301,13 @@ class ControlPlane:
             return self.gateway.url
         return self.remote_gateway_url
 
+    def _shared_informers(self) -> Any:
+        if self._informers is None:
+            from gpufleet.client.informer import SharedInformerFactory
+
+            self._informers = SharedInformerFactory(self.client, strip_managed_fields=True)
+        return self._informers
+
     def _new_controller_manager(self) -> Any:
         from gpufleet.controllers.manager import ControllerManager
         from gpufleet.scheduler.placement import room
@@ -309,12 +319,12 @@ class ControlPlane:
                                  hpa_rate_watch=self.hpa_rate_watch,
                                  hpa_gateway_url=self.gateway_url,
                                  cluster_cidr=self.cluster_cidr, node_cidr_mask_size=self.node_cidr_mask_size,
-                                 root_ca=self.ca_pem, **options)
+                                 root_ca=self.ca_pem, informers=self._shared_informers(), **options)
 
     def _new_scheduler(self) -> Any:
         from gpufleet.scheduler import Scheduler
 
-        return Scheduler(self.client, clock=self.clock)
+        return Scheduler(self.client, clock=self.clock, informers=self._shared_informers())
 
     async def _run_leading(self, lease: str, what: str, make: Any) -> None:
         """Run a fresh ``make()`` component for each term this process holds ``lease``.
@@ -358,6 +368,8 @@ class ControlPlane:
     async def stop(self) -> None:
         for s in reversed(self._stoppables):
             await s.stop()
+        if self._informers is not None:
+            await self._informers.stop()
         if self.http is not None:
             await self.http.stop()
         if self.node_proxy is not None:

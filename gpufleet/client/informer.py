@@ -18,7 +18,7 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpufleet.client import objects
@@ -124,14 +124,20 @@ class Indexer:
                         del index[value]
 
 
-@dataclass
+@dataclass(eq=False)
 class EventHandlers:
+    """One registration (client-go's ResourceEventHandlerRegistration): ``synced`` is set once
+    it has been given everything the cache held when it was added (the first list's on_add
+    calls, or the replay of a cache already filled)."""
+
     on_add: Callable[[Any], Any] | None = None
     on_update: Callable[[Any, Any], Any] | None = None
     on_delete: Callable[[Any], Any] | None = None
+    synced: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 _SYNCED = object()
+_HANDLER_SYNCED = object()
 
 
 class Informer:
@@ -208,15 +214,19 @@ class Informer:
         on_delete: Callable[[Any], Any] | None = None,
     ) -> EventHandlers:
         """Register callbacks (plain functions or coroutine functions). A handler added
-        after the cache filled first gets on_add for everything already in it."""
+        after the cache filled first gets on_add for everything already in it; its
+        ``synced`` is set once that replay was delivered."""
         handlers = EventHandlers(on_add, on_update, on_delete)
         self._handlers.append(handlers)
         if self._listed_once:
             for obj in self.indexer.list():
                 self._notify("add", None, obj, handlers)
+            self._pending.append((_HANDLER_SYNCED, handlers))
+            self._pending_event.set()
         return handlers
 
     def remove_event_handler(self, handlers: EventHandlers) -> None:
+        """No more calls to ``handlers``, also of events already queued for it."""
         with contextlib.suppress(ValueError):
             self._handlers.remove(handlers)
 
@@ -408,11 +418,18 @@ class Informer:
                 await self._pending_event.wait()
             item = self._pending.popleft()
             if item[0] is _SYNCED:
+                for handlers in self._handlers:
+                    handlers.synced.set()
                 self._synced.set()
+                continue
+            if item[0] is _HANDLER_SYNCED:
+                item[1].synced.set()
                 continue
             what, old, new, targets = item
             for handlers in targets:
-                await self._call(handlers, what, old, new)
+                # One removed since (a component stopped) gets nothing more.
+                if handlers in self._handlers:
+                    await self._call(handlers, what, old, new)
 
     async def _call(self, handlers: EventHandlers, what: str, old: Any, new: Any) -> None:
         if what == "add":
@@ -500,4 +517,75 @@ class SharedInformerFactory:
 
     async def stop(self) -> None:
         self._running = False
-        await asyncio.gather(*(i.stop() for i in self._informers.values()))
+        # On Python 3.11 a cancellation that lands while the in-process watch stream's
+        # asyncio.wait_for is handing over an event is swallowed, and the informer task
+        # keeps watching; cancelling again until the tasks are done gets past that.
+        tasks = [t for informer in self._informers.values() for t in informer._tasks]
+        stopping = asyncio.ensure_future(asyncio.gather(*(i.stop() for i in self._informers.values())))
+        while True:
+            done, _ = await asyncio.wait({stopping}, timeout=0.5)
+            if done:
+                stopping.result()
+                return
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+
+
+class InformerScope:
+    """One component's share of a SharedInformerFactory that outlives it (the scheduler and
+    the controller manager of one process, each made afresh for every leadership term): the
+    informers and their caches are the factory's, listed once for the process; the event
+    handlers the component adds through it are its own, and ``stop()`` removes them, leaving
+    the informers running for the next term or the other component. ``wait_for_sync`` waits
+    for the informers and for the component's own handlers to have been given the cache."""
+
+    def __init__(self, factory: SharedInformerFactory) -> None:
+        self.factory = factory
+        self.client = factory.client
+        self._handlers: list[tuple[Informer, EventHandlers]] = []
+
+    def informer(self, kind: KindLike, **selectors: Any) -> Informer:
+        return _ScopedInformer(self.factory.informer(kind, **selectors), self)  # type: ignore[return-value]
+
+    def informers(self) -> list[Informer]:
+        return self.factory.informers()
+
+    async def start(self) -> None:
+        await self.factory.start()
+
+    async def wait_for_sync(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
+        async def synced() -> None:
+            await asyncio.gather(*(i.wait_for_sync(None) for i in self.factory.informers()))
+            await asyncio.gather(*(h.synced.wait() for _, h in list(self._handlers)))
+
+        try:
+            await asyncio.wait_for(synced(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def stop(self) -> None:
+        handlers, self._handlers = self._handlers, []
+        for informer, h in handlers:
+            informer.remove_event_handler(h)
+
+
+class _ScopedInformer:
+    """An Informer as an InformerScope hands it out: the same cache, handlers remembered."""
+
+    def __init__(self, informer: Informer, scope: InformerScope) -> None:
+        self._informer = informer
+        self._scope = scope
+
+    def add_event_handler(self, *args: Any, **kwargs: Any) -> EventHandlers:
+        handlers = self._informer.add_event_handler(*args, **kwargs)
+        self._scope._handlers.append((self._informer, handlers))
+        return handlers
+
+    def remove_event_handler(self, handlers: EventHandlers) -> None:
+        self._informer.remove_event_handler(handlers)
+        self._scope._handlers = [(i, h) for i, h in self._scope._handlers if h is not handlers]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._informer, name)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import logging
 from collections.abc import Callable
@@ -12,7 +11,7 @@ from typing import Any
 from gpufleet.api.storage import DEFAULT_NODE_PATH
 from gpufleet.client.api import Client
 from gpufleet.client.events import EventRecorder
-from gpufleet.client.informer import SharedInformerFactory
+from gpufleet.client.informer import InformerScope, SharedInformerFactory
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 
 log = logging.getLogger(__name__)
@@ -127,8 +126,12 @@ class ControllerManager:
         *,
         clock: Clock = REAL_CLOCK,
         options: ControllerOptions | None = None,
+        informers: SharedInformerFactory | None = None,
         **overrides: Any,
     ) -> None:
+        """``informers``: a factory of the process that outlives this manager (shared with the
+        scheduler, kept across leadership terms); the manager then adds and removes only its
+        own handlers. Without it the manager has a factory of its own, stopped with it."""
         opts = options or ControllerOptions()
         if overrides:
             known = {f.name for f in fields(ControllerOptions)}
@@ -142,7 +145,10 @@ class ControllerManager:
         self.client = client
         self.clock = clock
         self.options = opts
-        self.informers = SharedInformerFactory(client, strip_managed_fields=True)
+        self._own_informers = informers is None
+        self.informers: SharedInformerFactory | InformerScope = (
+            SharedInformerFactory(client, strip_managed_fields=True) if informers is None
+            else InformerScope(informers))
 
         def recorder(component: str) -> EventRecorder:
             return EventRecorder(client, component, clock=clock)
@@ -226,22 +232,13 @@ class ControllerManager:
     async def stop(self) -> None:
         for c in reversed(self.controllers):
             await c.stop()
-        await self._stop_informers()
+        if self._own_informers:
+            await self._stop_informers()
+        else:
+            await self.informers.stop()  # this manager's handlers only
 
     async def _stop_informers(self) -> None:
-        # On Python 3.11 a cancellation that lands while the in-process watch stream's
-        # asyncio.wait_for is handing over an event is swallowed, and the informer task
-        # keeps watching; cancelling again until the tasks are done gets past that.
-        tasks = [t for informer in self.informers.informers() for t in getattr(informer, "_tasks", [])]
-        stopping = asyncio.ensure_future(self.informers.stop())
-        while True:
-            done, _ = await asyncio.wait({stopping}, timeout=0.5)
-            if done:
-                stopping.result()
-                return
-            for t in tasks:
-                if not t.done():
-                    t.cancel()
+        await self.informers.stop()
 
 
 async def start_controllers(

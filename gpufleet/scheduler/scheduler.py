@@ -50,7 +50,7 @@ from gpufleet.api import volcano as vc_api
 from gpufleet.api.gpu import GPUS_ANNOTATION
 from gpufleet.client.errors import Conflict, NotFound
 from gpufleet.client.events import NORMAL, WARNING, EventRecorder
-from gpufleet.client.informer import SharedInformerFactory
+from gpufleet.client.informer import InformerScope, SharedInformerFactory
 from gpufleet.scheduler import metrics
 from gpufleet.scheduler.cache import SchedulerCache
 from gpufleet.scheduler.framework import (
@@ -143,7 +143,9 @@ class Scheduler(GangCycles):
     """``Scheduler(client, clock=..., profile=...)``; ``await start()`` ... ``await stop()``.
 
     Pass ``informers`` to share a SharedInformerFactory with other components in the same
-    process (it is then started and stopped by its owner, not here).
+    process (it is then started and stopped by its owner, not here): the scheduler adds its
+    handlers through an InformerScope of it, removes them when it stops, and starts
+    scheduling only once they have been given the whole cache.
     """
 
     def __init__(
@@ -190,7 +192,8 @@ class Scheduler(GangCycles):
         self.max_batch = max_batch
         self.stop_timeout = stop_timeout
         self.stats: Counter[str] = Counter()
-        self._informers = informers
+        self._informers: SharedInformerFactory | InformerScope | None = (
+            InformerScope(informers) if informers is not None else None)
         self._own_informers = informers is None
         self._snapshot = Snapshot()
         self._interested: dict[str, set[str]] = {}
@@ -280,6 +283,8 @@ class Scheduler(GangCycles):
         for informer, handlers in self._handlers:
             informer.remove_event_handler(handlers)
         self._handlers = []
+        if isinstance(self._informers, InformerScope):
+            await self._informers.stop()
         self.queue.close()
         tasks = [*self._tasks, *self._background]
         self._tasks = []

@@ -27,7 +27,7 @@ from gpufleet.client.errors import (  # noqa: E402
     TransportError,
 )
 from gpufleet.client.events import EventRecorder  # noqa: E402
-from gpufleet.client.informer import Informer, SharedInformerFactory  # noqa: E402
+from gpufleet.client.informer import Informer, InformerScope, SharedInformerFactory  # noqa: E402
 from gpufleet.client.transport import HttpTransport, LocalTransport, Params  # noqa: E402
 from gpufleet.utils.http import RawResponse  # noqa: E402
 
@@ -598,6 +598,63 @@ async def test_shared_informer_factory_shares(client: Client) -> None:
         assert "default/shared" in [f"{p.metadata.namespace}/{p.metadata.name}" for p in c.list()]
     finally:
         await factory.stop()
+
+
+async def test_components_share_a_factory_and_take_only_their_own_handlers_away(client: Client) -> None:
+    # The scheduler and the controller manager of one process share one cache, made afresh
+    # component by component (a leadership term each); the cache is listed once.
+    await client.create(pod("s1"), raw=True)
+    factory = SharedInformerFactory(client, strip_managed_fields=True)
+    first, other = InformerScope(factory), InformerScope(factory)
+    a, b = Recorder(), Recorder()
+    first.informer("pods").add_event_handler(a.on_add, a.on_update, a.on_delete)
+    other.informer(k8s.Pod).add_event_handler(b.on_add, b.on_update, b.on_delete)
+    await first.start()
+    try:
+        assert await first.wait_for_sync(10) and await other.wait_for_sync(10)
+        assert a.names("add") == b.names("add") == ["s1"]
+        (informer,) = factory.informers()
+
+        await first.stop()  # the first component's term ends; the other goes on
+        await client.create(pod("s2"), raw=True)
+        await until(lambda: "s2" in b.names("add"))
+        assert "s2" not in a.names("add")
+
+        # The next term's component is given the whole cache before it counts as synced.
+        late: list[str] = []
+
+        async def slow_add(obj: Any) -> None:  # a handler that takes its time per object
+            await asyncio.sleep(0.01)
+            late.append(obj.metadata.name)
+
+        again = InformerScope(factory)
+        again.informer("pods").add_event_handler(slow_add)
+        assert await again.wait_for_sync(10)
+        assert sorted(late) == ["s1", "s2"]
+        assert informer.list_count == 1
+    finally:
+        await factory.stop()
+
+
+async def test_a_removed_handler_gets_no_event_queued_before_its_removal(client: Client) -> None:
+    await client.create(pod("q1"), raw=True)
+    await client.create(pod("q2"), raw=True)
+    informer = Informer(client, "pods", namespace=NS)
+    gone = Recorder()
+    registration: list[Any] = []
+
+    def first(obj: Any) -> None:  # called before `gone` for each event: takes it away
+        informer.remove_event_handler(registration[0])
+
+    informer.add_event_handler(first)
+    registration.append(informer.add_event_handler(gone.on_add))
+    await informer.start()
+    try:
+        # Both of the list's adds were queued for both handlers before either was delivered.
+        assert await informer.wait_for_sync(10)
+        assert gone.names("add") == []
+    finally:
+        await informer.stop()
 
 
 # -- events --------------------------------------------------------------------------------
