@@ -464,7 +464,7 @@ class GenericRegistry:
             after = result.next_key
 
     async def list_json(self, rt: ResourceType, ns: str, limit: int | None = None
-                        ) -> tuple[list[str], int, str | None] | None:
+                        ) -> tuple[list[str] | list[bytes], int, str | None] | None:
         """A list without selectors as the stored JSON texts (``Store.list_json``): (texts, the
         list's revision, the continue token); None where it must be decoded (a custom resource,
         a kind served from another version's storage, encrypted values, a store without it)."""

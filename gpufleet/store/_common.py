@@ -191,6 +191,11 @@ class EventHub:
         self._by_resource.setdefault(resource, set()).add(w)
         return w
 
+    def attach(self, consumer: Any) -> None:
+        """A consumer that takes every live event of its resource as a watch does (``matches``,
+        ``offer``, ``_end``; a list cache); from the next revision after ``delivered`` on."""
+        self._by_resource.setdefault(consumer.resource, set()).add(consumer)
+
     def unregister(self, w: StoreWatch) -> None:
         watches = self._by_resource.get(w.resource)
         if watches is not None:

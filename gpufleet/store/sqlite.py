@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,8 +44,10 @@ from gpufleet.store._rows import (
     events_query,
     not_found,
     objects_query,
+    stamped_json,
 )
 from gpufleet.store.base import WatchEvent
+from gpufleet.store.listcache import IDLE_SECONDS, ListCache
 from gpufleet.utils.clock import REAL_CLOCK, Clock
 from gpufleet.utils.files import private_file, tighten
 from gpufleet.utils.tasks import cancel_and_wait
@@ -112,6 +115,7 @@ class SQLiteStore(StoreBase):
     watch_buffer: live events a watch may have queued before it is ended with Expired.
     housekeeping_interval: seconds between ttl sweeps and compactions (None: never).
     poll_interval: seconds between checks for other processes' writes.
+    list_cache: serve full lists (no selector) from texts kept current in memory.
     """
 
     def __init__(
@@ -126,6 +130,7 @@ class SQLiteStore(StoreBase):
         housekeeping_interval: float | None = 1.0,
         poll_interval: float = 0.05,
         codec: Codec | None = None,
+        list_cache: bool = True,
     ) -> None:
         if synchronous.lower() not in ("full", "normal", "extra", "off"):
             raise ValueError(f"synchronous must be 'full' or 'normal', not {synchronous!r}")
@@ -140,6 +145,8 @@ class SQLiteStore(StoreBase):
         self.commits = 0  # write transactions committed (group commits count once)
         self._poll_task: asyncio.Task[None] | None = None
         self._data_version = 0
+        # Full lists served from memory, kind by kind (see store/listcache.py); None: off.
+        self._list_caches: dict[str, ListCache] | None = {} if list_cache else None
 
     # -- lifecycle
 
@@ -207,6 +214,7 @@ class SQLiteStore(StoreBase):
             if version != self._data_version:
                 self._data_version = version
                 self._hub.poke()
+            self._drop_idle_list_caches()
 
     # -- transactions
 
@@ -345,6 +353,45 @@ class SQLiteStore(StoreBase):
             return rev, db.execute(sql, args).fetchall()
 
         return self._read_txn(read)
+
+    async def list_json(
+        self, resource: str, namespace: str | None = None, *, limit: int | None = None,
+    ) -> tuple[int, list[Any], tuple[str, str] | None] | None:
+        """As StoreBase.list_json, from the kind's list cache when the event hub has delivered
+        every committed revision (the cache is then the kind as at that revision); the first
+        full list of a kind reads the database and makes the cache."""
+        caches = self._list_caches
+        if caches is None or self._codec.may_encrypt(resource):
+            return await super().list_json(resource, namespace, limit=limit)
+        cache = caches.get(resource)
+        if cache is not None and not cache.live:
+            del caches[resource]
+            cache = None
+        if cache is None:
+            # No await from the read to attaching the cache: no event can fall in between.
+            rev, rows = await self._list_rows(resource, None, None, None)
+            if self._hub.delivered != rev:  # another process's writes are not delivered yet
+                return await super().list_json(resource, namespace, limit=limit)
+            cache = ListCache(self._hub, resource, {
+                (r[0], r[1]): stamped_json(r[3] if isinstance(r[3], str) else r[3].decode(), r[2]).encode()
+                for r in rows})
+            self._hub.attach(cache)
+            caches[resource] = cache
+        else:
+            rev = self._conn.execute("SELECT revision FROM meta WHERE id = 0").fetchone()[0]
+            if self._hub.delivered != rev:
+                return await super().list_json(resource, namespace, limit=limit)
+        texts, next_key = cache.texts(namespace, limit)
+        return rev, texts, next_key
+
+    def _drop_idle_list_caches(self) -> None:
+        if not self._list_caches:
+            return
+        idle = time.monotonic() - IDLE_SECONDS
+        for resource, cache in list(self._list_caches.items()):
+            if not cache.live or cache.used < idle:
+                cache.close()
+                del self._list_caches[resource]
 
     async def _read_after(self, revision: int, limit: int) -> Events:
         rows = self._conn.execute(

@@ -81,7 +81,7 @@ async def list_(scope: Scope) -> RawResponse:
     return RawResponse(200, {"content-type": JSON}, await asyncio.to_thread(dumps, doc) if large else dumps(doc))
 
 
-async def _json_list(rt: ResourceType, texts: list[str], rev: int, token: str | None) -> RawResponse:
+async def _json_list(rt: ResourceType, texts: list[str] | list[bytes], rev: int, token: str | None) -> RawResponse:
     """The list document around the stored texts, as ``dumps`` would render the decoded list."""
     meta: dict[str, Any] = {"resourceVersion": str(rev)}
     if token:
@@ -89,6 +89,7 @@ async def _json_list(rt: ResourceType, texts: list[str], rev: int, token: str | 
     head = dumps({"kind": rt.list_kind, "apiVersion": rt.api_version, "metadata": meta})[:-1] + b',"items":['
 
     def body() -> bytes:
-        return head + ",".join(texts).encode() + b"]}"
+        joined = b",".join(texts) if texts and isinstance(texts[0], bytes) else ",".join(texts).encode()
+        return head + joined + b"]}"
     return RawResponse(200, {"content-type": JSON}, await asyncio.to_thread(body) if len(texts) > OFF_LOOP_ITEMS
                        else body())
