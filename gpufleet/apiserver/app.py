@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import gzip
 import logging
 import ssl
 from typing import Any
@@ -159,6 +161,40 @@ async def _websocket(handler: Handler, ws: WebSocket) -> None:
         await channel.close()
 
 
+# kube-apiserver's response compression (APIResponseCompression): a GET answer over 128 KiB
+# is sent gzip-compressed, at level 1, to a client that accepts gzip (Go's HTTP client and
+# httpx ask for it unless told not to; kubectl --disable-compression turns it off).
+GZIP_THRESHOLD = 128 * 1024
+GZIP_LEVEL = 1
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding value admits gzip (``gzip`` or ``*`` with a q above 0)."""
+    for part in accept_encoding.split(","):
+        coding, _, params = part.strip().partition(";")
+        if coding.strip().lower() not in ("gzip", "*"):
+            continue
+        q = params.strip().lower()
+        if q.startswith("q="):
+            try:
+                if float(q[2:]) <= 0:
+                    continue
+            except ValueError:
+                continue
+        return True
+    return False
+
+
+async def _compressed(raw: RawRequest, resp: RawResponse) -> RawResponse:
+    if (raw.method != "GET" or resp.stream is not None or resp.status != 200 or len(resp.body) <= GZIP_THRESHOLD
+            or any(k.lower() == "content-encoding" for k in resp.headers)
+            or not accepts_gzip(raw.headers.get("accept-encoding", ""))):
+        return resp
+    # In a thread: zlib lets go of the GIL while it works, so the loop serves others meanwhile.
+    body = await asyncio.to_thread(gzip.compress, resp.body, GZIP_LEVEL, mtime=0)
+    return RawResponse(resp.status, {**resp.headers, "content-encoding": "gzip"}, body)
+
+
 def build_asgi_app(handler: Handler) -> Starlette:
     async def endpoint(request: Request) -> Response:
         body = _Body(request)
@@ -173,6 +209,7 @@ def build_asgi_app(handler: Handler) -> Starlette:
             finally:
                 conn.close()
             return Response()  # not sent: the connection was the stream's
+        resp = await _compressed(raw, resp)
         return _response(resp, {"connection": "close"} if body.close_after(raw.authenticated) else None)
 
     http = request_response(endpoint)
