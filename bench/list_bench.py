@@ -16,6 +16,7 @@ HTTP, the response read but not decoded):
   the node-scoped list cost before the index;
 - a full list of every pod (fewer repeats: --full-repeats): the first one apart (it makes the
   store's list cache) and the p50 of the rest;
+- the CPU the server and this client spent per full list (p50 after the first);
 - the server's RSS after the lists.
 --compare-src DIR then runs the same with the server of another source tree, on a store filled
 the same way (ratios are meaningful only within one run of this script).
@@ -125,17 +126,25 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
                 took, _ = await timed_get(client, "/api/v1/pods", {"labelSelector": f"bench-node={node}"})
                 label_lat.append(took)
             size = 0
+            assert c.server is not None
+            server_proc, me = psutil.Process(c.server.pid), psutil.Process()
+            cpu = lambda p: sum(p.cpu_times()[:2])  # noqa: E731
+            server_cpu, client_cpu = [], []
             for _ in range(args.full_repeats):
+                s0, m0 = cpu(server_proc), cpu(me)
                 took, size = await timed_get(client, "/api/v1/pods", {})
                 full_lat.append(took)
+                server_cpu.append(cpu(server_proc) - s0)
+                client_cpu.append(cpu(me) - m0)
             ms = lambda v: round(1000 * v, 2)  # noqa: E731
             out["node_scoped"] = {"n": len(node_lat), "items": sorted(returned), "p50_ms": ms(pct(node_lat, 50)),
                                   "p99_ms": ms(pct(node_lat, 99))}
             out["label_scan"] = {"n": len(label_lat), "p50_ms": ms(pct(label_lat, 50)), "p99_ms": ms(pct(label_lat, 99))}
             rest = full_lat[1:] or full_lat
             out["full_list"] = {"n": len(full_lat), "first_ms": ms(full_lat[0]), "p50_ms": ms(pct(rest, 50)),
-                                "max_ms": ms(max(rest)), "mib": round(size / 2**20, 1)}
-            assert c.server is not None
+                                "max_ms": ms(max(rest)), "mib": round(size / 2**20, 1),
+                                "server_cpu_ms": ms(pct(server_cpu[1:] or server_cpu, 50)),
+                                "client_cpu_ms": ms(pct(client_cpu[1:] or client_cpu, 50))}
             out["server_rss_mib"] = round(psutil.Process(c.server.pid).memory_info().rss / 2**20)
             out["index_speedup"] = round(pct(label_lat, 50) / pct(node_lat, 50), 1)
             return out
@@ -154,7 +163,8 @@ def render(r: dict[str, Any]) -> str:
         f"same pods by label (every pod read):                 p50 {r['label_scan']['p50_ms']} ms, "
         f"p99 {r['label_scan']['p99_ms']} ms  -> the index is {r['index_speedup']}x faster",
         f"full list: first {r['full_list']['first_ms']} ms, then p50 {r['full_list']['p50_ms']} ms, "
-        f"max {r['full_list']['max_ms']} ms, {r['full_list']['mib']} MiB",
+        f"max {r['full_list']['max_ms']} ms, {r['full_list']['mib']} MiB; CPU p50 server "
+        f"{r['full_list']['server_cpu_ms']} ms, client {r['full_list']['client_cpu_ms']} ms",
         f"server RSS after the lists: {r['server_rss_mib']} MiB",
     ])
 
