@@ -7,6 +7,8 @@ import contextlib
 import gzip
 import logging
 import ssl
+import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import uvicorn
@@ -185,14 +187,35 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return False
 
 
+# A body over this is sent as it is compressed, piece by piece (chunked): the client reads
+# and decompresses the first pieces while the rest are compressed.
+GZIP_STREAM_THRESHOLD = 4 * 1024 * 1024
+GZIP_PIECE = 8 * 1024 * 1024
+
+
 async def _compressed(raw: RawRequest, resp: RawResponse) -> RawResponse:
     if (raw.method != "GET" or resp.stream is not None or resp.status != 200 or len(resp.body) <= GZIP_THRESHOLD
             or any(k.lower() == "content-encoding" for k in resp.headers)
             or not accepts_gzip(raw.headers.get("accept-encoding", ""))):
         return resp
+    headers = {k: v for k, v in resp.headers.items() if k.lower() != "content-length"}
+    headers["content-encoding"] = "gzip"
+    if len(resp.body) > GZIP_STREAM_THRESHOLD:
+        return RawResponse(resp.status, headers, stream=_gzip_pieces(resp.body))
     # In a thread: zlib lets go of the GIL while it works, so the loop serves others meanwhile.
     body = await asyncio.to_thread(gzip.compress, resp.body, GZIP_LEVEL, mtime=0)
-    return RawResponse(resp.status, {**resp.headers, "content-encoding": "gzip"}, body)
+    return RawResponse(resp.status, headers, body)
+
+
+async def _gzip_pieces(body: bytes) -> AsyncIterator[bytes]:
+    """One gzip stream of ``body``, compressed a piece at a time in a thread."""
+    z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 31)  # 31: the gzip wrapper
+    view = memoryview(body)
+    for start in range(0, len(body), GZIP_PIECE):
+        out = await asyncio.to_thread(z.compress, view[start:start + GZIP_PIECE])
+        if out:
+            yield out
+    yield z.flush()
 
 
 def build_asgi_app(handler: Handler) -> Starlette:
