@@ -25,7 +25,7 @@ from gpufleet.store.base import WatchEvent
 
 # A kind's cache with no list for this long is dropped (its memory back; the next full list
 # reads the database and makes it again).
-IDLE_SECONDS = 300.0
+IDLE_SECONDS = 120.0
 
 
 class ListCache:
