@@ -538,15 +538,20 @@ class InformerScope:
     informers and their caches are the factory's, listed once for the process; the event
     handlers the component adds through it are its own, and ``stop()`` removes them, leaving
     the informers running for the next term or the other component. ``wait_for_sync`` waits
-    for the informers and for the component's own handlers to have been given the cache."""
+    for the informers the component asked for and for its handlers to have been given the
+    cache."""
 
     def __init__(self, factory: SharedInformerFactory) -> None:
         self.factory = factory
         self.client = factory.client
         self._handlers: list[tuple[Informer, EventHandlers]] = []
+        self._asked: list[Informer] = []
 
     def informer(self, kind: KindLike, **selectors: Any) -> Informer:
-        return _ScopedInformer(self.factory.informer(kind, **selectors), self)  # type: ignore[return-value]
+        informer = self.factory.informer(kind, **selectors)
+        if informer not in self._asked:
+            self._asked.append(informer)
+        return _ScopedInformer(informer, self)  # type: ignore[return-value]
 
     def informers(self) -> list[Informer]:
         return self.factory.informers()
@@ -556,7 +561,9 @@ class InformerScope:
 
     async def wait_for_sync(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109
         async def synced() -> None:
-            await asyncio.gather(*(i.wait_for_sync(None) for i in self.factory.informers()))
+            # This component's informers only: another's that cannot list (a kind it may not
+            # read) must not hold this one back.
+            await asyncio.gather(*(i.wait_for_sync(None) for i in self._asked))
             await asyncio.gather(*(h.synced.wait() for _, h in list(self._handlers)))
 
         try:

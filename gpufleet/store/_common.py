@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gpufleet.store._rows import Codec, Events, list_page, stamped_json
+from gpufleet.store._rows import Codec, Events, all_objects, list_page, stamped_json
 from gpufleet.store.base import Expired, ListResult, Update, WatchEvent
 from gpufleet.utils.clock import Clock
 from gpufleet.utils.tasks import cancel_and_wait
@@ -463,6 +463,8 @@ class StoreBase(HousekeepingMixin):
         if self._codec.may_encrypt(resource):
             return None
         rev, rows = await self._list_rows(resource, namespace, None, limit)
+        if not all_objects(rows):
+            return None
         next_key = None
         if limit and len(rows) > limit:
             rows = rows[:limit]

@@ -174,6 +174,17 @@ def stamped_json(text: str, revision: int) -> str:
     return orjson.dumps(decode(text, revision)).decode()
 
 
+def all_objects(rows: list[Any]) -> bool:
+    """Whether every row's value (namespace, name, revision, value) is a JSON object as
+    ``encode`` writes it. Another value (one stored encrypted, read by a server without the
+    key) is left to the codec, whose decode says why it cannot be read."""
+    for r in rows:
+        value = r[3]
+        if not (value.startswith("{") if isinstance(value, str) else value[:1] == b"{"):
+            return False
+    return True
+
+
 def list_page(codec: Codec, resource: str, rows: list[Any], revision: int, limit: int | None) -> ListResult:
     """A ListResult from rows of (namespace, name, revision, value), as objects_query reads
     them: ``limit`` items and the key to continue after when there were more."""

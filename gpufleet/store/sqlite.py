@@ -38,6 +38,7 @@ from gpufleet.store._common import StoreBase
 from gpufleet.store._rows import (
     Codec,
     Events,
+    all_objects,
     already_exists,
     conflict,
     event_from_row,
@@ -370,7 +371,8 @@ class SQLiteStore(StoreBase):
         if cache is None:
             # No await from the read to attaching the cache: no event can fall in between.
             rev, rows = await self._list_rows(resource, None, None, None)
-            if self._hub.delivered != rev:  # another process's writes are not delivered yet
+            if self._hub.delivered != rev or not all_objects(rows):
+                # Another process's writes not delivered yet, or a value only the codec reads.
                 return await super().list_json(resource, namespace, limit=limit)
             cache = ListCache(self._hub, resource, {
                 (r[0], r[1]): stamped_json(r[3] if isinstance(r[3], str) else r[3].decode(), r[2]).encode()
