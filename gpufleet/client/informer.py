@@ -218,9 +218,11 @@ class Informer:
         ``synced`` is set once that replay was delivered."""
         handlers = EventHandlers(on_add, on_update, on_delete)
         self._handlers.append(handlers)
+        # What the cache holds (all of it, or the chunks of a first list decoded so far: the
+        # rest reach every handler as they come).
+        for obj in self.indexer.list():
+            self._notify("add", None, obj, handlers)
         if self._listed_once:
-            for obj in self.indexer.list():
-                self._notify("add", None, obj, handlers)
             self._pending.append((_HANDLER_SYNCED, handlers))
             self._pending_event.set()
         return handlers
@@ -340,7 +342,8 @@ class Informer:
         self.list_count += 1
         if not self._listed_once:
             self._listed_once = True
-            self._pending.append((_SYNCED,))
+            # The handlers the list was delivered to; one added after it gets its own replay.
+            self._pending.append((_SYNCED, tuple(self._handlers)))
             self._pending_event.set()
 
     async def _watch_once(self) -> None:
@@ -418,7 +421,7 @@ class Informer:
                 await self._pending_event.wait()
             item = self._pending.popleft()
             if item[0] is _SYNCED:
-                for handlers in self._handlers:
+                for handlers in item[1]:
                     handlers.synced.set()
                 self._synced.set()
                 continue

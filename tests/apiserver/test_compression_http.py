@@ -5,7 +5,9 @@ compressed."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+from collections.abc import AsyncIterator
 
 import httpx
 import orjson
@@ -30,32 +32,38 @@ async def configmaps(api: Api) -> None:
                                     "data": {"blob": f"{i:04d}" * 2000}})
 
 
-async def test_a_large_list_is_sent_compressed_to_a_client_that_accepts_gzip(api: Api) -> None:
-    await configmaps(api)
+@contextlib.asynccontextmanager
+async def http_client(api: Api) -> AsyncIterator[httpx.AsyncClient]:
     server = HttpServer(api.server, port=0)
     await server.start()
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as http:
-            plain = await http.get(CONFIGMAPS, headers={"accept-encoding": "identity"})
-            assert plain.status_code == 200 and "content-encoding" not in plain.headers
-            assert len(plain.content) > GZIP_THRESHOLD
-
-            # Read as sent on the wire, then by hand: the same document, much smaller.
-            async with http.stream("GET", CONFIGMAPS, headers={"accept-encoding": "gzip"}) as resp:
-                wire = b"".join([chunk async for chunk in resp.aiter_raw()])
-            assert resp.headers["content-encoding"] == "gzip"
-            assert int(resp.headers["content-length"]) == len(wire) < len(plain.content) // 10
-            assert orjson.loads(gzip.decompress(wire)) == plain.json()
-
-            # httpx asks for gzip by default and decodes it: a client sees the same list.
-            assert (await http.get(CONFIGMAPS)).json() == plain.json()
-
-            small = await http.get(f"{CONFIGMAPS}/cm-1", headers={"accept-encoding": "gzip"})
-            assert small.status_code == 200 and "content-encoding" not in small.headers
-            failed = await http.get(f"{CONFIGMAPS}/missing", headers={"accept-encoding": "gzip"})
-            assert failed.status_code == 404 and "content-encoding" not in failed.headers
+            yield http
     finally:
         await server.stop()
+
+
+async def test_a_large_list_is_sent_compressed_to_a_client_that_accepts_gzip(api: Api) -> None:
+    await configmaps(api)
+    async with http_client(api) as http:
+        plain = await http.get(CONFIGMAPS, headers={"accept-encoding": "identity"})
+        assert plain.status_code == 200 and "content-encoding" not in plain.headers
+        assert len(plain.content) > GZIP_THRESHOLD
+
+        # Read as sent on the wire, then by hand: the same document, much smaller.
+        async with http.stream("GET", CONFIGMAPS, headers={"accept-encoding": "gzip"}) as resp:
+            wire = b"".join([chunk async for chunk in resp.aiter_raw()])
+        assert resp.headers["content-encoding"] == "gzip"
+        assert int(resp.headers["content-length"]) == len(wire) < len(plain.content) // 10
+        assert orjson.loads(gzip.decompress(wire)) == plain.json()
+
+        # httpx asks for gzip by default and decodes it: a client sees the same list.
+        assert (await http.get(CONFIGMAPS)).json() == plain.json()
+
+        small = await http.get(f"{CONFIGMAPS}/cm-1", headers={"accept-encoding": "gzip"})
+        assert small.status_code == 200 and "content-encoding" not in small.headers
+        failed = await http.get(f"{CONFIGMAPS}/missing", headers={"accept-encoding": "gzip"})
+        assert failed.status_code == 404 and "content-encoding" not in failed.headers
 
 
 async def test_a_very_large_answer_is_sent_as_it_is_compressed(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -63,16 +71,11 @@ async def test_a_very_large_answer_is_sent_as_it_is_compressed(api: Api, monkeyp
     monkeypatch.setattr(app, "GZIP_STREAM_THRESHOLD", 200 * 1024)
     monkeypatch.setattr(app, "GZIP_PIECE", 64 * 1024)
     await configmaps(api)
-    server = HttpServer(api.server, port=0)
-    await server.start()
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{server.port}", timeout=10) as http:
-            plain = await http.get(CONFIGMAPS, headers={"accept-encoding": "identity"})
-            async with http.stream("GET", CONFIGMAPS, headers={"accept-encoding": "gzip"}) as resp:
-                pieces = [chunk async for chunk in resp.aiter_raw()]
-            assert resp.headers["content-encoding"] == "gzip"
-            assert "content-length" not in resp.headers and resp.headers["transfer-encoding"] == "chunked"
-            assert orjson.loads(gzip.decompress(b"".join(pieces))) == plain.json()
-            assert (await http.get(CONFIGMAPS)).json() == plain.json()
-    finally:
-        await server.stop()
+    async with http_client(api) as http:
+        plain = await http.get(CONFIGMAPS, headers={"accept-encoding": "identity"})
+        async with http.stream("GET", CONFIGMAPS, headers={"accept-encoding": "gzip"}) as resp:
+            pieces = [chunk async for chunk in resp.aiter_raw()]
+        assert resp.headers["content-encoding"] == "gzip"
+        assert "content-length" not in resp.headers and resp.headers["transfer-encoding"] == "chunked"
+        assert orjson.loads(gzip.decompress(b"".join(pieces))) == plain.json()
+        assert (await http.get(CONFIGMAPS)).json() == plain.json()

@@ -636,6 +636,30 @@ async def test_components_share_a_factory_and_take_only_their_own_handlers_away(
         await factory.stop()
 
 
+async def test_a_handler_added_during_the_first_list_is_given_all_of_it(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("gpufleet.client.informer.LIST_CHUNK", 2)
+    for i in range(6):
+        await client.create(pod(f"m{i}"), raw=True)
+    informer = Informer(client, "pods", namespace=NS)
+    late = Recorder()
+    added: list[Any] = []
+
+    def first(obj: Any) -> None:  # called between the list's chunks: registers another
+        if not added:
+            added.append(informer.add_event_handler(late.on_add))
+
+    informer.add_event_handler(first)
+    await informer.start()
+    try:
+        assert await informer.wait_for_sync(10)
+        await until(lambda: added and added[0].synced.is_set())
+        assert sorted(late.names("add")) == [f"m{i}" for i in range(6)]
+    finally:
+        await informer.stop()
+
+
 async def test_a_removed_handler_gets_no_event_queued_before_its_removal(client: Client) -> None:
     await client.create(pod("q1"), raw=True)
     await client.create(pod("q2"), raw=True)
