@@ -257,11 +257,12 @@ class GPUHealthMixin:
     def _gpu_health_meta(self) -> dict[str, str]:
         return {GPU_HEALTH_ANNOTATION: self.gpu_health.annotation()} if self._gpus else {}
 
-    async def _sync_gpu_taint(self, node_obj: dict[str, Any] | None) -> None:
-        """``gpufleet.io/gpu-unhealthy:NoSchedule`` while the node has GPUs and none is healthy."""
+    async def _sync_gpu_taint(self, node_obj: dict[str, Any] | None, gpus: list[Any]) -> None:
+        """``gpufleet.io/gpu-unhealthy:NoSchedule`` while the node has GPUs and none is healthy
+        (``gpus``: the fingerprint the status being written was made from)."""
         if node_obj is None:
             return
-        want = bool(self._gpus) and all(getattr(g, "health", "Healthy") != "Healthy" for g in self._gpus)
+        want = bool(gpus) and all(getattr(g, "health", "Healthy") != "Healthy" for g in gpus)
         taints = (node_obj.get("spec") or {}).get("taints") or []
         has = any(t.get("key") == GPU_UNHEALTHY_TAINT for t in taints)
         if want == has:

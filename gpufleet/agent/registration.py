@@ -162,29 +162,32 @@ class RegistrationMixin:
     async def _sync_node(self, current: dict[str, Any] | None = None) -> None:
         """Labels and GPU annotation when they changed, status when it changed or is due."""
         assert self.settings is not None
-        self._gpus = await self._fingerprint()
+        self._gpus = gpus = await self._fingerprint()
+        # Metadata and status are both worked out before the first write: a GPU's health can
+        # change while a write is in flight, and the Node must never show the newer status
+        # (allocatable, condition) beside the older health annotation.
         meta = self._wanted_meta()
-        patched = None
-        if meta != self._last_meta:
-            patched = await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
-            self._last_meta = meta
         cached = current or (self._node_informer.get(self.name) if self._node_informer else None)
-        # The taint is written against the newest copy (a stale resourceVersion is refused).
-        newest = patched if isinstance(patched, dict) else cached
         existing = (cached or {}).get("status") or self._last_status or {}
-        status = node.node_status(self.settings, self._gpus, existing, self.clock.now())
+        status = node.node_status(self.settings, gpus, existing, self.clock.now())
         gpu_condition = self._gpu_health_condition(existing.get("conditions") or [], self.clock.now())
         if gpu_condition is not None:
             status["conditions"].append(gpu_condition)
         # Conditions other components own (NetworkUnavailable, ...) stay as they are.
         mine = {c["type"] for c in status["conditions"]}
         status["conditions"] += [c for c in existing.get("conditions") or [] if c.get("type") not in mine]
+        patched = None
+        if meta != self._last_meta:
+            patched = await self.client.patch("nodes", self.name, {"metadata": meta}, raw=True)
+            self._last_meta = meta
+        # The taint is written against the newest copy (a stale resourceVersion is refused).
+        newest = patched if isinstance(patched, dict) else cached
         due = self.clock.monotonic() - self._last_status_at >= self.config.node_status_report_interval
         cached_ready = next((c.get("status") for c in existing.get("conditions") or []
                              if c.get("type") == "Ready"), None)
         changed = (self._last_status is None or node.comparable(status) != node.comparable(self._last_status)
                    or cached_ready not in (None, "True"))
-        await self._sync_gpu_taint(newest)
+        await self._sync_gpu_taint(newest, gpus)
         if not (changed or due):
             return
         await self.client.patch("nodes", self.name, {"status": status}, subresource="status", raw=True)
