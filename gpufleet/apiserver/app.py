@@ -20,7 +20,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from gpufleet.apiserver.headers import safe_headers
 from gpufleet.utils.http import BodyIncomplete, BodyTooLarge, Handler, RawRequest, RawResponse
-from gpufleet.utils.upgrades import TAKEOVER, UpgradableH11Protocol
+from gpufleet.utils.upgrades import SERVER_PROTOCOL, TAKEOVER
 from gpufleet.utils.uvicornserver import ServerTask
 
 log = logging.getLogger("gpufleet.apiserver")
@@ -264,6 +264,6 @@ class HttpServer(ServerTask):
             build_asgi_app(handler), host=host, port=port, log_level=log_level, access_log=False,
             lifespan="off", timeout_keep_alive=75, timeout_graceful_shutdown=2,
             # SPDY upgrades (exec, attach, port-forward) are taken over by the application.
-            http=UpgradableH11Protocol, ws="wsproto", **kwargs,
+            http=SERVER_PROTOCOL, ws="wsproto", **kwargs,
         )
         super().__init__(config, what="API server", stop_timeout=5)
