@@ -16,6 +16,7 @@ from gpufleet.cli.commands.serveroptions import (
     check_port_free,
     with_server_options,
 )
+from gpufleet.utils import gctune
 
 COMPONENTS = ("apiserver", "scheduler", "controllers")
 
@@ -43,7 +44,9 @@ async def _serve_components(cp) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    gctune.tune()
     await cp.start()
+    gctune.freeze()
     running = [name for name, on in (("scheduler", cp.run_scheduler), ("controllers", cp.run_controllers)) if on]
     print(f"{', '.join(running) or 'nothing'} running against the API server at {cp.remote_url}", flush=True)
     await stop.wait()

@@ -19,6 +19,7 @@ from gpufleet.cli.commands.serveroptions import (  # noqa: F401 - imported from 
     pod_security_config,
     with_server_options,
 )
+from gpufleet.utils import gctune
 
 console = Console(stderr=True, soft_wrap=True)  # no line breaks inside commands to copy
 
@@ -120,10 +121,12 @@ async def _serve(cp, state_dir: Path, local_agent: dict | None = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    gctune.tune()
     await cp.start()
     agent = None
     if local_agent is not None:
         agent = await _start_local_agent(cp, state_dir, local_agent)
+    gctune.freeze()
     kubeconfig = state_dir / "kubeconfig"
     console.print(f"[green]gpufleet is up[/green]: API at [bold]{cp.url}[/bold]")
     console.print(f"kubeconfig: {kubeconfig}")
