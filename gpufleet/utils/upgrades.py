@@ -3,14 +3,15 @@ port-forward), which uvicorn does not hand over by itself.
 
 ``UpgradableHttpToolsProtocol`` (uvicorn's httptools protocol, llhttp's C parser; the API
 server's) and ``UpgradableH11Protocol`` (its h11 protocol, pure Python) add, for
-``uvicorn.Config(http=...)``, one ASGI extension to every HTTP scope, ``gpufleet.takeover``: an async function that the
-application calls once it has decided (authenticated, authorized, checked the request) to
-switch protocols. It writes ``101 Switching Protocols`` with the given headers and answers
-the connection as a ``RawConnection`` (read/write/drain/close), bytes the client sent
-after the request included. The ASGI request is then over (what the application sends
-through ``send`` afterwards is dropped), and the connection is the application's until it
-closes it; a server shutting down closes it too. A request that asks for an upgrade which
-the application does not take is answered as any other request.
+``uvicorn.Config(http=...)``, one ASGI extension to every HTTP scope, ``gpufleet.takeover``:
+an async function that the application calls once it has decided (authenticated,
+authorized, checked the request) to switch protocols. It writes ``101 Switching Protocols``
+with the given headers and answers the connection as a ``RawConnection``
+(read/write/drain/close), bytes the client sent after the request included. The ASGI
+request is then over (what the application sends through ``send`` afterwards is dropped),
+and the connection is the application's until it closes it; a server shutting down closes
+it too. A request that asks for an upgrade which the application does not take is answered
+as any other request.
 """
 
 from __future__ import annotations
