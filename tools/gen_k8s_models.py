@@ -414,7 +414,9 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSeriali
 
 def _format_time(value: datetime) -> str:
     value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    text = value.strftime("%Y-%m-%dT%H:%M:%S")
+    # Four-digit years always (strftime writes year 704 as "704", which no parser reads back).
+    text = (f"{{value.year:04d}}-{{value.month:02d}}-{{value.day:02d}}T"
+            f"{{value.hour:02d}}:{{value.minute:02d}}:{{value.second:02d}}")
     # metav1.Time has whole seconds; metav1.MicroTime (Event.eventTime, Lease.renewTime)
     # carries microseconds, so they are written only when present.
     if value.microsecond:
