@@ -17,7 +17,7 @@ import orjson
 
 from gpufleet.api.registry import ResourceType
 from gpufleet.api.selectors import FieldSelector, LabelSelector
-from gpufleet.apiserver import decoding, managedfields
+from gpufleet.apiserver import decoding, heartbeat, managedfields
 from gpufleet.apiserver.admission import AdmissionContext, UserInfo
 from gpufleet.apiserver.errors import ApiException, already_exists, bad_request, conflict, invalid, not_found
 from gpufleet.apiserver.limits import check_object_size, off_loop
@@ -263,11 +263,17 @@ class GenericRegistry:
         else:
             expected_rev = rv(current)
         new = self._merge_update(rt, obj, current, subresource)
+        # A heartbeat changes only times the kind names; the rest is the stored object, which
+        # was decoded, defaulted and validated when it was written.
+        beat = heartbeat.heartbeat_only(strategy.heartbeat_fields, current, new)
         new = self.track_fields(rt, current, new, manager, managed, subresource)
         strategy.prepare_for_update(new, current)
-        model, warnings = await off_loop(decoding.decode, rt, new, name, field_validation)
-        old_model = await off_loop(rt.model.model_validate, current)
-        new = await off_loop(decoding.finish, rt, model, name, old_model, strategy)
+        if beat:
+            warnings: list[str] = []
+        else:
+            model, warnings = await off_loop(decoding.decode, rt, new, name, field_validation)
+            old_model = await off_loop(rt.model.model_validate, current)
+            new = await off_loop(decoding.finish, rt, model, name, old_model, strategy)
         op = "UPDATE"
         warnings += await self.admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=True)
         warnings += await self.admit(op, rt, ns, name, subresource, new, current, user, dry_run, mutate=False)

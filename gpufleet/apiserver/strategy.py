@@ -42,6 +42,10 @@ class Strategy:
     held_until_finalized = False
     # A PATCH may be a strategic merge patch (kinds with Go types; not custom resources).
     strategic_merge = True
+    # Paths of metav1.Time leaves (None: any list index) an agent moves at every heartbeat: an
+    # update that changes nothing else skips decoding and validating the unchanged rest
+    # (apiserver/heartbeat.py).
+    heartbeat_fields: tuple[tuple[str | None, ...], ...] = ()
 
     def __init__(self, rt: ResourceType) -> None:
         self.rt = rt
@@ -163,6 +167,13 @@ class NodeStrategy(Strategy):
     tracks_generation = False
     status_on_create = True
     status_writable_on_update = True
+    heartbeat_fields = (("status", "conditions", None, "lastHeartbeatTime"),)
+
+
+class LeaseStrategy(Strategy):
+    """Node agents and leader election renew their Leases every few seconds."""
+
+    heartbeat_fields = (("spec", "renewTime"),)
 
 
 class ServiceStrategy(Strategy):
@@ -229,6 +240,7 @@ _STRATEGIES: dict[tuple[str, str], type[Strategy]] = {
     ("", "Pod"): PodStrategy,
     ("", "Namespace"): NamespaceStrategy,
     ("", "Node"): NodeStrategy,
+    ("coordination.k8s.io", "Lease"): LeaseStrategy,
     ("", "Service"): ServiceStrategy,
     ("", "Event"): EventStrategy,
     ("batch", "Job"): JobStrategy,
