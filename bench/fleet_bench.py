@@ -39,6 +39,7 @@ import os
 import random
 import shutil
 import ssl
+import subprocess
 import sys
 import tempfile
 import time
@@ -252,8 +253,13 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
         c.server_args = ("--cluster-cidr", args.cluster_cidr)
     if args.profile:
         c.python_args = ("-m", "cProfile", "-o", str(args.profile.resolve()))
+    if args.split:
+        c.server_args += ("--components", "apiserver")
+    components: subprocess.Popen[bytes] | None = None
     try:
         c.start_server()
+        if args.split:
+            components = start_components(root / "server", c.env)
         clients = [c.client()]  # registration, the pods and the final list
         load = Load(clients, args, HeartbeatConnection.factory(root / "server" / "kubeconfig"))
         t0 = perf()
@@ -270,8 +276,10 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
         await asyncio.sleep(args.warmup)
         assert c.server is not None
         proc = psutil.Process(c.server.pid)
+        comp = psutil.Process(components.pid) if components is not None else None
         me = psutil.Process()
         cpu0, mine0 = proc.cpu_times(), me.cpu_times()
+        comp0 = comp.cpu_times() if comp is not None else None
         w0 = perf()
         load.measuring = True
         await asyncio.sleep(args.duration)
@@ -279,6 +287,11 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
         window = perf() - w0
         cpu1, mine1 = proc.cpu_times(), me.cpu_times()
         rss = proc.memory_info().rss
+        comp_busy = comp_rss = None
+        if comp is not None and comp0 is not None:
+            comp1 = comp.cpu_times()
+            comp_busy = (comp1.user - comp0.user) + (comp1.system - comp0.system)
+            comp_rss = comp.memory_info().rss
         # While the nodes still renew: a node marked NotReady in the window stays so only
         # until its next renewal is read, so this counts the ones marked and not yet back.
         for attempt in range(5):
@@ -317,10 +330,44 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
                          for k, v in load.lat.items()},
             "errors": load.errors,
         }
+        if comp_busy is not None and comp_rss is not None:
+            out["components_cpu_pct"] = round(100 * comp_busy / window, 1)
+            out["components_rss_mib"] = round(comp_rss / (1 << 20), 1)
         return out
     finally:
+        if components is not None:
+            stop_process(components)
         c.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def start_components(state: Path, env: dict[str, str] | None, timeout: float = 60) -> subprocess.Popen[bytes]:
+    """`gpufleet server --components scheduler,controllers` against the API server whose
+    state directory is STATE, once it says it runs."""
+    log_path = state / "components.log"
+    cmd = [sys.executable, "-m", "gpufleet.cli.main", "server", "--components", "scheduler,controllers",
+           "--state-dir", str(state)]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if b" running against the API server" in log_path.read_bytes():
+            return proc
+        if proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    stop_process(proc)
+    raise RuntimeError(f"the scheduler and controllers did not start:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _ms(v: float | None) -> float | None:
@@ -338,6 +385,10 @@ def render(r: dict[str, Any]) -> str:
         f"(the load generator: {r['load_cpu_pct']}%; machine load average {r['loadavg_1m']})",
         f"  server RSS: {r['server_rss_mib']} MiB; nodes not Ready at the end: {r['nodes_not_ready']}",
     ]
+    if "components_cpu_pct" in r:
+        lines[3] = lines[3].replace("  server CPU:", "  API server CPU:")
+        lines.insert(5, f"  scheduler and controllers (their own process): {r['components_cpu_pct']}% of one core, "
+                        f"RSS {r['components_rss_mib']} MiB")
     for k, v in r["per_kind"].items():
         lines.append(f"    {k:<12} n={v['n']:<6} p50={v['p50_ms']} ms p99={v['p99_ms']} ms")
     if r["errors"]:
@@ -370,6 +421,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=45, help="measured window, seconds")
     p.add_argument("--warmup", type=float, default=10, help="seconds of load before the window")
     p.add_argument("--pod-rate", type=float, default=20, help="pod writes/s (half creates, half deletes)")
+    p.add_argument("--split", action="store_true",
+                   help="run the scheduler and controllers in a process of their own "
+                        "(`gpufleet server --components scheduler,controllers`) beside `--components apiserver`")
     p.add_argument("--json", type=Path, help="also write the figures here")
     p.add_argument("--profile", type=Path,
                    help="run the server under cProfile and write its profile here (slows it down)")
