@@ -259,7 +259,7 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
     try:
         c.start_server()
         if args.split:
-            components = start_components(root / "server", c.env)
+            components = start_components(root / "server", c.env, args.cluster_cidr)
         clients = [c.client()]  # registration, the pods and the final list
         load = Load(clients, args, HeartbeatConnection.factory(root / "server" / "kubeconfig"))
         t0 = perf()
@@ -341,12 +341,15 @@ async def run(args: argparse.Namespace, src: str | None = None) -> dict[str, Any
         shutil.rmtree(root, ignore_errors=True)
 
 
-def start_components(state: Path, env: dict[str, str] | None, timeout: float = 60) -> subprocess.Popen[bytes]:
+def start_components(state: Path, env: dict[str, str] | None, cluster_cidr: str,
+                     timeout: float = 60) -> subprocess.Popen[bytes]:
     """`gpufleet server --components scheduler,controllers` against the API server whose
-    state directory is STATE, once it says it runs."""
+    state directory is STATE, once it says it runs (its node IPAM gets the same --cluster-cidr)."""
     log_path = state / "components.log"
     cmd = [sys.executable, "-m", "gpufleet.cli.main", "server", "--components", "scheduler,controllers",
            "--state-dir", str(state)]
+    if cluster_cidr:
+        cmd += ["--cluster-cidr", cluster_cidr]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     deadline = time.monotonic() + timeout
