@@ -102,8 +102,9 @@ def canonical_time(value: str) -> str | None:
 
 
 def heartbeat_only(fields: Iterable[FieldPattern], current: dict[str, Any], new: dict[str, Any]) -> bool:
-    """Whether the update ``current`` (as stored) -> ``new`` (as it will be written) changes only the heartbeat ``fields``, and at least
-    one of them; if so, their new values in ``new`` are put in the models' form."""
+    """Whether the update ``current`` (as stored) -> ``new`` (as it will be written) changes
+    only the heartbeat ``fields``, and at least one of them; if so, their new values in ``new``
+    are put in the models' form."""
     fields = tuple(fields)
     if not fields:
         return False
@@ -111,7 +112,8 @@ def heartbeat_only(fields: Iterable[FieldPattern], current: dict[str, Any], new:
     if not isinstance(meta, dict) or not isinstance(cur_meta, dict):
         return False
     # A write without managedFields keeps the stored ones (field tracking starts from them).
-    if len(meta) - (_MOVED in meta) != len(cur_meta) - (_MOVED in cur_meta) - (_KEPT in cur_meta and _KEPT not in meta):
+    kept = _KEPT in cur_meta and _KEPT not in meta
+    if len(meta) - (_MOVED in meta) != len(cur_meta) - (_MOVED in cur_meta) - kept:
         return False
     for key, value in meta.items():
         if key != _MOVED and (key not in cur_meta or not _same(cur_meta[key], value)):
@@ -119,9 +121,9 @@ def heartbeat_only(fields: Iterable[FieldPattern], current: dict[str, Any], new:
     changed: list[tuple[dict[str, Any], str]] = []
     if not _walk(current, new, _trie(fields), changed, skip="metadata") or not changed:
         return False
-    for container, key in changed:
-        text = canonical_time(container[key])
-        if text is None:
-            return False
+    texts = [canonical_time(container[key]) for container, key in changed]
+    if None in texts:
+        return False  # left as sent: the general path gives the error
+    for (container, key), text in zip(changed, texts, strict=True):
         container[key] = text
     return True
