@@ -55,8 +55,10 @@ from gpufleet.utils.clock import rfc3339
 
 if __package__:
     from .cluster_bench import Cluster, pct, source_env
+    from .cluster_bench import _stop as stop_process
 else:
     from cluster_bench import Cluster, pct, source_env
+    from cluster_bench import _stop as stop_process
 
 perf = time.perf_counter
 LEASE_PERIOD = 2.0
@@ -361,16 +363,6 @@ def start_components(state: Path, env: dict[str, str] | None, cluster_cidr: str,
         time.sleep(0.2)
     stop_process(proc)
     raise RuntimeError(f"the scheduler and controllers did not start:\n{log_path.read_text()[-3000:]}")
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace: float = 10) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _ms(v: float | None) -> float | None:

@@ -18,7 +18,6 @@ sends the write the general way, which gives its usual answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from functools import lru_cache
 from typing import Any
 
@@ -101,11 +100,10 @@ def canonical_time(value: str) -> str | None:
         return None
 
 
-def heartbeat_only(fields: Iterable[FieldPattern], current: dict[str, Any], new: dict[str, Any]) -> bool:
+def heartbeat_only(fields: tuple[FieldPattern, ...], current: dict[str, Any], new: dict[str, Any]) -> bool:
     """Whether the update ``current`` (as stored) -> ``new`` (as it will be written) changes
     only the heartbeat ``fields``, and at least one of them; if so, their new values in ``new``
     are put in the models' form."""
-    fields = tuple(fields)
     if not fields:
         return False
     meta, cur_meta = new.get("metadata"), current.get("metadata")
