@@ -106,6 +106,20 @@ class StoreWatch:
         else:
             self._cursor = events[-1].revision
 
+    def ready(self) -> bool:
+        """Whether the next ``__anext__`` answers without waiting: an event (or the error or end
+        that follows the last one) is already here. A watch that writes its events to a
+        client takes all that are ready before it sends, so one burst of writes (a group
+        commit) goes out in one chunk rather than one chunk per event."""
+        if self._replay:
+            return True
+        if self._cursor < self._replay_upto:
+            return False  # the next page of history is still to be read
+        live = self._live
+        while live and live[0].revision <= self._last:
+            live.popleft()  # a duplicate __anext__ would skip
+        return bool(live) or self._ended
+
     def __aiter__(self) -> StoreWatch:
         return self
 

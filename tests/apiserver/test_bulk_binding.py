@@ -4,7 +4,10 @@ watch event per pod as if bound one by one. Runs on both store backends."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
+
+import orjson
 
 from apiserver_helpers import PODS, Api, assert_status, binding, pod, rv
 
@@ -45,6 +48,34 @@ async def test_a_list_binds_every_pod_with_one_event_each(api: Api) -> None:
         assert [c["status"] for c in scheduled] == ["True"]
         # As the pods/{name}/binding path leaves it: only the binding changed.
         assert got["metadata"]["uid"] == created[i]["metadata"]["uid"]
+
+
+async def test_a_watch_sends_the_events_of_one_transaction_in_one_chunk(api: Api) -> None:
+    """The events a watch has ready go out together: the four of one bulk binding are one
+    write to the connection, each still a line of its own, in order; a later event is sent as
+    soon as it comes, in a chunk of its own (nothing waits for more)."""
+    created = [await api.create(PODS, pod(f"c-{i}")) for i in range(4)]
+    r = await api.get(PODS, query={"watch": "1", "resourceVersion": str(rv(created[-1]))})
+    assert r.status == 200 and r.raw.stream is not None
+    chunks = r.raw.stream.__aiter__()
+    try:
+        first = asyncio.ensure_future(chunks.__anext__())
+        await asyncio.sleep(0.05)
+        assert not first.done()  # nothing to send yet
+        r = await api.post(BINDINGS, bindings(*[(f"c-{i}", "node-1") for i in range(4)]))
+        assert r.status == 201, r
+        chunk = await asyncio.wait_for(first, 5)
+        lines = chunk.split(b"\n")
+        assert lines[-1] == b"" and len(lines) == 5, chunk
+        events = [orjson.loads(line) for line in lines[:-1]]
+        assert [(e["type"], e["object"]["metadata"]["name"]) for e in events] == [
+            ("MODIFIED", f"c-{i}") for i in range(4)]
+        assert all(e["object"]["spec"]["nodeName"] == "node-1" for e in events)
+        await api.create(PODS, pod("late"))
+        late = await asyncio.wait_for(chunks.__anext__(), 5)
+        assert late.count(b"\n") == 1 and orjson.loads(late)["object"]["metadata"]["name"] == "late"
+    finally:
+        await chunks.aclose()
 
 
 async def test_one_binding_that_fails_stores_none(api: Api) -> None:

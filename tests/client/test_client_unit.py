@@ -86,6 +86,15 @@ async def test_local_stream_splits_lines_across_chunks_and_closes_source() -> No
     assert closed == [True]
 
 
+async def test_stream_lines_of_chunks_holding_many_lines_or_parts_of_one() -> None:
+    """A watch sends the events it has ready in one chunk: every line of it, in order, and a
+    line cut across chunks (or empty chunks between) is put back together."""
+    chunks = [b"1\n2\r\n3\n{\"par", b"", b"t\":", b"1}\n4\n", b"5", b"\n\n6\n7"]
+    handler = ScriptedHandler(lambda r: streaming(chunks))
+    lines = [line async for line in LocalTransport(handler).stream("GET", "/x")]
+    assert lines == [b"1", b"2", b"3", b'{"part":1}', b"4", b"5", b"", b"6", b"7"]
+
+
 async def test_local_stream_error_status_raises() -> None:
     handler = ScriptedHandler(
         lambda r: json_response(
