@@ -250,13 +250,12 @@ async def test_writes_asked_at_once_succeed_or_fail_alone(store: Store) -> None:
     await w.close()
 
 
-@pytest.mark.parametrize("commit_thread", [True, False], ids=["commit-thread", "commit-on-loop"])
-async def test_sqlite_commits_the_writes_of_one_turn_together(tmp_path: Any, commit_thread: bool) -> None:
+async def test_sqlite_commits_the_writes_of_one_turn_together(tmp_path: Any) -> None:
     """Group commit: the writes asked for in one turn of the loop are one transaction (one
     fsync), in the order asked; a failed one in the middle changes nothing for the rest."""
     from gpufleet.store.sqlite import SQLiteStore
 
-    s = SQLiteStore(f"sqlite:///{tmp_path}/g.db", housekeeping_interval=None, commit_thread=commit_thread)
+    s = SQLiteStore(f"sqlite:///{tmp_path}/g.db", housekeeping_interval=None)
     await s.start()
     try:
         base = await s.create("pods", "ns", "x", pod("x"))
@@ -281,125 +280,6 @@ async def test_sqlite_commits_the_writes_of_one_turn_together(tmp_path: Any, com
             await reopened.close()
     finally:
         await s.close()
-
-
-def _slow_commits(store: Any, seconds: float, log: list[str]) -> None:
-    """The committer thread's COMMIT takes ``seconds`` more, as on a slow disk."""
-    import time
-
-    def commit(db: Any) -> None:
-        log.append("commit starts")
-        time.sleep(seconds)
-        db.execute("COMMIT")
-        log.append("commit ends")
-
-    store._commit_sql = commit
-
-
-async def test_sqlite_serves_reads_and_queues_writes_while_a_commit_is_in_flight(tmp_path: Any) -> None:
-    """A file database commits in a thread: while a slow COMMIT runs the loop goes on (a
-    timer fires, a read answers from what is committed, the write in flight is not yet
-    answered), writes asked for meanwhile go in the next commit, and every event is
-    published once, in revision order."""
-    from gpufleet.store.sqlite import SQLiteStore
-
-    s = SQLiteStore(f"sqlite:///{tmp_path}/t.db", housekeeping_interval=None)
-    await s.start()
-    try:
-        base = await s.create("pods", "ns", "x", pod("x"))
-        w = await s.watch("pods", None, rv(base))
-        log: list[str] = []
-        _slow_commits(s, 0.4, log)
-        first = asyncio.ensure_future(s.update("pods", "ns", "x", pod("x", v=1), expected_revision=rv(base)))
-        await asyncio.sleep(0.1)
-        assert log == ["commit starts"] and not first.done()
-        assert await s.get("pods", "ns", "x") == base  # the reader sees what is committed
-        assert await s.revision() == rv(base)
-        later = [asyncio.ensure_future(s.create("pods", "ns", f"q{i}", pod(f"q{i}"))) for i in range(3)]
-        await asyncio.sleep(0.1)
-        assert not any(f.done() for f in later) and log == ["commit starts"]
-        updated = await asyncio.wait_for(first, 5)
-        assert rv(updated) == rv(base) + 1
-        made = await asyncio.wait_for(asyncio.gather(*later), 5)
-        assert [rv(m) for m in made] == [rv(base) + 2, rv(base) + 3, rv(base) + 4]
-        assert log == ["commit starts", "commit ends"] * 2  # the three queued ones in one commit
-        events = [await asyncio.wait_for(w.__anext__(), 5) for _ in range(4)]
-        assert [(e.type, e.name, e.revision) for e in events] == [
-            ("MODIFIED", "x", rv(base) + 1), *[("ADDED", f"q{i}", rv(base) + 2 + i) for i in range(3)]]
-        assert not w.ready()
-        await w.close()
-    finally:
-        await s.close()
-
-
-async def test_sqlite_a_failed_commit_fails_its_batch_and_stores_nothing(tmp_path: Any) -> None:
-    """A COMMIT that fails (a disk error) fails every write of its batch with that error and
-    stores none of them; the store goes on with the next write."""
-    import sqlite3
-
-    from gpufleet.store.sqlite import SQLiteStore
-
-    s = SQLiteStore(f"sqlite:///{tmp_path}/f.db", housekeeping_interval=None)
-    await s.start()
-    try:
-        base = await s.create("pods", "ns", "x", pod("x"))
-        real = s._commit_sql
-        calls = []
-
-        def failing(db: Any) -> None:
-            calls.append(1)
-            raise sqlite3.OperationalError("disk I/O error")
-
-        s._commit_sql = failing
-        results = await asyncio.gather(
-            s.create("pods", "ns", "a", pod("a")),
-            s.update("pods", "ns", "x", pod("x", v=1), expected_revision=rv(base)),
-            return_exceptions=True)
-        assert calls == [1]
-        assert all(isinstance(r, sqlite3.OperationalError) and "disk I/O" in str(r) for r in results), results
-        s._commit_sql = real
-        assert await s.get("pods", "ns", "x") == base
-        with pytest.raises(NotFound):
-            await s.get("pods", "ns", "a")
-        assert await s.revision() == rv(base)
-        again = await s.create("pods", "ns", "a", pod("a"))
-        assert rv(again) == rv(base) + 1
-        reopened = SQLiteStore(f"sqlite:///{tmp_path}/f.db", housekeeping_interval=None)
-        await reopened.start()
-        try:
-            assert await reopened.get("pods", "ns", "a") == again
-            assert await reopened.get("pods", "ns", "x") == base
-        finally:
-            await reopened.close()
-    finally:
-        await s.close()
-
-
-async def test_sqlite_close_waits_for_the_commit_in_flight(tmp_path: Any) -> None:
-    from gpufleet.store.sqlite import SQLiteStore
-
-    s = SQLiteStore(f"sqlite:///{tmp_path}/c.db", housekeeping_interval=None)
-    await s.start()
-    log: list[str] = []
-    _slow_commits(s, 0.3, log)
-    write = asyncio.ensure_future(s.create("pods", "ns", "a", pod("a")))
-    await asyncio.sleep(0.05)
-    await s.close()
-    assert log == ["commit starts", "commit ends"]
-    made = await write
-    reopened = SQLiteStore(f"sqlite:///{tmp_path}/c.db", housekeeping_interval=None)
-    await reopened.start()
-    try:
-        assert await reopened.get("pods", "ns", "a") == made
-    finally:
-        await reopened.close()
-
-
-def test_an_in_memory_sqlite_store_cannot_commit_in_a_thread() -> None:
-    from gpufleet.store.sqlite import SQLiteStore
-
-    with pytest.raises(ValueError, match="commit_thread needs a database file"):
-        SQLiteStore("sqlite://:memory:", commit_thread=True)
 
 
 async def test_one_global_revision(store: Store) -> None:
