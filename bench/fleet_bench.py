@@ -12,7 +12,8 @@ gpufleet's client the generator spent as much CPU per call as the server and was
 saturate a core, so what it measured was its own queue. Besides, pods are created at half --pod-rate and each deleted 5 s later (the other
 half): bare pods with a small CPU request that the scheduler binds to the simulated nodes.
 
-Printed after a warm-up of one status period's first renewals (--warmup): p50/p99/max of every
+Printed after a warm-up (--warmup, 40 s: the backlog the registrations leave is worked off, and
+every node has sent its first renewals): p50/p99/max of every
 mutating call the nodes and the pod writer made, per kind; Lease renewals served per second
 against those due (N / 2 s); and the server process's CPU% over the window (100% = one core)
 and its CPU time per mutating call served (everything the server did, controllers included,
@@ -414,7 +415,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the server's --cluster-cidr ('' leaves the server's default, 256 nodes)")
     p.add_argument("--compare-src", help="also run the load against the server of this source tree, after")
     p.add_argument("--duration", type=float, default=45, help="measured window, seconds")
-    p.add_argument("--warmup", type=float, default=10, help="seconds of load before the window")
+    p.add_argument("--warmup", type=float, default=40,
+                   help="seconds of load before the window (at 1,000 nodes a server takes 20-30 s to work off "
+                        "the backlog the registrations left; with less the window measures that)")
     p.add_argument("--pod-rate", type=float, default=20, help="pod writes/s (half creates, half deletes)")
     p.add_argument("--split", action="store_true",
                    help="run the scheduler and controllers in a process of their own "
