@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # Rows read per history query (pump catch-up and watch replay).
 PAGE = 500
+# Revisions of history compacted per transaction by housekeeping.
+COMPACT_STEP = 100
 
 
 class StoreWatch:
@@ -386,10 +388,18 @@ class HousekeepingMixin:
         return out
 
     async def compact_history(self) -> None:
-        """Compact all but the last ``history`` revisions (what housekeeping runs)."""
+        """Compact all but the last ``history`` revisions (what housekeeping runs), at most
+        COMPACT_STEP revisions a transaction with a turn of the event loop between: deleting a
+        second's history at once (550 events at 1,000 nodes) held the loop 18-100 ms, every
+        second, and every request waited for it."""
         target = await self.revision() - self._history
-        if target > 0 and target > await self._compacted():
-            await self.compact(target)
+        compacted = await self._compacted()
+        while target > 0 and target > compacted:
+            step = min(target, compacted + COMPACT_STEP)
+            await self.compact(step)
+            compacted = step
+            if step < target:
+                await asyncio.sleep(0)
 
     async def _housekeeping(self) -> None:
         assert self._housekeeping_interval

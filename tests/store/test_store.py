@@ -472,6 +472,47 @@ async def test_watch_from_compacted_revision_is_expired(make_store: MakeStore) -
     assert rv(await store.create("pods", "ns", "last", pod("last", "ns"))) == 21
 
 
+async def test_housekeeping_compacts_a_long_history_in_steps(make_store: MakeStore,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction deletes at most COMPACT_STEP revisions a transaction and lets the loop run
+    between them, so a long history does not hold every request; it ends where one step would."""
+    from gpufleet.store import _common
+
+    monkeypatch.setattr(_common, "COMPACT_STEP", 7)
+    store = await make_store(history=5, housekeeping_interval=None)
+    for i in range(40):
+        await store.create("pods", "ns", f"p{i}", pod(f"p{i}", "ns"))
+    steps: list[int] = []
+    compact = store.compact
+
+    async def counted(revision: int) -> None:
+        steps.append(revision)
+        await compact(revision)
+
+    store.compact = counted  # type: ignore[method-assign]
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    t = asyncio.ensure_future(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    await store.compact_history()  # type: ignore[attr-defined]
+    t.cancel()
+    assert steps == [7, 14, 21, 28, 35]
+    assert ticks - before >= len(steps) - 1  # the loop ran between the steps
+    with pytest.raises(Expired):
+        await store.watch(None, None, 34)
+    w = await store.watch(None, None, 35)
+    assert [ev.revision for ev in await take(w, 5)] == [36, 37, 38, 39, 40]
+    await store.compact_history()  # type: ignore[attr-defined]
+    assert steps == [7, 14, 21, 28, 35]  # nothing left to do
+
+
 async def test_slow_watcher_is_expired(make_store: MakeStore) -> None:
     store = await make_store(watch_buffer=10)
     w = await store.watch(None, None, 0)
