@@ -8,7 +8,6 @@ import asyncio
 from typing import Any
 
 import orjson
-
 from apiserver_helpers import PODS, Api, assert_status, binding, pod, rv
 
 BINDINGS = "/api/v1/namespaces/default/bindings"
