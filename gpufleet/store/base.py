@@ -129,6 +129,10 @@ class Watch(Protocol):
 
     def __aiter__(self) -> AsyncIterator[WatchEvent]: ...
 
+    def ready(self) -> bool:
+        """Whether the next event (or the end) is already here, so that taking it will not wait."""
+        ...
+
     async def close(self) -> None: ...
 
 

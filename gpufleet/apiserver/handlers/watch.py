@@ -76,15 +76,11 @@ async def watch(scope: Scope) -> RawResponse:
         was_match = ev.prev is not None and matches(ev.prev, label_sel, field_sel)
         if ev.type == "DELETED":
             return encode("DELETED", ev.object) if was_match or now_match else None
-        if now_match and (was_match or ev.type == "ADDED"):
-            return encode(ev.type if ev.type == "ADDED" or was_match else "ADDED", ev.object)
-        if now_match:
-            return encode("ADDED", ev.object)
-        if was_match:
+        if now_match:  # an object that enters the selection is ADDED for this watch
+            return encode(ev.type if was_match else "ADDED", ev.object)
+        if was_match:  # and one that leaves it, DELETED
             return encode("DELETED", ev.object)
         return None
-
-    ready = getattr(watcher, "ready", None)
 
     async def stream() -> AsyncIterator[bytes]:
         last_rev = start_rev
@@ -103,7 +99,7 @@ async def watch(scope: Scope) -> RawResponse:
             deadline = clock.monotonic() + timeout
             it = watcher.__aiter__()
             while True:
-                if out and (size >= COALESCE_BYTES or ready is None or not ready()):
+                if out and (size >= COALESCE_BYTES or not watcher.ready()):
                     yield b"".join(out)
                     out, size = [], 0
                 remaining = deadline - clock.monotonic()
