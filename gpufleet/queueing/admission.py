@@ -31,8 +31,10 @@ Amounts are integers: cpu in millicores, every other resource in whole units.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 from gpufleet.api.gpu import GPU_RESOURCE
 from gpufleet.queueing import policies
@@ -85,6 +87,13 @@ class _Attempt:
         self.borrows = False
         self.kind = WAIT_QUOTA
         self.messages: list[str] = []
+        self._reason: str | None = None
+
+    def reason(self) -> str:
+        """Why it was not assigned flavors (made once: the workloads of a shape share it)."""
+        if self._reason is None:
+            self._reason = "couldn't assign flavors to the pod sets: " + "; ".join(dict.fromkeys(self.messages))
+        return self._reason
 
 
 class Cycle:
@@ -100,13 +109,14 @@ class Cycle:
         *,
         fair_sharing: bool = False,
         now: float | None = None,
+        memo: dict[str, Any] | None = None,
     ) -> None:
         self.queues = dict(queues)
         self.flavors = dict(flavors)
         self.result = CycleResult()
         workloads = list(workloads)
         if now is not None:
-            self.queues, workloads, self.result.requeue_after = ranked(self.queues, workloads, now)
+            self.queues, workloads, self.result.requeue_after = ranked(self.queues, workloads, now, memo)
         self.workloads = {wl.key: wl for wl in workloads}
         self.nodes = {n.name: n for n in nodes}
         self.fair_sharing = fair_sharing
@@ -115,6 +125,8 @@ class Cycle:
         self._admitted: dict[str, Assignment] = {}
         self._evicting = {wl.key for wl in self.workloads.values() if wl.evicting and wl.admission is not None}
         self._preemptor = {key: self.workloads[key].preempted_by for key in self._evicting}
+        # _gone_for's answer for any workload: (room made for anyone, room made for each).
+        self._gone: tuple[set[str], dict[str, set[str]]] | None = None
         # What the workloads holding quota use, kept up to date as the pass admits.
         self._usage_now: Usage = usage_of(self.workloads.values())
         # Free GPUs with the unbound pods of admitted workloads given a place; where each
@@ -128,10 +140,14 @@ class Cycle:
         self._version = 0
         self._attempts: dict[str, tuple[int, _Attempt]] = {}
         self._shape_attempts: dict[tuple, tuple[int, _Attempt]] = {}
-        # Shape -> (version, highest priority) for which no victims were found: a workload of
-        # that shape and no higher priority finds none either while the state is the same.
-        self._no_victims: dict[tuple, tuple[int, int]] = {}
+        # Shape -> (version, highest priority, how many held on by a higher one) for which no
+        # victims were found: a workload of that shape and no higher priority finds none
+        # either while the state is the same.
+        self._no_victims: dict[tuple, tuple[int, int, int]] = {}
         self._targets: dict[tuple, Assignment | None] = {}
+        # Shape -> what uncovered_message says of it (the queue's resource groups do not change
+        # in a pass).
+        self._uncovered: dict[tuple, str] = {}
         # What each workload uses under its own admission (that never changes in a pass), and
         # the workloads holding quota at a version of the state: a preemption search reads both
         # for every admitted workload, for each pending one it is run for.
@@ -490,10 +506,13 @@ class Cycle:
             memo = _shape(wl)
             failed = self._no_victims.get(memo)
             if failed is not None and failed[0] == self._version and failed[1] >= wl.priority:
-                return [], "", 0
+                # Its candidates (strictly lower priority) are some of those that did not
+                # make room; if some held on by a higher priority than that search's, more
+                # do now.
+                return [], "", failed[2]
         victims, why, too_high = self._preempt_for(wl, cq, target)
-        if memo is not None and not victims and not too_high:
-            self._no_victims[memo] = (self._version, wl.priority)
+        if memo is not None and not victims:
+            self._no_victims[memo] = (self._version, wl.priority, too_high)
         return victims, why, too_high
 
     def _preempt_for(self, wl: WorkloadInfo, cq: ClusterQueueInfo, target: Assignment,
@@ -530,7 +549,10 @@ class Cycle:
         if cq.inactive:
             self.result.waiting[wl.key] = Wait(WAIT_INADMISSIBLE, f"ClusterQueue {cq.name} is inactive: {cq.inactive}")
             return False
-        missing = uncovered_message(wl, cq)
+        shape = _shape(wl)
+        missing = self._uncovered.get(shape)
+        if missing is None:
+            missing = self._uncovered[shape] = uncovered_message(wl, cq)
         if missing:
             self.result.waiting[wl.key] = Wait(WAIT_INADMISSIBLE, missing)
             return False
@@ -541,7 +563,7 @@ class Cycle:
             if attempt.borrows:
                 self.result.borrowing.add(wl.key)
             return True
-        reason = "couldn't assign flavors to the pod sets: " + "; ".join(dict.fromkeys(attempt.messages))
+        reason = attempt.reason()
         # Room that preempted workloads are about to give back is not taken twice.
         gone = self._gone_for(wl)
         target = self._target_of(wl, cq)
@@ -557,6 +579,7 @@ class Cycle:
                 self._evicting.add(v.key)
                 self._preemptor[v.key] = wl.key
                 self.result.preempted[v.key] = Preemption(wl.key, why, _preempt_message(wl, v, why))
+            self._gone = None
             self.result.waiting[wl.key] = Wait(
                 WAIT_PREEMPTING, f"preempting {len(victims)} workload(s): "
                                  + ", ".join(v.key for v in victims) + f"; {reason}")
@@ -578,8 +601,20 @@ class Cycle:
     def _gone_for(self, wl: WorkloadInfo) -> set[str]:
         """Evicting workloads whose room ``wl`` may count on: those preempted for it (or for
         a workload no longer known); room made for another workload is that one's."""
-        return {k for k in self._evicting
-                if self._preemptor.get(k, "") in ("", wl.key) or self._preemptor[k] not in self.workloads}
+        if self._gone is None:
+            # Worked out again only when a pass preempts: it is asked for every pending workload.
+            anyone: set[str] = set()
+            made_for: dict[str, set[str]] = {}
+            for k in self._evicting:
+                preemptor = self._preemptor.get(k, "")
+                if preemptor == "" or preemptor not in self.workloads:
+                    anyone.add(k)
+                else:
+                    made_for.setdefault(preemptor, set()).add(k)
+            self._gone = (anyone, made_for)
+        anyone, made_for = self._gone
+        mine = made_for.get(wl.key)
+        return anyone | mine if mine else set(anyone)
 
     def _order_key(self, wl: WorkloadInfo) -> tuple:
         cq = self.queues.get(wl.cluster_queue)
@@ -600,13 +635,17 @@ class Cycle:
         for wl in self.workloads.values():
             if wl.admission is None:
                 pending.setdefault(wl.cluster_queue, []).append(wl)
-        for items in pending.values():
+        queued: dict[str, collections.deque[WorkloadInfo]] = {}
+        for name, items in pending.items():
             items.sort(key=_order)
-        while pending:
-            heads = [items[0] for items in pending.values()]
-            wl = min(heads, key=self._order_key)
-            items = pending[wl.cluster_queue]
-            items.pop(0)
+            queued[name] = collections.deque(items)
+        while queued:
+            if len(queued) == 1:
+                wl = next(iter(queued.values()))[0]
+            else:
+                wl = min((items[0] for items in queued.values()), key=self._order_key)
+            items = queued[wl.cluster_queue]
+            items.popleft()
             admitted = self._try(wl)
             cq = self.queues.get(wl.cluster_queue)
             if not admitted and cq is not None and cq.strategy == "StrictFIFO":
@@ -615,7 +654,7 @@ class Cycle:
                         WAIT_QUEUED, f"behind {wl.key} in ClusterQueue {cq.name} (StrictFIFO)")
                 items.clear()
             if not items:
-                del pending[wl.cluster_queue]
+                del queued[wl.cluster_queue]
         return self.result
 
 
@@ -627,10 +666,12 @@ def schedule(
     *,
     fair_sharing: bool = False,
     now: float | None = None,
+    memo: dict[str, Any] | None = None,
 ) -> CycleResult:
     """One admission pass; see the module's doc for the rules. With ``now``, the ClusterQueues'
-    queueing policies (``gpufleet.queueing.policies``) order their workloads."""
-    return Cycle(queues, flavors, workloads, nodes, fair_sharing=fair_sharing, now=now).run()
+    queueing policies (``gpufleet.queueing.policies``) order their workloads (``memo``: see
+    ``ranked``)."""
+    return Cycle(queues, flavors, workloads, nodes, fair_sharing=fair_sharing, now=now, memo=memo).run()
 
 
 def standing(wl: WorkloadInfo) -> policies.Standing:
@@ -644,10 +685,14 @@ def standing(wl: WorkloadInfo) -> policies.Standing:
 
 
 def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo], now: float,
+           memo: dict[str, Any] | None = None,
            ) -> tuple[dict[str, ClusterQueueInfo], list[WorkloadInfo], float | None]:
     """Apply the ClusterQueues' queueing policies: each workload of a policy's queue gets its
     rank as its priority and the policy's order within a rank, and the queue preempts within
-    itself by that rank (strictly lower ranks only). Returns the queues, the workloads, and the seconds until a rank changes."""
+    itself by that rank (strictly lower ranks only). Returns the queues, the workloads, and the
+    seconds until a rank changes. ``memo``, kept by the caller from one pass to the next,
+    holds what was worked out for each WorkloadInfo object: a pass given the same object
+    again (hundreds wait unchanged) does not work out again what time does not change."""
     out_queues = dict(queues)
     by_queue: dict[str, list[WorkloadInfo]] = {}
     for wl in workloads:
@@ -658,18 +703,35 @@ def ranked(queues: Mapping[str, ClusterQueueInfo], workloads: list[WorkloadInfo]
         return out_queues, workloads, None
     changed: dict[str, WorkloadInfo] = {}
     soonest: float | None = None
+    kept: dict[str, tuple[WorkloadInfo, policies.Standing, WorkloadInfo | None, tuple]] = {}
     for name, members in by_queue.items():
         cq = queues[name]
         out_queues[name] = dataclasses.replace(cq, within_cluster_queue="LowerPriority")
-        standings = [standing(wl) for wl in members]
-        for wl, s in zip(members, standings, strict=True):
-            changed[wl.key] = dataclasses.replace(
-                wl, priority=policies.rank(cq.policy, s, now, cq.levels, cq.starvation_factor),
-                order=policies.order(cq.policy, s, cq.within_level))
+        params = (cq.policy, cq.levels, cq.starvation_factor, cq.within_level)
+        # A waiting workload's rank moves with time only through the starvation guard.
+        timeless = cq.policy != policies.ATTAINED_SERVICE or not (
+            policies.STARVATION_FACTOR if cq.starvation_factor is None else cq.starvation_factor)
+        standings = []
+        for wl in members:
+            last = memo.get(wl.key) if memo is not None else None
+            if last is not None and last[0] is wl:
+                s = last[1]
+                out = last[2] if last[3] == params else None
+            else:
+                s, out = standing(wl), None
+            if out is None:
+                out = _with_rank(wl, policies.rank(cq.policy, s, now, cq.levels, cq.starvation_factor),
+                                 policies.order(cq.policy, s, cq.within_level))
+            standings.append(s)
+            changed[wl.key] = out
+            kept[wl.key] = (wl, s, out if timeless and wl.admission is None else None, params)
         if any(wl.admission is None for wl in members):
             after = policies.next_change(cq.policy, standings, now, cq.levels, cq.starvation_factor)
             if after is not None:
                 soonest = after if soonest is None else min(soonest, after)
+    if memo is not None:
+        memo.clear()
+        memo.update(kept)
     return out_queues, [changed.get(wl.key, wl) for wl in workloads], soonest
 
 
@@ -689,11 +751,34 @@ def uncovered_message(wl: WorkloadInfo, cq: ClusterQueueInfo) -> str:
     return "; ".join(reasons)
 
 
+def _with_rank(wl: WorkloadInfo, priority: int, order: float) -> WorkloadInfo:
+    """``wl`` with a policy's rank and order: ``dataclasses.replace`` without its cost (it
+    re-runs ``__init__`` for each of hundreds of waiting workloads, every pass). A copy of
+    the attributes, so the shape ``_shape`` remembered goes with it (the pod sets and the
+    queue are the same)."""
+    if wl.priority == priority and wl.order == order:
+        return wl
+    out = object.__new__(WorkloadInfo)
+    out.__dict__.update(wl.__dict__)
+    out.priority = priority
+    out.order = order
+    return out
+
+
+_SHAPE = "_shape_key"
+
+
 def _shape(wl: WorkloadInfo) -> tuple:
-    """What an attempt to place a pending workload depends on besides the state."""
-    return (wl.cluster_queue, tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())),
-                                     tuple(sorted(ps.node_selector.items())), ps.same_gpu_group, ps.tolerations)
-                                    for ps in wl.pod_sets))
+    """What an attempt to place a pending workload depends on besides the state: its queue
+    and pod sets, which no pass changes (remembered on the object, computed once)."""
+    shape = wl.__dict__.get(_SHAPE)
+    if shape is None:
+        shape = (wl.cluster_queue, tuple((ps.name, ps.count, tuple(sorted(ps.requests.items())),
+                                          tuple(sorted(ps.node_selector.items())), ps.same_gpu_group,
+                                          ps.tolerations)
+                                         for ps in wl.pod_sets))
+        wl.__dict__[_SHAPE] = shape
+    return shape
 
 
 def _order(wl: WorkloadInfo) -> tuple:

@@ -194,10 +194,13 @@ class KueueController(JobSync, AdmissionCycle, ControllerBase):
         self._announced: dict[str, str] = {}
         # Workload key -> what is known of its job's progress (queueing policies).
         self.progress: dict[str, Any] = {}
-        # Workload key -> (resourceVersion, what the cycle parsed of it at that version).
-        self._parsed: dict[str, tuple[int, Any]] = {}
+        # Workload key -> (resourceVersion, what the cycle parsed of it at that version, the
+        # object it was read from, (its job's informer and key, its owner's uid)).
+        self._parsed: dict[str, tuple[int, Any, Any, Any]] = {}
         # Workload key -> (the inputs, the WorkloadInfo) of a workload without quota, last pass.
         self._infos: dict[str, tuple[tuple[Any, ...], Any]] = {}
+        # What admission.ranked worked out for each WorkloadInfo at the last pass.
+        self._ranks: dict[str, Any] = {}
         # Workload key -> the informer's object, when it was not queued (finished, inactive).
         self._finished: dict[str, Any] = {}
         # Workload key -> (resourceVersion, wait kind, message) last written as its wait.

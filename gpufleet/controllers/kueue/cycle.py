@@ -211,19 +211,25 @@ class AdmissionCycle:
         infos: dict[str, tuple[tuple[Any, ...], adm.WorkloadInfo]] = {}
         parsed: dict[str, tuple[int, Any]] = {}
         finished: dict[str, Any] = {}
+        queue_inputs: dict[tuple[str, str], tuple[Any, ...]] = {}
         for key, cached in self.workloads.items():
             if self._finished.get(key) is cached and key not in self._written:
                 finished[key] = cached  # the very object found finished before: still is
                 continue
             wl = self._fresh(self.workloads, key)
-            if wl is None or wl.spec is None or is_being_deleted(wl):
-                continue
-            # What a Workload says is read once per resourceVersion: a pass over hundreds of
-            # waiting Workloads, most unchanged since the last pass, parses only the changed.
-            rv = _rv(wl)
             seen = self._parsed.get(key)
-            if seen is None or seen[0] != rv:
-                seen = (rv, self._parse(wl))
+            if seen is None or seen[2] is not wl:
+                # A Workload object not seen at the last pass.
+                if wl is None or wl.spec is None or is_being_deleted(wl):
+                    continue
+                # What a Workload says is read once per resourceVersion: a pass over hundreds
+                # of waiting Workloads, most unchanged since the last pass, parses only the
+                # changed.
+                rv = _rv(wl)
+                if seen is None or seen[0] != rv:
+                    seen = (rv, self._parse(wl), wl, (self._job_ref(wl), controller_uid(wl) or ""))
+                else:
+                    seen = (rv, seen[1], wl, seen[3])
             parsed[key] = seen
             part = seen[1]
             if part is None:
@@ -231,7 +237,7 @@ class AdmissionCycle:
                 if wl is cached:
                     finished[key] = cached
                 continue
-            info = self._queued_info(key, wl, part, placed, bound_per_set, infos)
+            info = self._queued_info(key, wl, part, seen[3], placed, bound_per_set, infos, queue_inputs)
             workloads.append(info)
             models[key] = wl
         self._parsed = parsed
@@ -239,41 +245,58 @@ class AdmissionCycle:
         self._infos = infos
         return queues, flavors, workloads, list(nodes.values()), models
 
-    def _queued_info(self, key: str, wl: Any, part: adm.WorkloadInfo, placed: dict[str, list[adm.Placement]],
-                     bound_per_set: dict[str, dict[str, int]],
-                     infos: dict[str, tuple[tuple[Any, ...], adm.WorkloadInfo]]) -> adm.WorkloadInfo:
+    def _queued_info(self, key: str, wl: Any, part: adm.WorkloadInfo,
+                     owners: tuple[tuple[Any, str] | None, str],
+                     placed: dict[str, list[adm.Placement]], bound_per_set: dict[str, dict[str, int]],
+                     infos: dict[str, tuple[tuple[Any, ...], adm.WorkloadInfo]],
+                     queue_inputs: dict[tuple[str, str], tuple[Any, ...]]) -> adm.WorkloadInfo:
         """``_workload_info``, reused from the last pass for a workload without quota whose
         inputs are what they were then: the Workload, its LocalQueue's and ClusterQueue's specs
         (their generations, not the status each pass writes), its namespace, its job and the
         pods it has placed. Hundreds wait unchanged from one pass to the next."""
         if part.admission is not None:
             return self._workload_info(wl, part, placed, bound_per_set)
-        ns = objects.namespace_of(wl)
-        queue = wl.spec.queue_name
-        lq = self.local_queues.get(f"{ns}/{queue}") if queue else None
-        cq_name = (lq.spec.cluster_queue if lq is not None and lq.spec is not None else "") or ""
-        cq = self.cluster_queues.get(cq_name) if cq_name else None
+        ns, _, _ = key.partition("/")
+        queue = wl.spec.queue_name or ""
+        # What the queues and the namespace say, once per queue in a pass.
+        around = queue_inputs.get((ns, queue))
+        if around is None:
+            lq = self.local_queues.get(f"{ns}/{queue}") if queue else None
+            cq_name = (lq.spec.cluster_queue if lq is not None and lq.spec is not None else "") or ""
+            cq = self.cluster_queues.get(cq_name) if cq_name else None
+            around = queue_inputs[(ns, queue)] = (
+                (objects.uid_of(lq), objects.meta(lq, "generation")) if lq is not None else None,
+                (objects.uid_of(cq), objects.meta(cq, "generation")) if cq is not None else None,
+                _rv(self.namespaces.get(ns)),
+            )
         # A waiting job's progress does not move with time (only a running one's is counted on
-        # from its last report): its steps are in the job's resourceVersion, what was measured
-        # of them in self.progress, both inputs below.
-        job = self._owner_job(wl)
-        held = placed.get(controller_uid(wl) or "")
-        inputs = (
-            part,
-            (objects.uid_of(lq), objects.meta(lq, "generation")) if lq is not None else None,
-            (objects.uid_of(cq), objects.meta(cq, "generation")) if cq is not None else None,
-            _rv(self.namespaces.get(ns)),
-            _rv(job) if job is not None else None,
-            tuple(held) if held else (),
-            self.progress.get(key),
-        )
+        # from its last report): its steps are in the job object, what was measured of them
+        # in self.progress, both inputs below. The job is compared as the object the informer
+        # holds: a new object for every change.
+        job_ref, owner = owners
+        job = job_ref[0].get(job_ref[1]) if job_ref is not None else None
+        held = placed.get(owner) if owner else None
+        progress = self.progress.get(key)
         last = self._infos.get(key)
-        if last is not None and last[0] == inputs and last[0][0] is part:
-            info = last[1]
-        else:
-            info = self._workload_info(wl, part, placed, bound_per_set)
-        infos[key] = (inputs, info)
+        if last is not None:
+            was = last[0]
+            if (was[0] is part and was[1] == around and was[2] is job and was[3] == (tuple(held) if held else ())
+                    and was[4] is progress):
+                infos[key] = last
+                return last[1]
+        info = self._workload_info(wl, part, placed, bound_per_set)
+        infos[key] = ((part, around, job, tuple(held) if held else (), progress), info)
         return info
+
+    def _job_ref(self, wl: Any) -> tuple[Any, str] | None:
+        """The informer and key of the Workload's job (what ``_owner_job`` reads), or None."""
+        ref = objects.controller_ref(wl)
+        if ref is None:
+            return None
+        informer = self.job_informers.get(objects.field(ref, "kind"))
+        if informer is None:
+            return None
+        return informer, f"{objects.namespace_of(wl)}/{objects.field(ref, 'name')}"
 
     def _queue_info(self, cq: Any, flavors: dict[str, adm.FlavorInfo]) -> adm.ClusterQueueInfo:
         spec = cq.spec or kq.ClusterQueueSpec()
@@ -443,7 +466,8 @@ class AdmissionCycle:
         # Declaring a fairSharing weight on any ClusterQueue turns fair sharing on, too.
         fair = self.fair_sharing or any(cq.spec is not None and cq.spec.fair_sharing is not None
                                         for cq in self.cluster_queues.list())
-        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair, now=self.clock.now())
+        result = adm.schedule(queues, flavors, workloads, nodes, fair_sharing=fair, now=self.clock.now(),
+                              memo=self._ranks)
         now = now_text(self.clock)
         infos = {w.key: w for w in workloads}
         for key in set(self.progress) - set(infos):
@@ -464,10 +488,14 @@ class AdmissionCycle:
             await self._evict(models[key], pre, now, info=infos[key])
         refreshes = self.pending_refreshes
         for key, wait in result.waiting.items():
+            last = self._pending_memo.get(key)
+            if last is not None and last[1] == wait.kind and last[2] == wait.message and \
+                    last[0] == self._parsed[key][0]:
+                continue  # this very wait was already written (the test _pending begins with)
             refreshes -= await self._pending(models[key], wait, now, refresh=refreshes > 0)
         for key in set(self._pending_memo) - set(infos):
             del self._pending_memo[key]
-        await self._queue_statuses(queues, workloads, result)
+        await self._queue_statuses(queues, workloads, result, models)
         if result.requeue_after is not None:
             return Requeue(after=max(result.requeue_after, 0.001))
         return None
@@ -562,7 +590,7 @@ class AdmissionCycle:
     # -- queue status ---------------------------------------------------------------------------
 
     async def _queue_statuses(self, queues: dict[str, adm.ClusterQueueInfo], workloads: list[adm.WorkloadInfo],
-                              result: adm.CycleResult) -> None:
+                              result: adm.CycleResult, models: dict[str, Any]) -> None:
         holding = {w.key: (result.admitted.get(w.key) or w.admission) for w in workloads
                    if w.admission is not None or w.key in result.admitted}
         usage: adm.Usage = {}
@@ -578,7 +606,9 @@ class AdmissionCycle:
         per_local: dict[str, dict[str, Any]] = {}
         for w in workloads:
             reason = result.waiting.get(w.key)
-            lq_key = f"{w.key.partition('/')[0]}/{self._queue_name(w.key)}"
+            wl = models.get(w.key)
+            queue = (wl.spec.queue_name or "") if wl is not None else self._queue_name(w.key)
+            lq_key = f"{w.key.partition('/')[0]}/{queue}"
             for bucket in (per_queue.setdefault(w.cluster_queue, {}), per_local.setdefault(lq_key, {})):
                 if w.key in holding:
                     bucket["admitted"] = bucket.get("admitted", 0) + 1
