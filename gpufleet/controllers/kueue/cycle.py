@@ -4,6 +4,7 @@ evictions, why the others wait) and the queues' status."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import re
@@ -602,21 +603,29 @@ class AdmissionCycle:
             for fr, amount in adm.workload_usage(w, assignment).items():
                 per[fr] = per.get(fr, 0) + amount
         quotas = adm.Quotas(queues)
+        # (ClusterQueue, LocalQueue key, holding, why it waits) -> workloads: counted once,
+        # then summed per queue (hundreds wait in a few queues).
+        tally: collections.Counter[tuple[str, str, bool, str | None]] = collections.Counter()
+        waiting = result.waiting
+        for w in workloads:
+            key = w.key
+            wl = models.get(key)
+            queue = (wl.spec.queue_name or "") if wl is not None else self._queue_name(key)
+            held = key in holding
+            reason = None if held else waiting.get(key)
+            tally[(w.cluster_queue, f"{key.partition('/')[0]}/{queue}", held,
+                   reason.kind if reason is not None else None)] += 1
         per_queue: dict[str, dict[str, Any]] = {}
         per_local: dict[str, dict[str, Any]] = {}
-        for w in workloads:
-            reason = result.waiting.get(w.key)
-            wl = models.get(w.key)
-            queue = (wl.spec.queue_name or "") if wl is not None else self._queue_name(w.key)
-            lq_key = f"{w.key.partition('/')[0]}/{queue}"
-            for bucket in (per_queue.setdefault(w.cluster_queue, {}), per_local.setdefault(lq_key, {})):
-                if w.key in holding:
-                    bucket["admitted"] = bucket.get("admitted", 0) + 1
+        for (cq_name, lq_key, held, kind), n in tally.items():
+            for bucket in (per_queue.setdefault(cq_name, {}), per_local.setdefault(lq_key, {})):
+                if held:
+                    bucket["admitted"] = bucket.get("admitted", 0) + n
                 else:
-                    bucket["pending"] = bucket.get("pending", 0) + 1
-                    if reason is not None:
+                    bucket["pending"] = bucket.get("pending", 0) + n
+                    if kind is not None:
                         reasons = bucket.setdefault("reasons", {})
-                        reasons[reason.kind] = reasons.get(reason.kind, 0) + 1
+                        reasons[kind] = reasons.get(kind, 0) + n
         for cq in self.cluster_queues.list():
             name = objects.name_of(cq)
             info = queues.get(name)
