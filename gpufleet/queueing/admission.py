@@ -31,6 +31,7 @@ Amounts are integers: cpu in millicores, every other resource in whole units.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 from collections.abc import Iterable, Mapping
@@ -140,10 +141,10 @@ class Cycle:
         self._version = 0
         self._attempts: dict[str, tuple[int, _Attempt]] = {}
         self._shape_attempts: dict[tuple, tuple[int, _Attempt]] = {}
-        # Shape -> (version, highest priority, how many held on by a higher one) for which no
-        # victims were found: a workload of that shape and no higher priority finds none
-        # either while the state is the same.
-        self._no_victims: dict[tuple, tuple[int, int, int]] = {}
+        # Shape -> (version, highest priority, the priorities of the candidates weighed) for
+        # which no victims were found: a workload of that shape and no higher priority finds
+        # none either while the state is the same.
+        self._no_victims: dict[tuple, tuple[int, int, list[int]]] = {}
         self._targets: dict[tuple, Assignment | None] = {}
         # Shape -> what uncovered_message says of it (the queue's resource groups do not change
         # in a pass).
@@ -506,14 +507,22 @@ class Cycle:
             memo = _shape(wl)
             failed = self._no_victims.get(memo)
             if failed is not None and failed[0] == self._version and failed[1] >= wl.priority:
-                # Its candidates (strictly lower priority) are some of those that did not
-                # make room; if some held on by a higher priority than that search's, more
-                # do now.
-                return [], "", failed[2]
+                # Its candidates (strictly lower priority) are some of those that did not make
+                # room; those held on by a higher priority than its own are counted.
+                held = failed[2]
+                return [], "", len(held) - bisect.bisect_right(held, wl.priority)
         victims, why, too_high = self._preempt_for(wl, cq, target)
         if memo is not None and not victims:
-            self._no_victims[memo] = (self._version, wl.priority, too_high)
+            self._no_victims[memo] = (self._version, wl.priority, self._candidate_priorities(wl, cq, target))
         return victims, why, too_high
+
+    def _candidate_priorities(self, wl: WorkloadInfo, cq: ClusterQueueInfo, target: Assignment) -> list[int]:
+        """The priorities, in order, of the workloads of ``wl``'s queue that ``_candidates``
+        weighs for it (holding the quota it needs), whatever their priority."""
+        frs = set(workload_usage(wl, target))
+        return sorted(c.priority for c in self._holding()
+                      if c.key != wl.key and c.key not in self._evicting and c.key not in self._admitted
+                      and c.cluster_queue == cq.name and not frs.isdisjoint(self._usage_of(c)))
 
     def _preempt_for(self, wl: WorkloadInfo, cq: ClusterQueueInfo, target: Assignment,
                      ) -> tuple[list[WorkloadInfo], str, int]:

@@ -8,6 +8,8 @@ import pytest
 from gpufleet.api.gpu import GPU_RESOURCE as GPU
 from gpufleet.queueing import policies as p
 from gpufleet.queueing.admission import (
+    WAIT_PRIORITY,
+    WAIT_QUOTA,
     ClusterQueueInfo,
     FlavorInfo,
     NodeInfo,
@@ -226,6 +228,38 @@ def test_a_level_never_preempts_within_itself_whatever_the_order():
     narrow = wl("ns/narrow", 1, ts=NOW - 1)
     r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [wide, narrow], node(), now=NOW)
     assert not r.preempted and "ns/narrow" in r.waiting
+
+
+def test_every_waiting_job_below_a_running_one_is_told_it_waits_for_priority():
+    # A fresh 8-GPU job runs (level 0); five of the same shape wait at level 2 and one at
+    # level 0. Those at level 2 may not preempt it: each is told so, not only the first.
+    running = wl("ns/run", 8, admitted_at=NOW - 10)
+    served = [wl(f"ns/served-{i}", 8, ts=NOW - 10 + i, attained=20_000.0) for i in range(5)]
+    equal = wl("ns/equal", 8, ts=NOW)
+    r = schedule(queue(p.ATTAINED_SERVICE), FLAVORS, [running, *served, equal], node(), now=NOW)
+    assert not r.preempted and not r.admitted
+    assert {w.key: r.waiting[w.key].kind for w in served} == {w.key: WAIT_PRIORITY for w in served}
+    assert r.waiting["ns/equal"].kind == WAIT_QUOTA  # same level: nothing above it holds the quota
+
+
+def test_a_pass_given_the_last_passes_memo_decides_as_a_pass_without_it():
+    # The same WorkloadInfo objects pass after pass, as a live cycle gives those that did not
+    # change: what the memo keeps must not stand in for what time changed. With the guard on,
+    # a job at level 2 stopped 4 h ago does not starve; at 8 h it does, and preempts.
+    queues = {"q": ClusterQueueInfo("q", [ResourceGroupInfo((GPU,), (FLAVOR,))], {(FLAVOR, GPU): Quota(8)},
+                                    policy=p.ATTAINED_SERVICE, levels=GUARDED[0], starvation_factor=GUARDED[1])}
+    running = wl("ns/run", 8, admitted_at=NOW - 4_000)  # 32,000 GPU-s: level 1
+    stopped = wl("ns/stopped", 8, ts=NOW - 4 * 3_600, attained=8 * 7_200.0)  # level 2
+    fresh = [wl(f"ns/fresh-{i}", 8, ts=NOW - i, attained=50_000.0) for i in range(3)]  # level 2
+    workloads = [running, stopped, *fresh]
+    memo: dict = {}
+    for now in (NOW, NOW + 3_600, NOW + 4 * 3_600, NOW + 4 * 3_600 + 1):
+        kept = schedule(queues, FLAVORS, workloads, node(), now=now, memo=memo)
+        alone = schedule(queues, FLAVORS, workloads, node(), now=now)
+        assert (kept.admitted, kept.preempted, kept.waiting, kept.requeue_after) == (
+            alone.admitted, alone.preempted, alone.waiting, alone.requeue_after)
+    assert set(kept.preempted) == {"ns/run"} and kept.preempted["ns/run"].preemptor == "ns/stopped"
+    assert not schedule(queues, FLAVORS, workloads, node(), now=NOW, memo=memo).preempted
 
 
 def test_the_order_within_a_level_is_parsed_and_checked():
