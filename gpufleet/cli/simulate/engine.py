@@ -288,11 +288,17 @@ class SimulatedNodes:
 
     async def _report(self, name: str, phase: str) -> None:
         now = rfc3339(self.clock.now())
-        for _ in range(10):
-            try:
-                pod = await self.client.get("pods", name, NAMESPACE, raw=True)
-            except NotFound:
-                return
+        # First from the watch cache, as a kubelet writes its pods' status; the server's copy
+        # after a conflict (the cache behind a write not seen yet).
+        cached = self.informer.get(f"{NAMESPACE}/{name}")
+        for attempt in range(10):
+            if attempt == 0 and cached is not None:
+                pod = dict(cached)
+            else:
+                try:
+                    pod = await self.client.get("pods", name, NAMESPACE, raw=True)
+                except NotFound:
+                    return
             if pod["metadata"].get("deletionTimestamp"):
                 return
             status = dict(pod.get("status") or {})
