@@ -210,7 +210,7 @@ class AdmissionCycle:
         workloads: list[adm.WorkloadInfo] = []
         models: dict[str, Any] = {}
         infos: dict[str, tuple[tuple[Any, ...], adm.WorkloadInfo]] = {}
-        parsed: dict[str, tuple[int, Any]] = {}
+        parsed: dict[str, tuple[int, Any, Any, Any]] = {}
         finished: dict[str, Any] = {}
         queue_inputs: dict[tuple[str, str], tuple[Any, ...]] = {}
         for key, cached in self.workloads.items():
@@ -580,13 +580,8 @@ class AdmissionCycle:
                 await self.recorder.record(job, NORMAL, "Pending", f"{wait.kind}: {wait.message}")
 
     def _owner_job(self, wl: Any) -> Any | None:
-        ref = objects.controller_ref(wl)
-        if ref is None:
-            return None
-        informer = self.job_informers.get(objects.field(ref, "kind"))
-        if informer is None:
-            return None
-        return informer.get(f"{objects.namespace_of(wl)}/{objects.field(ref, 'name')}")
+        ref = self._job_ref(wl)
+        return ref[0].get(ref[1]) if ref is not None else None
 
     # -- queue status ---------------------------------------------------------------------------
 
