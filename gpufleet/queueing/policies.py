@@ -260,11 +260,13 @@ def next_change(policy: str, standings: Iterable[Standing], now: float,
     standings = [s for s in standings if s.gpus > 0]
     # A pending workload at level p may preempt admitted ones above p: an admitted workload
     # reaching level L + 1 matters only when some pending one is at level L or below.
-    lowest = math.inf
-    for s in standings:
-        if not s.admitted:
-            lowest = min(lowest, 0 if starving(s.stored_service, s.gpus, s.waiting_since, now, factor)
-                         else level(s.stored_service, levels))
+    # Without the guard a pending workload's level is that of its least stored service.
+    pending = [s for s in standings if not s.admitted]
+    if factor > 0:
+        lowest = min((0 if starving(s.stored_service, s.gpus, s.waiting_since, now, factor)
+                      else level(s.stored_service, levels) for s in pending), default=math.inf)
+    else:
+        lowest = level(min(s.stored_service for s in pending), levels) if pending else math.inf
     soonest = math.inf
     for s in standings:
         if s.admitted:
@@ -272,9 +274,10 @@ def next_change(policy: str, standings: Iterable[Standing], now: float,
             lv = level(service, levels)
             if lv < len(levels) and lv >= lowest:
                 soonest = min(soonest, (levels[lv] - service) / s.gpus + 1e-3)
-        else:
+    if factor > 0:
+        for s in pending:
             service = s.stored_service
-            if service > 0 and level(service, levels) > 0 and factor > 0:
+            if service > 0 and level(service, levels) > 0:
                 due = s.waiting_since + max(STARVATION_MIN_SECONDS, factor * service / s.gpus)
                 if due > now:
                     soonest = min(soonest, due - now)
