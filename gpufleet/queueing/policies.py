@@ -260,7 +260,8 @@ def next_change(policy: str, standings: Iterable[Standing], now: float,
     standings = [s for s in standings if s.gpus > 0]
     # A pending workload at level p may preempt admitted ones above p: an admitted workload
     # reaching level L + 1 matters only when some pending one is at level L or below.
-    # Without the guard a pending workload's level is that of its least stored service.
+    # Without the guard the lowest pending level is that of the least stored service (levels
+    # rise with service).
     pending = [s for s in standings if not s.admitted]
     if factor > 0:
         lowest = min((0 if starving(s.stored_service, s.gpus, s.waiting_since, now, factor)
