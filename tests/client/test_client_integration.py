@@ -294,6 +294,48 @@ async def test_watch_without_version_starts_with_current_objects(client: Client)
             break
 
 
+async def test_watches_and_requests_over_http_share_a_transport_and_close_together(api_server: Any) -> None:
+    """Streams have a connection pool of their own (a request's pool work no longer walks
+    every open watch): requests and watches interleave on one transport, every watch sees
+    every event, and closing the transport ends the watches still open."""
+    async with serve_http(api_server) as url:
+        t = HttpTransport(url, timeout=10)
+        client = Client(t)
+        since = (await client.create(pod("first"), raw=True))["metadata"]["resourceVersion"]
+        names = [f"p{i}" for i in range(12)]
+        seen: list[list[str]] = [[], [], []]
+        ended = [asyncio.Event() for _ in seen]
+        saw_all = [asyncio.Event() for _ in seen]
+
+        async def follow(i: int) -> None:
+            try:
+                async for event in client.watch("pods", NS, resource_version=since, raw=True):
+                    if event.type == "ADDED":
+                        seen[i].append(event.object["metadata"]["name"])
+                        if sorted(seen[i]) == sorted(names):
+                            saw_all[i].set()
+            except TransportError:
+                pass
+            finally:
+                ended[i].set()
+
+        watchers = [asyncio.create_task(follow(i)) for i in range(len(seen))]
+        try:
+            await asyncio.gather(*(client.create(pod(n), raw=True) for n in names[:6]))
+            for n in names[6:]:
+                await client.create(pod(n), raw=True)
+                assert (await client.get("pods", n, NS, raw=True))["metadata"]["name"] == n
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(e.wait() for e in saw_all))
+            await t.close()
+            async with asyncio.timeout(10):
+                await asyncio.gather(*(e.wait() for e in ended))
+        finally:
+            for w in watchers:
+                w.cancel()
+            await t.close()
+
+
 @pytest.mark.parametrize("store", [{"history": 5, "housekeeping_interval": 0.05}], indirect=True)
 async def test_watch_from_a_compacted_version_raises_gone(client: Client, store: Any) -> None:
     first = await client.create(pod("old"), raw=True)
