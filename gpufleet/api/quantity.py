@@ -14,6 +14,7 @@ Deliberate differences from ``resource.ParseQuantity``:
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -67,7 +68,11 @@ def _round_to_nano(value: Fraction) -> Fraction:
     return Fraction(magnitude if value > 0 else -magnitude) * _NANO
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse_string(text: str) -> Fraction:
+    # Memoized: a fleet's pods repeat a few dozen quantities ("100m", "16Gi"), each parsed
+    # several times per write (validation, defaults, quota, the scheduler); a Fraction is
+    # immutable, and a text that fails raises again (lru_cache keeps no exception).
     stripped = text.strip()
     match = _NUMBER_RE.fullmatch(stripped)
     if match is None:

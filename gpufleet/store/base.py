@@ -214,6 +214,20 @@ class Store(Protocol):
         nothing rewrites it then, as kube-apiserver does."""
 
 
+async def list_items(store: Any, resource: str, namespace: str | None = None) -> list[dict[str, Any]]:
+    """The objects ``store.list`` returns, for readers that take a whole small kind on every
+    request (admission's LimitRanges, ResourceQuotas and PriorityClasses): from the stored JSON
+    through ``list_json`` where the store has it (SQLite answers from the kind's list cache, as
+    consistent as a read of the database, instead of a read transaction per call)."""
+    list_json = getattr(store, "list_json", None)
+    got = await list_json(resource, namespace) if list_json is not None else None
+    if got is None:
+        return (await store.list(resource, namespace)).items
+    from gpufleet.utils import jsoncodec
+
+    return [jsoncodec.loads(text) for text in got[1]]
+
+
 def open_store(url: str, **kwargs: Any) -> Store:
     """``sqlite:///path/to/db`` (``sqlite://:memory:`` for tests) or ``postgresql://...``."""
     if url.startswith("sqlite:"):

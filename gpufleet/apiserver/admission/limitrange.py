@@ -22,6 +22,7 @@ from gpufleet.api import podresources
 from gpufleet.api.quantity import format_quantity, parse_quantity
 from gpufleet.apiserver.admission import AdmissionContext
 from gpufleet.apiserver.errors import forbidden
+from gpufleet.store import base as store_base
 
 LIMIT_RANGES = "limitranges"
 ANNOTATION = "kubernetes.io/limit-ranger"
@@ -32,7 +33,7 @@ def _applies(ctx: AdmissionContext) -> bool:
 
 
 async def _limit_ranges(ctx: AdmissionContext) -> list[dict[str, Any]]:
-    items = (await ctx.server.store.list(LIMIT_RANGES, ctx.namespace)).items
+    items = await store_base.list_items(ctx.server.store, LIMIT_RANGES, ctx.namespace)
     return sorted(items, key=lambda lr: lr["metadata"]["name"])
 
 

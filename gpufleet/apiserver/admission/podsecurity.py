@@ -498,13 +498,22 @@ class PodSecurityAdmission:
         meta, spec = _d(obj.get("metadata")), _d(obj.get("spec"))
         if spec.get("runtimeClassName") in self.config.exempt_runtime_classes:
             return
-        enforce = ps.evaluate_pod(policy.enforce, meta, spec)
-        audit = enforce if policy.audit == policy.enforce else ps.evaluate_pod(policy.audit, meta, spec)
+        # Each level-version is evaluated once: gpufleet's default enforces and warns at the same
+        # level (baseline), audit sitting between them at privileged.
+        evaluated: dict[ps.LevelVersion, list] = {}
+
+        def evaluate(lv: ps.LevelVersion) -> list:
+            if lv not in evaluated:
+                evaluated[lv] = ps.evaluate_pod(lv, meta, spec)
+            return evaluated[lv]
+
+        enforce = evaluate(policy.enforce)
+        audit = evaluate(policy.audit)
         self._audit(ctx, policy, errors, [(policy.audit, audit)], enforced=True)
         if enforce:
             raise forbidden(f'{ctx.rt.key} "{ctx.name}" is forbidden: violates PodSecurity "{policy.enforce}": '
                             f"{ps.forbidden_detail(enforce)}", ctx.rt, ctx.name)
-        warn = audit if policy.warn == policy.audit else ps.evaluate_pod(policy.warn, meta, spec)
+        warn = evaluate(policy.warn)
         if warn:
             ctx.warnings.append(_violation(policy.warn, warn))
 

@@ -34,7 +34,7 @@ _DESCRIPTIONS = {
 async def default_priority_class(store: store_base.Store) -> dict[str, Any] | None:
     """The globalDefault class; should a race have left several, the lowest value wins."""
     found = None
-    for pc in (await store.list(PRIORITY_CLASSES, None)).items:
+    for pc in await store_base.list_items(store, PRIORITY_CLASSES, None):
         if pc.get("globalDefault") and (found is None or (pc.get("value") or 0) < (found.get("value") or 0)):
             found = pc
     return found

@@ -50,7 +50,7 @@ class ResourceQuotaAdmission:
         if ctx.operation != "CREATE" or ctx.subresource or not ctx.rt.namespaced:
             return
         store = ctx.server.store
-        quotas = (await store.list(QUOTAS, ctx.namespace)).items
+        quotas = await store_base.list_items(store, QUOTAS, ctx.namespace)
         if not quotas:
             return
         key = ctx.rt.key
