@@ -158,13 +158,19 @@ def cpu_seconds(pid: int) -> float:
         return float("nan")
 
 
-async def backlog(args: argparse.Namespace, src: str | None, root: Path) -> dict[str, Any]:
-    c = Cluster(root / "backlog")
+async def fleet(root: Path, src: str | None, components: str, nodes: int) -> Cluster:
+    """A `gpufleet server --components ...` on a store already holding the Ready nodes."""
+    c = Cluster(root)
     c.env = source_env(src)
-    c.server_args = ("--components", "apiserver")
+    c.server_args = ("--components", components)
     (c.root / "server").mkdir(parents=True)
-    await fill_nodes(c.root / "server" / "state.db", args.nodes)
+    await fill_nodes(c.root / "server" / "state.db", nodes)
     c.start_server(timeout=300)
+    return c
+
+
+async def backlog(args: argparse.Namespace, src: str | None, root: Path) -> dict[str, Any]:
+    c = await fleet(root / "backlog", src, "apiserver", args.nodes)
     sched: subprocess.Popen[bytes] | None = None
     client = c.client()
     try:
@@ -201,12 +207,7 @@ async def backlog(args: argparse.Namespace, src: str | None, root: Path) -> dict
 
 
 async def stream(args: argparse.Namespace, src: str | None, root: Path) -> dict[str, Any]:
-    c = Cluster(root / "stream")
-    c.env = source_env(src)
-    c.server_args = ("--components", "apiserver,scheduler")
-    (c.root / "server").mkdir(parents=True)
-    await fill_nodes(c.root / "server" / "state.db", args.nodes)
-    c.start_server(timeout=300)
+    c = await fleet(root / "stream", src, "apiserver,scheduler", args.nodes)
     client = c.client()
     try:
         # The scheduler's informers list the fleet after the API answers: wait until it binds.
