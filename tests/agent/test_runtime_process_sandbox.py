@@ -715,3 +715,22 @@ async def test_images_mean_the_host(rt):
     assert pulled.pulled is False
     custom = ProcessRuntime(rt.state_dir, cgroup_root=None, host_images=("bare-metal",))
     assert custom.image_honoured("bare-metal") and not custom.image_honoured("host")
+
+
+def test_a_sandbox_probe_that_fails_once_does_not_turn_sandboxing_off(tmp_path):
+    """bwrap's probe binds all of / recursively: a mount that vanishes meanwhile (another pod's
+    volume unmounted) fails it once. Only a failure that repeats turns sandboxing off."""
+    from gpufleet.agent.runtime.process_host import _probe_bwrap
+
+    count = tmp_path / "count"
+    flaky = tmp_path / "bwrap-flaky"
+    flaky.write_text(f"#!/bin/sh\necho x >> {count}\n[ $(wc -l < {count}) -gt 1 ] && exit 0\n"
+                     "echo \"bwrap: Can't bind mount /oldroot/ on /newroot/: No such file or directory\" >&2\nexit 1\n")
+    flaky.chmod(0o755)
+    assert _probe_bwrap(str(flaky)) == (str(flaky), "")
+    assert count.read_text().count("x") == 2
+    broken = tmp_path / "bwrap-broken"
+    broken.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    path, reason = _probe_bwrap(str(broken))
+    assert path is None and "No permissions to create new namespace" in reason

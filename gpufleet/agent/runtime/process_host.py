@@ -13,6 +13,7 @@ import pwd
 import shutil
 import socket
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -56,16 +57,25 @@ def _probe_bwrap(name: str | None) -> tuple[str | None, str]:
     path = shutil.which(name)
     if path is None:
         return None, f"{name} (bubblewrap) is not installed"
-    try:
-        p = subprocess.run(
-            [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--", "true"],
-            capture_output=True, timeout=30, check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"{path} cannot run: {e}"
-    if p.returncode != 0:
-        return None, f"{path} cannot build a sandbox here: {p.stderr.decode(errors='replace').strip()}"
-    return path, ""
+    # The probe binds the whole of / recursively, so a mount that goes away meanwhile (another
+    # pod's volume being unmounted) fails it ("Can't bind mount /oldroot/ ... No such file or
+    # directory"). One such failure must not leave the node running pods unsandboxed for the
+    # agent's whole life: only a failure that repeats counts.
+    err = ""
+    for attempt in range(3):
+        if attempt:
+            time.sleep(0.2 * attempt)
+        try:
+            p = subprocess.run(
+                [path, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-pid", "--", "true"],
+                capture_output=True, timeout=30, check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"{path} cannot run: {e}"
+        if p.returncode == 0:
+            return path, ""
+        err = p.stderr.decode(errors="replace").strip()
+    return None, f"{path} cannot build a sandbox here: {err}"
 
 
 def _hidden_in_mounts(hidden: Sequence[str], mounts: Sequence[Mount]) -> list[tuple[str, bool]]:
