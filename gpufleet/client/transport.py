@@ -293,20 +293,21 @@ class HttpTransport(EncodingTransport):
         if self.server_url.startswith("https:"):
             verify = _ssl_context(ca_file, ca_data, insecure, client_cert)
             use_small_tls_buffers()  # 32 KiB per TLS connection rather than asyncio's 256
-        self._client = self._pool(headers, verify, max_connections)
+        self._headers, self._verify, self._max_connections = headers, verify, max_connections
+        self._client = self._pool()
         # Watches and other streams have a pool of their own. httpcore's pool, at every request
         # it starts or finishes, looks at each of its connections (whether an idle one expired:
         # a readability poll through anyio's attribute dict): a scheduler's dozen long watches
         # in the same pool made each binding pay for them, and long-lived streams never leave
         # the short requests' pool idle enough to shrink.
-        self._stream_args = (headers, verify, max_connections)
         self._streams: httpx.AsyncClient | None = None
 
-    def _pool(self, headers: dict[str, str], verify: ssl.SSLContext | bool, max_connections: int) -> httpx.AsyncClient:
+    def _pool(self) -> httpx.AsyncClient:
+        max_connections = self._max_connections
         return httpx.AsyncClient(
             base_url=self.server_url,
-            headers=headers,
-            verify=verify,
+            headers=self._headers,
+            verify=self._verify,
             timeout=httpx.Timeout(self.timeout),
             # Every connection a burst opened is kept for the next one, idle for up to a minute
             # (httpx keeps 20, for 5 s): with fewer, each burst of more than 20 requests (a
@@ -348,7 +349,7 @@ class HttpTransport(EncodingTransport):
         where = f"{method.upper()} {self.server_url}{path}"
         try:
             if self._streams is None:
-                self._streams = self._pool(*self._stream_args)
+                self._streams = self._pool()
             async with self._streams.stream(
                 method.upper(), path, params=encode_params(params) or None, headers=hdrs, timeout=timeout
             ) as resp:

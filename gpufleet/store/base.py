@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from gpufleet.utils import jsoncodec
+
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 
@@ -223,8 +225,6 @@ async def list_items(store: Any, resource: str, namespace: str | None = None) ->
     got = await list_json(resource, namespace) if list_json is not None else None
     if got is None:
         return (await store.list(resource, namespace)).items
-    from gpufleet.utils import jsoncodec
-
     return [jsoncodec.loads(text) for text in got[1]]
 
 

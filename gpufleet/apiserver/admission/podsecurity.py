@@ -498,8 +498,8 @@ class PodSecurityAdmission:
         meta, spec = _d(obj.get("metadata")), _d(obj.get("spec"))
         if spec.get("runtimeClassName") in self.config.exempt_runtime_classes:
             return
-        # Each level-version is evaluated once: gpufleet's default enforces and warns at the same
-        # level (baseline), audit sitting between them at privileged.
+        # Each level-version is evaluated once: gpufleet's default enforces and warns at baseline
+        # and audits at privileged, so comparing warn with audit alone evaluated baseline twice.
         evaluated: dict[ps.LevelVersion, list] = {}
 
         def evaluate(lv: ps.LevelVersion) -> list:
